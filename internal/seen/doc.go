@@ -1,0 +1,95 @@
+// Package seen is npagent's consume-once seen-set: it decides, for each
+// policy trigger time (the networking.k8s.aws/last-change-trigger-time
+// annotation), whether it is reported as a programming latency, and
+// guarantees each (uid, trigger) pair is reported at most once — across
+// informer resyncs, relists, workqueue requeues and agent restarts. It uses
+// the standard library only and never sees Kubernetes types.
+//
+// # State
+//
+// Per object, keyed by UID (delete and recreate under one name is two
+// objects):
+//
+//   - consumed: the newest trigger already reported or deliberately suppressed;
+//   - pending: triggers seen in events, newer than consumed, not yet committed,
+//     each with the local time it was first received and its failed commits;
+//     bounded per object (WithMaxPending), overflow keeps the oldest and the
+//     newest and counts the dropped one;
+//   - a guarded flag: nothing was restored or accepted for the uid yet, so the
+//     start guard decides its old triggers.
+//
+// Observe answers Accepted or a Reason. Committed returns the pending
+// triggers the dataplane now holds, each once; Failed keeps them pending and
+// counts an attempt; NoLocalWork consumes them without a report; Forget drops
+// them when the object is deleted. Every accepted trigger ends reported or
+// counted under exactly one of no_local_pods, deleted and overflow (see
+// Stats); re-deliveries are counted as redelivered or stale.
+//
+// A trigger that is not newer than the guard, for a uid with nothing restored
+// or accepted, is before_start, and it is consumed: the next resync of that
+// object answers redelivered, so before_start counts each old trigger once
+// per process and redelivered counts re-deliveries, as the names say.
+//
+// # Persistence and the watermark
+//
+// With WithStatePath, the set persists {uid → consumed} plus a watermark W,
+// atomically, before Committed returns reports (so a reported trigger is
+// durable before anyone records it), and at Persist. On restart the guard is
+// min(W, start) instead of the process start, so changes made while the
+// agent was down are measured with their true latency.
+//
+// W claims: every trigger ≤ W of a uid with no persisted entry was resolved
+// (or never existed). At a write,
+//
+//	W = max(guard, min(now − lag, T − 1ns for every trigger T pending or
+//	        committed ahead for a uid with nothing persisted))
+//
+// Why that holds: a uid the process saw either has a consumed trigger (it is
+// persisted with it, and after a restart its triggers are judged against that
+// exact value, not W), or only pending triggers, which W stays below. So the
+// only triggers W hides are those of uids the process never saw at all, which
+// are older than W only if written before the guard (before_start anyway) or
+// if their event was still in flight when the process stopped — hence the lag
+// (WithWatermarkLag, default 5s), which trades nothing: lowering W can only
+// turn a before_start into a measurement of a trigger never reported. W never
+// drops below the guard, so what was before_start stays before_start.
+//
+// Restart cases (tested in restart_test.go):
+//
+//   - trigger consumed before the restart, re-listed after: its uid is
+//     restored with consumed = trigger → redelivered, no report;
+//   - trigger written during the downtime for a known object: newer than the
+//     restored consumed → accepted, reported once with latency spanning the
+//     downtime (which is what the change really took);
+//   - object created during the downtime: unknown uid, trigger > W →
+//     accepted and reported once;
+//   - the same two without a state file: trigger < process start →
+//     before_start;
+//   - trigger pending (never committed) at shutdown: its uid is persisted
+//     with an older consumed, or pins W below the trigger → accepted again
+//     and reported once;
+//   - crash without a final Persist: the file is the last write, which covered
+//     every report; consumption by NoLocalWork after it may be replayed
+//     (counted no_local_pods again, no report), never a second report;
+//   - damaged or unreadable file: New returns the error, starts empty with
+//     guard = start; a missing file is a first start, not an error.
+//
+// Reports for which the write failed are still returned, with the error: at
+// most once across a restart is then not guaranteed for them.
+//
+// # Lister ahead of handlers
+//
+// client-go updates an informer's store before it notifies event handlers, so
+// a worker can commit a version whose trigger Observe has not seen yet.
+// Committed remembers that trigger as committed ahead instead of consuming
+// it: when its event arrives it is accepted and reported by the next commit
+// with Report.ProgrammedAt, the time the dataplane first held it.
+//
+// # Cost
+//
+// Observe on a re-delivered trigger takes one mutex and one map lookup and
+// allocates nothing. UUID uids are stored as 16-byte keys (others in a
+// string-keyed map), times as int64 Unix nanoseconds: an object with nothing
+// pending costs one map slot, about 60 bytes at 100,000 objects. A state write
+// is O(tracked objects); concurrent commits share one write.
+package seen

@@ -1,0 +1,528 @@
+package seen
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+type config struct {
+	statePath    string
+	maxPending   int
+	now          func() time.Time
+	watermarkLag time.Duration
+}
+
+// Option configures New. Options are applied in order; later ones win.
+type Option func(*config)
+
+// WithStatePath sets the file the set persists to and restores from.
+// Default "": no persistence (every restart falls back to the start guard).
+// The directory must exist; the file is replaced atomically and a sibling
+// path+".tmp" is used while writing.
+func WithStatePath(path string) Option { return func(c *config) { c.statePath = path } }
+
+// WithMaxPending bounds the pending triggers kept per object. Default 8;
+// values below 2 are raised to 2 (the oldest and the newest are always kept).
+func WithMaxPending(n int) Option { return func(c *config) { c.maxPending = max(n, 2) } }
+
+// WithNow sets the clock used for the persisted watermark and for receipt
+// times that are missing. Default time.Now.
+func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithWatermarkLag sets how far behind the clock the persisted watermark is
+// kept. Default 5s. Events for objects created just before a shutdown may
+// still be in flight (watch delivery, handler buffers); a lagging watermark
+// lets the next process measure them instead of counting them before_start.
+// It can never cause a second report: every uid this process saw is either
+// persisted with its own consumed trigger or pins the watermark below its
+// pending triggers (see doc.go). Negative values are treated as 0.
+func WithWatermarkLag(d time.Duration) Option {
+	return func(c *config) { c.watermarkLag = max(d, 0) }
+}
+
+// Entry flags.
+const (
+	// flagGuarded: nothing was restored or accepted for this uid in this
+	// process, so the start guard still decides its old triggers. Persisted.
+	flagGuarded uint8 = 1 << iota
+)
+
+// entry is the per-uid state. It is a map value (not a pointer) so an object
+// with nothing pending costs one map slot: 16-byte key + 24 bytes.
+type entry struct {
+	consumed int64         // Unix ns of the newest trigger reported or suppressed; noTime if none
+	pend     *pendingState // nil when nothing is pending and no commit ran ahead
+	flags    uint8
+}
+
+// pendingState holds what only objects in flight need.
+type pendingState struct {
+	triggers []pendingTrigger // sorted by trigger, ascending, no duplicates
+	// aheadThrough/aheadAt: a commit programmed trigger aheadThrough at aheadAt
+	// before its event reached Observe (client-go updates the lister before it
+	// runs event handlers). Triggers in (consumed, aheadThrough] observed later
+	// are reported with ProgrammedAt = aheadAt. noTime when unset.
+	aheadThrough int64
+	aheadAt      int64
+	inline       [2]pendingTrigger // backing array for the common case
+}
+
+type pendingTrigger struct {
+	trigger      int64  // Unix ns
+	receivedAt   int64  // Unix ns of first receipt
+	programmedAt int64  // Unix ns of an earlier commit that already held it; noTime if none
+	failures     uint32 // failed commits since it was accepted
+}
+
+func newPendingState() *pendingState {
+	p := &pendingState{aheadThrough: noTime, aheadAt: noTime}
+	p.triggers = p.inline[:0]
+	return p
+}
+
+func (p *pendingState) contains(t int64) bool {
+	for i := range p.triggers {
+		if p.triggers[i].trigger == t {
+			return true
+		}
+	}
+	return false
+}
+
+// idle reports whether p holds nothing worth keeping given consumed.
+func (p *pendingState) idle(consumed int64) bool {
+	return len(p.triggers) == 0 && p.aheadThrough <= consumed
+}
+
+// Report is one trigger to record: its latency is the commit time passed to
+// Committed minus Trigger (or ProgrammedAt minus Trigger when ProgrammedAt is
+// set).
+type Report struct {
+	UID        string
+	Trigger    time.Time // the trigger time to report
+	ReceivedAt time.Time // local time the event carrying it was first received
+	Attempts   int       // commits tried for it, including the successful one (failed+1)
+	// ProgrammedAt is zero unless an earlier commit already held this trigger
+	// before its event was observed (the lister runs ahead of event handlers).
+	// Then it is that commit's time, the true end of the trigger's latency,
+	// and it may precede ReceivedAt.
+	ProgrammedAt time.Time
+}
+
+// Stats is a snapshot of the set's size and counters. Counters are cumulative
+// for the life of the Set (a restart starts them at zero).
+//
+// Accounting: Accepted == Reported + Suppressed[NoLocalPods] +
+// Suppressed[Deleted] + Suppressed[Overflow] + Pending, at every snapshot.
+// The other reasons count observations that were never accepted.
+type Stats struct {
+	Objects       int                // tracked uids
+	Pending       int                // pending triggers over all uids
+	Accepted      uint64             // Observe → Accepted
+	Reported      uint64             // triggers returned by Committed
+	Suppressed    [NumReasons]uint64 // by Reason; the Accepted slot is always 0
+	PersistErrors uint64             // failed state writes
+	Persists      uint64             // successful state writes (each one fsync'd rename)
+}
+
+// Set is the consume-once seen-set. It is safe for concurrent use.
+type Set struct {
+	cfg config
+
+	mu     sync.Mutex
+	byUUID map[[16]byte]entry
+	byName map[string]entry
+	guard  int64 // triggers ≤ guard of guarded or unknown uids are before_start
+	// changeSeq counts state changes; durableSeq (under writeMu) is the newest
+	// changeSeq a successful write covered.
+	changeSeq    uint64
+	pendingCount int
+	stats        Stats
+
+	writeMu    sync.Mutex
+	durableSeq uint64
+	encodeBuf  []byte
+}
+
+// New builds a Set whose before_start guard uses start (normally the process
+// start), or, when a state file exists and is readable, the restored
+// watermark instead (the earlier of the two, in case the clock stepped back).
+// The Set is never nil. restoreErr is non-nil when the state file was damaged
+// or unreadable: it was ignored (empty state, guard = start) and the caller
+// should log it as a warning. A missing state file is not an error. A zero
+// start disables the guard.
+func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
+	cfg := config{maxPending: 8, now: time.Now, watermarkLag: 5 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s = &Set{
+		cfg:    cfg,
+		byUUID: make(map[[16]byte]entry),
+		byName: make(map[string]entry),
+	}
+	s.guard = noTime + 1
+	if g, ok := unixNano(start); ok {
+		s.guard = g
+	}
+	if cfg.statePath == "" {
+		return s, nil
+	}
+	st, err := readState(cfg.statePath)
+	if err != nil {
+		return s, err
+	}
+	if st == nil {
+		return s, nil
+	}
+	for _, e := range st.entries {
+		s.put(makeKey(e.uid), entry{consumed: e.consumed, flags: e.flags})
+	}
+	s.guard = min(s.guard, st.watermark)
+	return s, nil
+}
+
+func (s *Set) get(k key) (entry, bool) {
+	if k.isUUID {
+		e, ok := s.byUUID[k.id]
+		return e, ok
+	}
+	e, ok := s.byName[k.name]
+	return e, ok
+}
+
+func (s *Set) put(k key, e entry) {
+	if k.isUUID {
+		s.byUUID[k.id] = e
+	} else {
+		s.byName[k.name] = e
+	}
+}
+
+func (s *Set) del(k key) {
+	if k.isUUID {
+		delete(s.byUUID, k.id)
+	} else {
+		delete(s.byName, k.name)
+	}
+}
+
+// nanoOrNow converts t, falling back to the configured clock when t does not
+// fit (a zero time from a careless caller).
+func (s *Set) nanoOrNow(t time.Time) int64 {
+	if n, ok := unixNano(t); ok {
+		return n
+	}
+	n, _ := unixNano(s.cfg.now())
+	return n
+}
+
+// Observe records a trigger seen in an informer event at receivedAt, and
+// answers Accepted or the suppression reason (already counted in Stats).
+// It does not allocate on the re-delivery path (trigger equals consumed or a
+// pending trigger). A zero or out-of-range trigger counts as
+// invalid_annotation.
+func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
+	t, valid := unixNano(trigger)
+	k := makeKey(uid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !valid {
+		s.stats.Suppressed[InvalidAnnotation]++
+		return InvalidAnnotation
+	}
+	e, found := s.get(k)
+	if found {
+		switch {
+		case t == e.consumed:
+			s.stats.Suppressed[Redelivered]++
+			return Redelivered
+		case t < e.consumed:
+			s.stats.Suppressed[Stale]++
+			return Stale
+		case e.pend != nil && e.pend.contains(t):
+			s.stats.Suppressed[Redelivered]++
+			return Redelivered
+		}
+	}
+	if (!found || e.flags&flagGuarded != 0) && t <= s.guard {
+		// Consuming it makes the next re-delivery answer redelivered, so
+		// before_start counts each old trigger once per process, not once
+		// per resync; and persisting it keeps it suppressed after a restart.
+		if !found {
+			e = entry{consumed: t, flags: flagGuarded}
+		}
+		e.consumed = max(e.consumed, t)
+		s.put(k, e)
+		s.changeSeq++
+		s.stats.Suppressed[BeforeStart]++
+		return BeforeStart
+	}
+	if !found {
+		e = entry{consumed: noTime}
+	}
+	if e.pend == nil {
+		e.pend = newPendingState()
+	}
+	p := e.pend
+	pt := pendingTrigger{trigger: t, receivedAt: s.nanoOrNow(receivedAt), programmedAt: noTime}
+	if t <= p.aheadThrough {
+		pt.programmedAt = p.aheadAt
+	}
+	i, _ := slices.BinarySearchFunc(p.triggers, t, func(q pendingTrigger, t int64) int {
+		switch {
+		case q.trigger < t:
+			return -1
+		case q.trigger > t:
+			return 1
+		}
+		return 0
+	})
+	p.triggers = slices.Insert(p.triggers, i, pt)
+	s.stats.Accepted++
+	s.pendingCount++
+	if len(p.triggers) > s.cfg.maxPending {
+		// Keep the oldest (the longest latency, the tail the histogram is
+		// for) and the newest (the one the next commit reports last).
+		mid := len(p.triggers) / 2
+		p.triggers = slices.Delete(p.triggers, mid, mid+1)
+		s.stats.Suppressed[Overflow]++
+		s.pendingCount--
+	}
+	e.flags &^= flagGuarded
+	s.put(k, e)
+	s.changeSeq++
+	return Accepted
+}
+
+// ObserveInvalid counts an event whose annotation could not be parsed
+// (invalid_annotation). The uid is not tracked because of it.
+func (s *Set) ObserveInvalid(uid string) {
+	s.mu.Lock()
+	s.stats.Suppressed[InvalidAnnotation]++
+	s.mu.Unlock()
+}
+
+// Committed tells the set that this node's dataplane now holds the object
+// version carrying trigger programmed, since at. It returns the pending
+// triggers ≤ programmed, oldest first, each exactly once ever; consumed
+// becomes max(consumed, programmed) and attempts reset.
+//
+// One refinement: if programmed itself has not been observed yet (the
+// reconciler read the lister, which client-go updates before it runs event
+// handlers), it is not consumed but remembered as committed ahead; when its
+// event arrives it is accepted and the next Committed reports it with
+// ProgrammedAt = at, instead of the event answering redelivered and the
+// measurement being lost.
+//
+// With a state path, and reports to return, the new state is persisted
+// atomically (write temp, fsync, rename, fsync dir) BEFORE returning;
+// concurrent callers share one write. On a persist error the reports are
+// still returned with the error (the caller logs it: at-most-once across a
+// restart is then not guaranteed for them), and Stats.PersistErrors counts it.
+// A zero programmed time (an object without the annotation) changes nothing.
+func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) {
+	pt, ok := unixNano(programmed)
+	if !ok {
+		return nil, nil
+	}
+	k := makeKey(uid)
+	s.mu.Lock()
+	e, found := s.get(k)
+	if !found {
+		e = entry{consumed: noTime, flags: flagGuarded}
+	}
+	var reports []Report
+	if p := e.pend; p != nil {
+		n := 0
+		for n < len(p.triggers) && p.triggers[n].trigger <= pt {
+			n++
+		}
+		if n > 0 {
+			reports = make([]Report, n)
+			for i, q := range p.triggers[:n] {
+				reports[i] = Report{
+					UID:        uid,
+					Trigger:    timeOf(q.trigger),
+					ReceivedAt: timeOf(q.receivedAt),
+					Attempts:   int(q.failures) + 1,
+				}
+				if q.programmedAt != noTime {
+					reports[i].ProgrammedAt = timeOf(q.programmedAt)
+				}
+			}
+			e.consumed = max(e.consumed, p.triggers[n-1].trigger)
+			p.triggers = slices.Delete(p.triggers, 0, n)
+			s.pendingCount -= n
+			s.stats.Reported += uint64(n)
+		}
+		for i := range p.triggers {
+			p.triggers[i].failures = 0
+		}
+	}
+	// programmed was not observed: remember the commit (see above), unless the
+	// start guard would suppress its event anyway.
+	if pt > e.consumed && !(e.flags&flagGuarded != 0 && pt <= s.guard) {
+		if e.pend == nil {
+			e.pend = newPendingState()
+		}
+		if pt > e.pend.aheadThrough {
+			e.pend.aheadThrough = pt
+			e.pend.aheadAt = s.nanoOrNow(at)
+		}
+	}
+	if e.pend != nil && e.pend.idle(e.consumed) {
+		e.pend = nil
+	}
+	if found || e.pend != nil || e.consumed != noTime {
+		s.put(k, e)
+	}
+	s.changeSeq++
+	seq := s.changeSeq
+	s.mu.Unlock()
+
+	if len(reports) == 0 || s.cfg.statePath == "" {
+		return reports, nil
+	}
+	return reports, s.persistThrough(seq, false)
+}
+
+// Failed tells the set a commit for uid failed: nothing is consumed, pending
+// triggers are kept and each counts one more attempt.
+func (s *Set) Failed(uid string) {
+	k := makeKey(uid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.get(k)
+	if !found || e.pend == nil {
+		return
+	}
+	for i := range e.pend.triggers {
+		e.pend.triggers[i].failures++
+	}
+}
+
+// NoLocalWork tells the set the object (at trigger) has nothing for this
+// node. Pending triggers ≤ trigger are consumed without a report, each
+// counted as no_local_pods; consumed = max(consumed, trigger). Later events
+// carrying those triggers answer redelivered or stale.
+func (s *Set) NoLocalWork(uid string, trigger time.Time) {
+	t, ok := unixNano(trigger)
+	if !ok {
+		return
+	}
+	k := makeKey(uid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.get(k)
+	if !found {
+		e = entry{consumed: noTime, flags: flagGuarded}
+	}
+	if p := e.pend; p != nil {
+		n := 0
+		for n < len(p.triggers) && p.triggers[n].trigger <= t {
+			n++
+		}
+		p.triggers = slices.Delete(p.triggers, 0, n)
+		s.pendingCount -= n
+		s.stats.Suppressed[NoLocalPods] += uint64(n)
+	}
+	// A guarded uid's triggers ≤ guard stay the guard's business, so their
+	// events count before_start rather than redelivered.
+	if !(e.flags&flagGuarded != 0 && t <= s.guard) {
+		e.consumed = max(e.consumed, t)
+	}
+	if e.pend != nil && e.pend.idle(e.consumed) {
+		e.pend = nil
+	}
+	if found || e.pend != nil || e.consumed != noTime {
+		s.put(k, e)
+	}
+	s.changeSeq++
+}
+
+// Forget tells the set the object was deleted: its pending triggers are
+// dropped (each counted deleted) and its entry removed. Call it only on
+// deletion: a uid observed after Forget is a new object to the set.
+func (s *Set) Forget(uid string) {
+	k := makeKey(uid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.get(k)
+	if !found {
+		return
+	}
+	s.dropPending(e)
+	s.del(k)
+	s.changeSeq++
+}
+
+func (s *Set) dropPending(e entry) {
+	if e.pend == nil {
+		return
+	}
+	n := len(e.pend.triggers)
+	s.pendingCount -= n
+	s.stats.Suppressed[Deleted] += uint64(n)
+}
+
+// Prune drops the entries (restored or otherwise) whose uid keep rejects,
+// counting their pending triggers deleted, and returns how many it dropped.
+// Call it once after the informer caches sync, so objects deleted while the
+// agent was down do not keep memory forever. keep runs under the set's lock:
+// it must not call back into the Set.
+func (s *Set) Prune(keep func(uid string) bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dropped := 0
+	for id, e := range s.byUUID {
+		if !keep(formatUUID(id)) {
+			s.dropPending(e)
+			delete(s.byUUID, id)
+			dropped++
+		}
+	}
+	for name, e := range s.byName {
+		if !keep(name) {
+			s.dropPending(e)
+			delete(s.byName, name)
+			dropped++
+		}
+	}
+	if dropped > 0 {
+		s.changeSeq++
+	}
+	return dropped
+}
+
+// Pending reports whether uid has pending triggers, and the newest one.
+func (s *Set) Pending(uid string) (newest time.Time, ok bool) {
+	k := makeKey(uid)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.get(k)
+	if !found || e.pend == nil || len(e.pend.triggers) == 0 {
+		return time.Time{}, false
+	}
+	return timeOf(e.pend.triggers[len(e.pend.triggers)-1].trigger), true
+}
+
+// Stats returns a snapshot of the set's size and counters.
+func (s *Set) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Objects = len(s.byUUID) + len(s.byName)
+	st.Pending = s.pendingCount
+	return st
+}
+
+// Persist writes the state now, whatever changed (the watermark moves with
+// the clock); call it at shutdown. No-op without a state path.
+func (s *Set) Persist() error {
+	if s.cfg.statePath == "" {
+		return nil
+	}
+	return s.persistThrough(0, true)
+}
