@@ -1,0 +1,450 @@
+package bpfmaps
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// maxPortRules is how many port rules one trie value holds (MAX_PORT_RULES in
+// policy.c). A prefix whose covering rules need more is rejected, naming the rule.
+const maxPortRules = 24
+
+// Direction is a pod's policy direction. Ingress policy applies to packets the pod
+// receives (peer = source), Egress policy to packets it sends (peer = destination).
+// The values match DIR_* in policy.c.
+type Direction uint8
+
+// Directions.
+const (
+	Ingress Direction = 0
+	Egress  Direction = 1
+)
+
+func (d Direction) String() string {
+	if d == Ingress {
+		return "ingress"
+	}
+	return "egress"
+}
+
+// tier is the low two bits of an entry's tag (TIER_* in policy.c).
+type tier uint8
+
+const (
+	tierNamespaced tier = 0
+	tierAdmin      tier = 1
+	tierBaseline   tier = 2
+)
+
+// Flags of a direction's state (FLAG_* in policy.c): which lookups the datapath does.
+const (
+	flagIsolated    uint32 = 1 << 0
+	flagAdmin       uint32 = 1 << 1
+	flagBaseline    uint32 = 1 << 2
+	flagNamespaced  uint32 = 1 << 3 // namespaced entries exist (only with flagIsolated)
+	knownDirFlags          = flagIsolated | flagAdmin | flagBaseline | flagNamespaced
+	maxGeneration   uint32 = 1<<30 - 1
+	allPortsEndPort uint16 = 65535
+)
+
+// portEntry is struct port_rule in policy.c. Port 0 only appears in an all-ports entry
+// [0, 65535]; port-less packets are looked up with port 0, so only such entries match
+// them.
+type portEntry struct {
+	Port    uint16
+	EndPort uint16
+	Proto   uint8
+	Action  uint8
+	_       uint16
+}
+
+// ruleValue is struct rule_value in policy.c: the port rules that apply to a prefix,
+// in evaluation order. Count 0 is a deny entry (an except no other rule covers).
+type ruleValue struct {
+	Count uint32
+	_     uint32
+	Rules [maxPortRules]portEntry
+}
+
+func (v *ruleValue) entries() []portEntry { return v.Rules[:v.Count] }
+
+// compiledEntry is one trie entry before it is tagged with a pod and generation.
+type compiledEntry struct {
+	Prefix netip.Prefix // masked
+	Tier   tier
+	Value  ruleValue
+}
+
+// compiledDirection is a direction's policy as the datapath consumes it.
+type compiledDirection struct {
+	Flags   uint32
+	Entries []compiledEntry
+}
+
+// sourceRule is a validated rule of one tier, ready for flattening.
+type sourceRule struct {
+	label   string // names the rule in errors: "ingress admin rule 2"
+	cidr    netip.Prefix
+	excepts []netip.Prefix
+	ports   []portEntry // with Action set; no ports = one all-traffic entry
+}
+
+func invalidf(label, format string, args ...any) error {
+	return fmt.Errorf("%s: %s: %w", label, fmt.Sprintf(format, args...), ErrInvalidPolicy)
+}
+
+// validateRule checks one rule and converts it for flattening.
+func validateRule(label string, r *Rule, action Action) (sourceRule, error) {
+	if !r.CIDR.IsValid() {
+		return sourceRule{}, invalidf(label, "cidr %q: invalid prefix", r.CIDR.String())
+	}
+	if r.CIDR.Addr().Zone() != "" {
+		return sourceRule{}, invalidf(label, "cidr %q: zones are not allowed", r.CIDR.String())
+	}
+	src := sourceRule{label: label, cidr: r.CIDR.Masked()}
+	for i, e := range r.Except {
+		if !e.IsValid() {
+			return sourceRule{}, invalidf(label, "except %d %q: invalid prefix", i, e.String())
+		}
+		if e.Addr().Is4() != src.cidr.Addr().Is4() {
+			return sourceRule{}, invalidf(label, "except %d %q: address family differs from cidr %q", i, e.String(), src.cidr.String())
+		}
+		src.excepts = append(src.excepts, e.Masked())
+	}
+	for i, p := range r.Ports {
+		if !p.Protocol.validInRule() {
+			return sourceRule{}, invalidf(label, "port %d: protocol %d: unknown protocol (want 0 any, 6 TCP, 17 UDP or 132 SCTP)", i, uint8(p.Protocol))
+		}
+		e := portEntry{Proto: uint8(p.Protocol), Action: uint8(action)}
+		switch {
+		case p.Port == 0 && p.EndPort == 0:
+			e.Port, e.EndPort = 0, allPortsEndPort
+		case p.Port < 1 || p.Port > 65535:
+			return sourceRule{}, invalidf(label, "port %d: port %d: out of range 1..65535", i, p.Port)
+		case p.EndPort == 0:
+			e.Port, e.EndPort = uint16(p.Port), uint16(p.Port)
+		case p.EndPort < p.Port || p.EndPort > 65535:
+			return sourceRule{}, invalidf(label, "port %d: end port %d: want %d..65535", i, p.EndPort, p.Port)
+		default:
+			e.Port, e.EndPort = uint16(p.Port), uint16(p.EndPort)
+		}
+		src.ports = append(src.ports, e)
+	}
+	if len(src.ports) == 0 {
+		src.ports = []portEntry{{Proto: uint8(ProtocolAny), Port: 0, EndPort: allPortsEndPort, Action: uint8(action)}}
+	}
+	return src, nil
+}
+
+// validateDirection checks every rule of d; the error names the first bad rule.
+func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline []sourceRule, err error) {
+	for i := range d.Allow {
+		src, err := validateRule(fmt.Sprintf("%s rule %d", dir, i), &d.Allow[i], ActionAccept)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		ns = append(ns, src)
+	}
+	tierRules := func(name string, rules []TierRule) ([]sourceRule, error) {
+		order := make([]int, len(rules))
+		for i := range order {
+			order[i] = i
+		}
+		// Stable by priority: ties keep slice order, as Verdict does.
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rules[a].Priority, rules[b].Priority) })
+		out := make([]sourceRule, 0, len(rules))
+		for _, i := range order {
+			label := fmt.Sprintf("%s %s rule %d", dir, name, i)
+			a := rules[i].Action
+			if a != ActionAccept && a != ActionDeny && a != ActionPass {
+				return nil, invalidf(label, "action %d: unknown action (want 1 Accept, 2 Deny or 3 Pass)", uint8(a))
+			}
+			src, err := validateRule(label, &rules[i].Rule, a)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, src)
+		}
+		return out, nil
+	}
+	if admin, err = tierRules("admin", d.Admin); err != nil {
+		return nil, nil, nil, err
+	}
+	if baseline, err = tierRules("baseline", d.Baseline); err != nil {
+		return nil, nil, nil, err
+	}
+	return ns, admin, baseline, nil
+}
+
+// hashDirection returns a content hash of a validated Direction policy: equal hashes
+// mean the datapath would behave identically. Prefixes are hashed masked.
+func hashDirection(d *DirectionPolicy) uint64 {
+	h := sha256.New()
+	buf := make([]byte, 0, 256)
+	prefix := func(p netip.Prefix) {
+		a := p.Masked().Addr().As16()
+		buf = append(buf, a[:]...)
+		buf = append(buf, byte(p.Bits()))
+		if p.Addr().Is4() {
+			buf = append(buf, 4)
+		} else {
+			buf = append(buf, 6)
+		}
+	}
+	rule := func(r *Rule) {
+		prefix(r.CIDR)
+		buf = binary.AppendUvarint(buf, uint64(len(r.Except)))
+		for _, e := range r.Except {
+			prefix(e)
+		}
+		buf = binary.AppendUvarint(buf, uint64(len(r.Ports)))
+		for _, p := range r.Ports {
+			buf = append(buf, byte(p.Protocol))
+			buf = binary.BigEndian.AppendUint32(buf, uint32(p.Port))
+			buf = binary.BigEndian.AppendUint32(buf, uint32(p.EndPort))
+		}
+		h.Write(buf)
+		buf = buf[:0]
+	}
+	buf = append(buf, 1) // encoding version
+	if d.Isolated {
+		buf = append(buf, 1)
+	} else {
+		buf = append(buf, 0)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(d.Allow)))
+	h.Write(buf)
+	buf = buf[:0]
+	for i := range d.Allow {
+		rule(&d.Allow[i])
+	}
+	for _, tier := range [][]TierRule{d.Admin, d.Baseline} {
+		buf = binary.AppendUvarint(buf, uint64(len(tier)))
+		for _, r := range tier {
+			buf = binary.BigEndian.AppendUint32(buf, uint32(r.Priority))
+			buf = append(buf, byte(r.Action))
+			h.Write(buf)
+			buf = buf[:0]
+			rule(&r.Rule)
+		}
+	}
+	var sum [sha256.Size]byte
+	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
+}
+
+// compileDirection flattens a validated Direction into trie entries.
+func compileDirection(ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error) {
+	var out compiledDirection
+	if isolated {
+		out.Flags |= flagIsolated
+	}
+	add := func(t tier, rules []sourceRule, flag uint32) error {
+		n := len(out.Entries)
+		var err error
+		if out.Entries, err = flatten(out.Entries, t, rules); err != nil {
+			return err
+		}
+		if len(out.Entries) > n {
+			out.Flags |= flag
+		}
+		return nil
+	}
+	if err := add(tierAdmin, admin, flagAdmin); err != nil {
+		return compiledDirection{}, err
+	}
+	if isolated {
+		if err := add(tierNamespaced, ns, flagNamespaced); err != nil {
+			return compiledDirection{}, err
+		}
+	} else if err := add(tierBaseline, baseline, flagBaseline); err != nil {
+		return compiledDirection{}, err
+	}
+	return out, nil
+}
+
+// prefixNode gathers the rules whose CIDR or except is one prefix.
+type prefixNode struct {
+	prefix  netip.Prefix
+	cidrOf  []int // rules whose CIDR is this prefix
+	except  []int // rules that except this prefix
+	visible ruleValue
+}
+
+// flatten appends to out one entry per prefix of the tier whose value differs from the
+// value of its nearest enclosing prefix (no enclosing prefix = empty value, which the
+// datapath treats like a miss).
+//
+// Why a single longest-prefix lookup is then exact: let P be all CIDRs and excepts of
+// the tier and p the longest prefix of P containing an address a. Prefixes that contain
+// a are nested, so a prefix q of P contains a iff q ⊇ p. Hence rule r matches a iff
+// r.CIDR ⊇ p and no except of r ⊇ p: p's value is exactly the rules matching a.
+// Prefixes are visited in pre-order (sorted by address, then length), keeping the
+// chain of enclosing prefixes on a stack.
+func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, error) {
+	if len(rules) == 0 {
+		return out, nil
+	}
+	nodes := map[netip.Prefix]*prefixNode{}
+	node := func(p netip.Prefix) *prefixNode {
+		n := nodes[p]
+		if n == nil {
+			n = &prefixNode{prefix: p}
+			nodes[p] = n
+		}
+		return n
+	}
+	for i := range rules {
+		n := node(rules[i].cidr)
+		n.cidrOf = append(n.cidrOf, i)
+		for _, e := range rules[i].excepts {
+			n := node(e)
+			if len(n.except) == 0 || n.except[len(n.except)-1] != i {
+				n.except = append(n.except, i)
+			}
+		}
+	}
+	sorted := make([]*prefixNode, 0, len(nodes))
+	for _, n := range nodes {
+		sorted = append(sorted, n)
+	}
+	slices.SortFunc(sorted, func(a, b *prefixNode) int {
+		if a.prefix.Addr().Is4() != b.prefix.Addr().Is4() {
+			if a.prefix.Addr().Is4() {
+				return -1
+			}
+			return 1
+		}
+		if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+	})
+
+	excepted := make([]int32, len(rules)) // per rule: excepts of it on the stack
+	var stack []*prefixNode
+	var included []int
+	for _, n := range sorted {
+		for len(stack) > 0 {
+			top := stack[len(stack)-1]
+			if top.prefix.Bits() <= n.prefix.Bits() && top.prefix.Contains(n.prefix.Addr()) {
+				break
+			}
+			for _, r := range top.except {
+				excepted[r]--
+			}
+			stack = stack[:len(stack)-1]
+		}
+		for _, r := range n.except {
+			excepted[r]++
+		}
+		stack = append(stack, n)
+
+		included = included[:0]
+		for _, s := range stack {
+			for _, r := range s.cidrOf {
+				if excepted[r] == 0 {
+					included = append(included, r)
+				}
+			}
+		}
+		var err error
+		if t == tierNamespaced {
+			err = unionValue(&n.visible, rules, included, n.prefix)
+		} else {
+			slices.Sort(included) // rules are in priority order
+			err = orderedValue(&n.visible, rules, included, n.prefix)
+		}
+		if err != nil {
+			return nil, err
+		}
+		var parent ruleValue
+		if len(stack) > 1 {
+			parent = stack[len(stack)-2].visible
+		}
+		if n.visible != parent {
+			out = append(out, compiledEntry{Prefix: n.prefix, Tier: t, Value: n.visible})
+		}
+	}
+	return out, nil
+}
+
+func overflowErr(r *sourceRule, p netip.Prefix, need int) error {
+	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p, need, maxPortRules)
+}
+
+// orderedValue builds a tier value: every port rule of the included rules in priority
+// order; the datapath takes the first match. Exact duplicates of an earlier entry and
+// everything after an all-traffic entry can never match first and are dropped.
+func orderedValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+	*v = ruleValue{}
+	for _, ri := range included {
+		for _, e := range rules[ri].ports {
+			if slices.ContainsFunc(v.entries(), func(x portEntry) bool {
+				return x.Proto == e.Proto && x.Port == e.Port && x.EndPort == e.EndPort
+			}) {
+				continue
+			}
+			if v.Count == maxPortRules {
+				return overflowErr(&rules[ri], p, maxPortRules+1)
+			}
+			v.Rules[v.Count] = e
+			v.Count++
+			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// unionValue builds a namespaced value: the union of the included rules' port rules,
+// ranges of one protocol merged, sorted by protocol and port.
+func unionValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+	*v = ruleValue{}
+	merged := mergePorts(rules, included)
+	if len(merged) > maxPortRules {
+		// Name the rule whose ports pushed the union over the limit.
+		for i := range included {
+			if len(mergePorts(rules, included[:i+1])) > maxPortRules {
+				return overflowErr(&rules[included[i]], p, len(merged))
+			}
+		}
+	}
+	for i, e := range merged {
+		v.Rules[i] = e
+	}
+	v.Count = uint32(len(merged))
+	return nil
+}
+
+// mergePorts returns the union of the rules' port entries as few accept entries: one
+// all-traffic entry if any rule allows all traffic, else ranges of one protocol merged
+// where they overlap or touch.
+func mergePorts(rules []sourceRule, included []int) []portEntry {
+	var all []portEntry
+	for _, ri := range included {
+		for _, e := range rules[ri].ports {
+			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
+				return []portEntry{{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}}
+			}
+			e.Action = uint8(ActionAccept)
+			all = append(all, e)
+		}
+	}
+	slices.SortFunc(all, func(a, b portEntry) int {
+		return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port), cmp.Compare(a.EndPort, b.EndPort))
+	})
+	merged := all[:0]
+	for _, e := range all {
+		if n := len(merged); n > 0 && merged[n-1].Proto == e.Proto && uint32(e.Port) <= uint32(merged[n-1].EndPort)+1 {
+			merged[n-1].EndPort = max(merged[n-1].EndPort, e.EndPort)
+			continue
+		}
+		merged = append(merged, e)
+	}
+	return merged
+}

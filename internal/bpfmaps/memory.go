@@ -1,0 +1,124 @@
+package bpfmaps
+
+import (
+	"net/netip"
+)
+
+// Memory is the in-memory backend: no kernel, no enforcement. It runs the same
+// validation, hashing, compilation, capacity accounting and commit protocol as EBPF,
+// keeps the compiled entries in Go maps shaped like the kernel's (same keys, same
+// generations) and evaluates verdicts on them in Go. It exists for unprivileged runs
+// and tests; choosing it means no packet is policed.
+type Memory struct {
+	*core
+	maps *memoryMaps
+}
+
+// NewMemory returns the in-memory backend with default Limits.
+func NewMemory() *Memory { return NewMemoryWithLimits(Limits{}) }
+
+// NewMemoryWithLimits returns the in-memory backend with the given capacities.
+func NewMemoryWithLimits(l Limits) *Memory {
+	maps := &memoryMaps{pods: map[uint32]podState{}}
+	for d := range maps.v4 {
+		maps.v4[d] = map[lpmKey4]ruleValue{}
+		maps.v6[d] = map[lpmKey6]ruleValue{}
+	}
+	return &Memory{core: newCore(l, maps), maps: maps}
+}
+
+// Commit implements Dataplane.
+func (m *Memory) Commit(ifindex int, p PodPolicy) (CommitResult, error) {
+	return m.commit(ifindex, p, nil)
+}
+
+// Remove implements Dataplane.
+func (m *Memory) Remove(ifindex int) (CommitResult, error) { return m.remove(ifindex, nil) }
+
+// Pods implements Dataplane.
+func (m *Memory) Pods() []int { return m.podList() }
+
+// Ready implements Dataplane; the in-memory backend is always ready.
+func (m *Memory) Ready() error { return nil }
+
+// Close implements Dataplane; it keeps the state, as pinned maps would.
+func (m *Memory) Close() error { return nil }
+
+// Verdict evaluates a packet against the pod's committed entries the way the eBPF
+// program does (policy only, no connection tracking). A pod without state allows all.
+func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protocol, port uint16) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st, ok := m.maps.pods[uint32(ifindex)]
+	if !ok {
+		return true
+	}
+	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordGen(st.Dir[d]), peer), proto, port)
+}
+
+// entryCount returns how many trie entries the maps hold for a direction.
+func (m *Memory) entryCount(d Direction) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.maps.v4[d]) + len(m.maps.v6[d])
+}
+
+// memoryMaps models the kernel maps; guarded by core.mu.
+type memoryMaps struct {
+	v4   [2]map[lpmKey4]ruleValue
+	v6   [2]map[lpmKey6]ruleValue
+	pods map[uint32]podState
+}
+
+// lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.
+func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer netip.Addr) func(tier) (*ruleValue, bool) {
+	return func(t tier) (*ruleValue, bool) {
+		tag := entryTag(gen, t)
+		if peer.Is4() {
+			for bits := 32; bits >= 0; bits-- {
+				p, _ := peer.Prefix(bits)
+				if v, ok := s.v4[d][lpmKey4{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As4()}]; ok {
+					return &v, true
+				}
+			}
+			return nil, false
+		}
+		for bits := 128; bits >= 0; bits-- {
+			p, _ := peer.Prefix(bits)
+			if v, ok := s.v6[d][lpmKey6{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As16()}]; ok {
+				return &v, true
+			}
+		}
+		return nil, false
+	}
+}
+
+func (s *memoryMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []lpmKey6, v6 []ruleValue) error {
+	for i, k := range k4 {
+		s.v4[d][k] = v4[i]
+	}
+	for i, k := range k6 {
+		s.v6[d][k] = v6[i]
+	}
+	return nil
+}
+
+func (s *memoryMaps) deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) error {
+	for _, k := range k4 {
+		delete(s.v4[d], k)
+	}
+	for _, k := range k6 {
+		delete(s.v6[d], k)
+	}
+	return nil
+}
+
+func (s *memoryMaps) putPod(ifindex uint32, st *podState) error {
+	s.pods[ifindex] = *st
+	return nil
+}
+
+func (s *memoryMaps) deletePod(ifindex uint32) error {
+	delete(s.pods, ifindex)
+	return nil
+}

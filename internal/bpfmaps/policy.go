@@ -1,0 +1,253 @@
+package bpfmaps
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// ErrInvalidPolicy is wrapped by every error that rejects a policy because of its
+// content: a bad prefix, port, protocol or action, or a rule set whose ports do not fit
+// a map value. Retrying the same policy never helps.
+var ErrInvalidPolicy = errors.New("invalid policy")
+
+// ErrCapacity is wrapped when a commit would exceed a map's capacity (pods or trie
+// entries). Nothing of that commit is visible. Retrying can succeed once other pods'
+// state has been removed.
+var ErrCapacity = errors.New("dataplane capacity exceeded")
+
+// Protocol is an IP protocol number as it appears in a rule.
+type Protocol uint8
+
+// Protocols a rule may name. ProtocolAny matches every protocol.
+const (
+	ProtocolAny  Protocol = 0
+	ProtocolTCP  Protocol = 6
+	ProtocolUDP  Protocol = 17
+	ProtocolSCTP Protocol = 132
+)
+
+// Protocols a packet may carry without ports. They are packet protocols for Verdict,
+// not rule protocols: a rule reaches them only with no Ports at all or with a
+// PortRule{Protocol: ProtocolAny} for all ports.
+const (
+	ProtocolICMP   Protocol = 1
+	ProtocolICMPv6 Protocol = 58
+)
+
+// hasPorts reports whether packets of p carry ports the datapath reads.
+func (p Protocol) hasPorts() bool {
+	return p == ProtocolTCP || p == ProtocolUDP || p == ProtocolSCTP
+}
+
+func (p Protocol) validInRule() bool {
+	return p == ProtocolAny || p.hasPorts()
+}
+
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolAny:
+		return "any"
+	case ProtocolTCP:
+		return "TCP"
+	case ProtocolUDP:
+		return "UDP"
+	case ProtocolSCTP:
+		return "SCTP"
+	case ProtocolICMP:
+		return "ICMP"
+	case ProtocolICMPv6:
+		return "ICMPv6"
+	}
+	return fmt.Sprintf("protocol(%d)", uint8(p))
+}
+
+// PortRule selects destination ports of one protocol.
+//
+// Port==0 && EndPort==0: every port of Protocol, and for ProtocolAny every packet
+// including those of port-less protocols such as ICMP. EndPort==0: the single Port.
+// Otherwise the inclusive range [Port, EndPort]. Ports are int32 as in Kubernetes and
+// are validated to 1..65535 with EndPort >= Port. A rule with a port never matches a
+// port-less protocol, even with ProtocolAny.
+type PortRule struct {
+	Protocol Protocol
+	Port     int32
+	EndPort  int32
+}
+
+// Rule allows (or, in a tier, acts on) traffic to or from CIDR minus Except on Ports.
+// No Ports means all traffic of every protocol.
+type Rule struct {
+	CIDR   netip.Prefix
+	Except []netip.Prefix
+	Ports  []PortRule
+}
+
+// Action is what a tier rule does with the traffic it matches.
+type Action uint8
+
+// Tier actions.
+const (
+	ActionAccept Action = iota + 1 // allow; later tiers are not consulted
+	ActionDeny                     // drop; later tiers are not consulted
+	ActionPass                     // skip the rest of this tier
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionAccept:
+		return "Accept"
+	case ActionDeny:
+		return "Deny"
+	case ActionPass:
+		return "Pass"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// TierRule is one rule of a cluster-scoped policy (ClusterPolicyEndpoint).
+type TierRule struct {
+	Priority int32
+	Action   Action
+	Rule     Rule
+}
+
+// DirectionPolicy is everything that applies to one pod in one direction.
+type DirectionPolicy struct {
+	Isolated bool       // some namespaced policy selects the pod in this direction
+	Allow    []Rule     // union of namespaced allow rules; consulted only if Isolated
+	Admin    []TierRule // admin tier: lower Priority first; Accept/Deny decide, Pass → namespaced
+	Baseline []TierRule // baseline tier: applies only when !Isolated
+}
+
+// PodPolicy is a pod's policy in both directions. Ingress is about packets the pod
+// receives (the peer is their source); Egress about packets it sends (the peer is
+// their destination).
+type PodPolicy struct {
+	Ingress, Egress DirectionPolicy
+}
+
+// Verdict evaluates the policy in Go; it is the reference semantics the dataplanes are
+// tested against. For a packet to or from peer with protocol proto and destination port
+// (ignored, taken as 0, for protocols without ports):
+//
+//  1. admin tier, rules by ascending Priority (ties in slice order): the first rule
+//     matching decides — Accept allows, Deny drops, Pass skips to step 2;
+//  2. if Isolated: allowed iff some Allow rule matches;
+//  3. otherwise the baseline tier, first match by priority: Accept allows, Deny drops,
+//     Pass makes no decision;
+//  4. nothing decided: allowed.
+//
+// A rule matches when its CIDR contains peer, none of its Except prefixes does, and it
+// has no Ports or one of its PortRules matches proto and port.
+func (d DirectionPolicy) Verdict(peer netip.Addr, proto Protocol, port uint16) bool {
+	if !proto.hasPorts() {
+		port = 0
+	}
+	for _, r := range sortedTier(d.Admin) {
+		if !r.Rule.matches(peer, proto, port) {
+			continue
+		}
+		if r.Action == ActionAccept {
+			return true
+		}
+		if r.Action == ActionDeny {
+			return false
+		}
+		break // Pass
+	}
+	if d.Isolated {
+		for i := range d.Allow {
+			if d.Allow[i].matches(peer, proto, port) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, r := range sortedTier(d.Baseline) {
+		if r.Rule.matches(peer, proto, port) {
+			return r.Action != ActionDeny
+		}
+	}
+	return true
+}
+
+// sortedTier returns the rules by ascending priority, ties in their given order.
+func sortedTier(rules []TierRule) []TierRule {
+	if slices.IsSortedFunc(rules, compareTierRules) {
+		return rules
+	}
+	sorted := slices.Clone(rules)
+	slices.SortStableFunc(sorted, compareTierRules)
+	return sorted
+}
+
+func compareTierRules(a, b TierRule) int { return cmp.Compare(a.Priority, b.Priority) }
+
+func (r *Rule) matches(peer netip.Addr, proto Protocol, port uint16) bool {
+	if !r.CIDR.Contains(peer) {
+		return false
+	}
+	for _, e := range r.Except {
+		if e.Contains(peer) {
+			return false
+		}
+	}
+	if len(r.Ports) == 0 {
+		return true
+	}
+	for _, p := range r.Ports {
+		if p.matches(proto, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches assumes port is 0 for port-less protocols; validated rules have ports ≥ 1,
+// so only an all-ports rule matches a port-less packet.
+func (p PortRule) matches(proto Protocol, port uint16) bool {
+	if p.Protocol != ProtocolAny && p.Protocol != proto {
+		return false
+	}
+	if p.Port == 0 && p.EndPort == 0 {
+		return true
+	}
+	end := p.EndPort
+	if end == 0 {
+		end = p.Port
+	}
+	return int32(port) >= p.Port && int32(port) <= end
+}
+
+// CommitResult describes what one Commit or Remove did.
+type CommitResult struct {
+	Skipped        bool // content hash unchanged: nothing written
+	EntriesWritten int
+	EntriesDeleted int
+	// Per phase, for telemetry: Compile (validate, hash, flatten), Attach (programs
+	// attached to a new pod's interface), Write (new generation's entries), Switch (the
+	// one update that makes them active), Cleanup (old generation deleted).
+	Compile, Attach, Write, Switch, Cleanup time.Duration
+}
+
+// Dataplane is what the reconcile loop drives. ifindex is the pod's host-side interface.
+type Dataplane interface {
+	// Commit makes p the pod's policy. Atomic per pod: packets see the old policy of
+	// both directions or the new one, never a mix of entries. On error nothing of this
+	// commit is visible.
+	Commit(ifindex int, p PodPolicy) (CommitResult, error)
+	// Remove deletes the pod's state and detaches its programs. Unknown pods are no-ops.
+	Remove(ifindex int) (CommitResult, error)
+	// Pods returns the ifindexes with committed state, ascending.
+	Pods() []int
+	// Ready returns nil once the dataplane is usable.
+	Ready() error
+	// Close drops this process's handles. Pinned state (and enforcement) stays.
+	Close() error
+}
+
+var _ Dataplane = (*Memory)(nil)
