@@ -1,0 +1,181 @@
+package telemetry
+
+import (
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// config holds what New needs. It is built from defaults, then the environment,
+// then the options, in that order: explicit options win.
+type config struct {
+	nodeName       string
+	serviceVersion string
+	instanceID     string
+	otlpSet        bool // WithOTLP was given; otlpEnabled then overrides the environment
+	otlpEnabled    bool
+	slowThreshold  time.Duration
+	fastFraction   float64
+	meterInterval  time.Duration
+	spanQueueSize  int
+	traceExporters []sdktrace.SpanExporter
+	metricReaders  []sdkmetric.Reader
+	logger         *slog.Logger
+	prometheusReg  bool
+}
+
+// Option configures New. Options are sealed: only this package can make them.
+type Option func(*config)
+
+const (
+	defaultMeterInterval = 10 * time.Second
+	defaultSpanQueueSize = 2048
+)
+
+func defaultConfig() config {
+	return config{
+		fastFraction:  1,
+		meterInterval: envDurationMillis("OTEL_METRIC_EXPORT_INTERVAL", defaultMeterInterval),
+		spanQueueSize: envInt("OTEL_BSP_MAX_QUEUE_SIZE", defaultSpanQueueSize),
+		logger:        slog.New(slog.DiscardHandler),
+		prometheusReg: true,
+	}
+}
+
+// WithNodeName sets k8s.node.name on the resource and on every root span.
+// Default: unset (the attribute is omitted).
+func WithNodeName(name string) Option { return func(c *config) { c.nodeName = name } }
+
+// WithServiceVersion sets service.version on the resource. Default: unset.
+func WithServiceVersion(v string) Option { return func(c *config) { c.serviceVersion = v } }
+
+// WithInstanceID sets service.instance.id on the resource. Default: a random UUID
+// per process (unless OTEL_RESOURCE_ATTRIBUTES sets one).
+func WithInstanceID(id string) Option { return func(c *config) { c.instanceID = id } }
+
+// WithOTLP turns the OTLP gRPC exporters for traces and metrics on or off.
+// Default: traces are exported iff OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, metrics iff OTEL_EXPORTER_OTLP_ENDPOINT
+// or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; OTEL_TRACES_EXPORTER=none or
+// OTEL_METRICS_EXPORTER=none turns a signal off. WithOTLP(true) exports both
+// (to localhost:4317 when no endpoint is set).
+func WithOTLP(enabled bool) Option {
+	return func(c *config) { c.otlpSet, c.otlpEnabled = true, enabled }
+}
+
+// WithSampling makes trace sampling latency-aware: every trigger whose latency is at
+// least slowThreshold is traced, and fastFraction (0..1) of the faster ones, spread
+// evenly (systematic sampling: exactly one in 1/fastFraction). Every trigger is
+// still one histogram observation; only kept traces become exemplars.
+// Default: keep all (threshold 0, fraction 1).
+func WithSampling(slowThreshold time.Duration, fastFraction float64) Option {
+	return func(c *config) {
+		c.slowThreshold = max(slowThreshold, 0)
+		c.fastFraction = min(max(fastFraction, 0), 1)
+	}
+}
+
+// WithMeterExportInterval sets how often metrics are exported over OTLP.
+// Default: OTEL_METRIC_EXPORT_INTERVAL (milliseconds) if set, else 10s.
+func WithMeterExportInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.meterInterval = d
+		}
+	}
+}
+
+// WithSpanQueueSize bounds how many ended spans may wait for export; beyond it spans
+// are dropped and counted. Default: OTEL_BSP_MAX_QUEUE_SIZE if set, else 2048.
+func WithSpanQueueSize(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.spanQueueSize = n
+		}
+	}
+}
+
+// WithTraceExporter adds a span exporter next to OTLP (for tests: an in-memory
+// exporter). It sits behind the same bounded queue and drop accounting as OTLP.
+// Default: none.
+func WithTraceExporter(e sdktrace.SpanExporter) Option {
+	return func(c *config) {
+		if e != nil {
+			c.traceExporters = append(c.traceExporters, e)
+		}
+	}
+}
+
+// WithMetricReader adds a metric reader next to OTLP and Prometheus (for tests: a
+// ManualReader). Default: none.
+func WithMetricReader(r sdkmetric.Reader) Option {
+	return func(c *config) {
+		if r != nil {
+			c.metricReaders = append(c.metricReaders, r)
+		}
+	}
+}
+
+// WithLogger sets where export trouble is reported (once per transition from
+// healthy to failing, and back). Default: discarded.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// withoutPrometheus leaves out the Prometheus registry; for benchmarks that
+// compare the cost of the hot paths alone.
+func withoutPrometheus() Option { return func(c *config) { c.prometheusReg = false } }
+
+// otlpTraces and otlpMetrics resolve WithOTLP against the environment.
+func (c *config) otlpTraces() bool {
+	if c.otlpSet {
+		return c.otlpEnabled
+	}
+	if strings.EqualFold(os.Getenv("OTEL_TRACES_EXPORTER"), "none") {
+		return false
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
+		os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+func (c *config) otlpMetrics() bool {
+	if c.otlpSet {
+		return c.otlpEnabled
+	}
+	if strings.EqualFold(os.Getenv("OTEL_METRICS_EXPORTER"), "none") {
+		return false
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
+		os.Getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != ""
+}
+
+// envDurationMillis reads a positive integer of milliseconds, the unit the OTel
+// specification gives the OTEL_METRIC_EXPORT_* and OTEL_BSP_* variables.
+func envDurationMillis(key string, def time.Duration) time.Duration {
+	n := envInt(key, 0)
+	if n <= 0 {
+		return def
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
+func envInt(key string, def int) int {
+	v := strings.TrimSpace(os.Getenv(key))
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return def
+	}
+	return n
+}

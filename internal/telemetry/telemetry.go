@@ -1,0 +1,326 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync/atomic"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of every span and instrument made here.
+const ScopeName = "github.com/npagent/npagent/internal/telemetry"
+
+// ServiceName is the default service.name (OTEL_SERVICE_NAME overrides it).
+const ServiceName = "npagent"
+
+// Telemetry owns the tracer and meter providers, their exporters and the
+// instruments. Its methods are safe for concurrent use.
+type Telemetry struct {
+	cfg    config
+	tp     *sdktrace.TracerProvider
+	mp     *sdkmetric.MeterProvider
+	tracer trace.Tracer
+	prom   *prometheus.Registry // nil when left out
+
+	latency            metric.Float64Histogram
+	suppressed         metric.Int64Counter
+	rejected           metric.Int64Counter
+	deliveries         metric.Int64Counter
+	invalidObjects     metric.Int64Counter
+	traceparentInvalid metric.Int64Counter
+	commitDuration     metric.Float64Histogram
+	commitFailures     metric.Int64Counter
+
+	kindAttrs       *attrCache
+	suppressedAttrs *attrCache
+	rejectedAttrs   *attrCache
+	deliveryAttrs   *attrCache
+	invalidAttrs    *attrCache
+	commitAttrs     *attrCache
+
+	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
+
+	fastSeen atomic.Uint64 // fast triggers seen by the sampler, for systematic sampling
+
+	spansDropped        atomic.Uint64 // refused by a full span queue
+	spansFailed         atomic.Uint64 // handed to an exporter whose export failed
+	metricExportsFailed atomic.Uint64
+
+	gauges atomic.Pointer[gaugeFuncs]
+}
+
+type gaugeFuncs struct{ objects, pending func() int64 }
+
+// New builds providers, exporters (OTLP gRPC for traces and metrics, honouring the
+// standard OTEL_EXPORTER_OTLP_* variables incl. TLS, headers and insecure; plus a
+// Prometheus registry for MetricsHandler) and instruments. Nothing is dialled
+// here: gRPC connects lazily, so a collector that is not up yet costs nothing but
+// counted drops.
+func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	res, err := buildResource(ctx, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &Telemetry{cfg: cfg}
+	if cfg.nodeName != "" {
+		t.nodeAttr = semconv.K8SNodeName(cfg.nodeName)
+	}
+
+	if err := t.buildTracing(ctx, res); err != nil {
+		return nil, err
+	}
+	if err := t.buildMetrics(ctx, res); err != nil {
+		_ = t.tp.Shutdown(ctx)
+		return nil, err
+	}
+	return t, nil
+}
+
+// buildResource merges, lowest precedence first: the SDK's defaults, what npagent
+// knows (service, instance, node, host), and OTEL_RESOURCE_ATTRIBUTES /
+// OTEL_SERVICE_NAME, so an operator can override any of them.
+func buildResource(ctx context.Context, cfg *config) (*resource.Resource, error) {
+	instanceID := cfg.instanceID
+	if instanceID == "" {
+		instanceID = uuid.NewString()
+	}
+	kvs := []attribute.KeyValue{
+		semconv.ServiceName(ServiceName),
+		semconv.ServiceInstanceID(instanceID),
+	}
+	if cfg.serviceVersion != "" {
+		kvs = append(kvs, semconv.ServiceVersion(cfg.serviceVersion))
+	}
+	if cfg.nodeName != "" {
+		kvs = append(kvs, semconv.K8SNodeName(cfg.nodeName))
+	}
+	if host, err := os.Hostname(); err == nil {
+		kvs = append(kvs, semconv.HostName(host))
+	}
+	own := resource.NewWithAttributes(semconv.SchemaURL, kvs...)
+	fromEnv, err := resource.New(ctx, resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	res, err := resource.Merge(resource.Default(), own)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: merge defaults: %w", err)
+	}
+	res, err = resource.Merge(res, fromEnv)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: merge environment: %w", err)
+	}
+	return res, nil
+}
+
+func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) error {
+	exporters := t.cfg.traceExporters
+	if t.cfg.otlpTraces() {
+		exp, err := otlptracegrpc.New(ctx)
+		if err != nil {
+			return fmt.Errorf("telemetry: otlp trace exporter: %w", err)
+		}
+		exporters = append(exporters, exp)
+	}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	// The sampling decision is made by Report before a span exists (latency-aware
+	// sampling), so the SDK's sampler keeps whatever Report starts, even under a
+	// remote parent that was not sampled: the node's part of a change is worth
+	// keeping on its own. OTEL_TRACES_SAMPLER, when set, still applies on top.
+	if os.Getenv("OTEL_TRACES_SAMPLER") == "" {
+		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	}
+	queue := t.cfg.spanQueueSize
+	for _, exp := range exporters {
+		inFlight := new(atomic.Int64)
+		health := &exportHealth{signal: "traces", logger: t.cfg.logger}
+		bsp := sdktrace.NewBatchSpanProcessor(
+			&gatedExporter{SpanExporter: exp, inFlight: inFlight, failed: &t.spansFailed, health: health},
+			sdktrace.WithMaxQueueSize(queue),
+			sdktrace.WithMaxExportBatchSize(min(sdktrace.DefaultMaxExportBatchSize, queue)),
+		)
+		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(&spanGate{
+			next: bsp, limit: int64(queue), inFlight: inFlight, dropped: &t.spansDropped,
+		}))
+	}
+	t.tp = sdktrace.NewTracerProvider(tpOpts...)
+	t.tracer = t.tp.Tracer(ScopeName)
+	return nil
+}
+
+func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) error {
+	exponential := sdkmetric.Stream{Aggregation: sdkmetric.AggregationBase2ExponentialHistogram{
+		MaxSize: histogramMaxSize, MaxScale: histogramMaxScale,
+	}}
+	mpOpts := []sdkmetric.Option{
+		sdkmetric.WithResource(res),
+		sdkmetric.WithView(
+			sdkmetric.NewView(sdkmetric.Instrument{Name: LatencyName}, exponential),
+			sdkmetric.NewView(sdkmetric.Instrument{Name: CommitDurationName}, exponential),
+		),
+	}
+	if t.cfg.prometheusReg {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+		if err != nil {
+			return fmt.Errorf("telemetry: prometheus exporter: %w", err)
+		}
+		t.prom = reg
+		mpOpts = append(mpOpts, sdkmetric.WithReader(exp))
+	}
+	if t.cfg.otlpMetrics() {
+		// Cumulative whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
+		// says: Prometheus's OTLP endpoint rejects delta, and cumulative makes a
+		// failed export round lose nothing.
+		exp, err := otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithTemporalitySelector(sdkmetric.DefaultTemporalitySelector))
+		if err != nil {
+			return fmt.Errorf("telemetry: otlp metric exporter: %w", err)
+		}
+		health := &exportHealth{signal: "metrics", logger: t.cfg.logger}
+		mpOpts = append(mpOpts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(
+			&countingMetricExporter{Exporter: exp, failed: &t.metricExportsFailed, health: health},
+			sdkmetric.WithInterval(t.cfg.meterInterval),
+		)))
+	}
+	for _, r := range t.cfg.metricReaders {
+		mpOpts = append(mpOpts, sdkmetric.WithReader(r))
+	}
+	t.mp = sdkmetric.NewMeterProvider(mpOpts...)
+	return t.buildInstruments()
+}
+
+func (t *Telemetry) buildInstruments() error {
+	m := t.mp.Meter(ScopeName)
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	t.latency, err = m.Float64Histogram(LatencyName, metric.WithUnit("s"),
+		metric.WithDescription("Time from a policy change's trigger time to its commit in this node's dataplane, per reported trigger."))
+	check(err)
+	t.suppressed, err = m.Int64Counter(SuppressedName, metric.WithUnit("{trigger}"),
+		metric.WithDescription("Trigger observations not reported, by the seen-set's reason."))
+	check(err)
+	t.rejected, err = m.Int64Counter(RejectedName, metric.WithUnit("{trigger}"),
+		metric.WithDescription("Reported triggers that yielded no observation (clock_skew: committed before the trigger time)."))
+	check(err)
+	t.deliveries, err = m.Int64Counter(DeliveriesName, metric.WithUnit("{delivery}"),
+		metric.WithDescription("Informer deliveries of policy objects, by cause."))
+	check(err)
+	t.invalidObjects, err = m.Int64Counter(InvalidObjectsName, metric.WithUnit("{object}"),
+		metric.WithDescription("Policy objects rejected for bad input, by field."))
+	check(err)
+	t.traceparentInvalid, err = m.Int64Counter(TraceparentInvalidName, metric.WithUnit("{annotation}"),
+		metric.WithDescription("traceparent annotations that did not parse; their spans start new traces."))
+	check(err)
+	t.commitDuration, err = m.Float64Histogram(CommitDurationName, metric.WithUnit("s"),
+		metric.WithDescription("Duration of each dataplane commit attempt."))
+	check(err)
+	t.commitFailures, err = m.Int64Counter(CommitFailuresName, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Failed dataplane commit attempts."))
+	check(err)
+
+	seenObjects, err := m.Int64ObservableGauge(SeenObjectsName, metric.WithUnit("{object}"),
+		metric.WithDescription("Objects tracked by the seen-set."))
+	check(err)
+	seenPending, err := m.Int64ObservableGauge(SeenPendingName, metric.WithUnit("{trigger}"),
+		metric.WithDescription("Trigger times seen but not yet committed."))
+	check(err)
+	spansDropped, err := m.Int64ObservableCounter(SpansDroppedName, metric.WithUnit("{span}"),
+		metric.WithDescription("Spans that never reached the collector: span queue full, or export failed after retries."))
+	check(err)
+	exportsFailed, err := m.Int64ObservableCounter(MetricExportsFailedName, metric.WithUnit("{export}"),
+		metric.WithDescription("OTLP metric export rounds that failed (cumulative temporality: the next round carries the totals)."))
+	check(err)
+	if len(errs) > 0 {
+		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		spans, exports := t.Dropped()
+		o.ObserveInt64(spansDropped, int64(spans))
+		o.ObserveInt64(exportsFailed, int64(exports))
+		if g := t.gauges.Load(); g != nil {
+			if g.objects != nil {
+				o.ObserveInt64(seenObjects, g.objects())
+			}
+			if g.pending != nil {
+				o.ObserveInt64(seenPending, g.pending())
+			}
+		}
+		return nil
+	}, spansDropped, exportsFailed, seenObjects, seenPending)
+	if err != nil {
+		return fmt.Errorf("telemetry instruments: register callback: %w", err)
+	}
+
+	t.kindAttrs = newAttrCache("")
+	t.suppressedAttrs = newAttrCache(ReasonKey, pairs("redelivered", "stale", "before_start",
+		"invalid_annotation", "no_local_pods", "deleted", "overflow")...)
+	t.rejectedAttrs = newAttrCache(ReasonKey, pairs(rejectClockSkew, rejectNoCommit)...)
+	t.deliveryAttrs = newAttrCache(CauseKey, pairs("resync", "relist", "update", "add", "requeue")...)
+	t.invalidAttrs = newAttrCache(FieldKey)
+	t.commitAttrs = newAttrCache(OutcomeKey, pairs(outcomeSuccess, outcomeFailure)...)
+	return nil
+}
+
+// MetricsHandler serves the Prometheus exposition of every instrument. The
+// latency histogram is a native histogram there, carried only by the protobuf
+// exposition (negotiated through the Accept header); the text formats show its
+// count and sum alone.
+func (t *Telemetry) MetricsHandler() http.Handler {
+	if t.prom == nil {
+		return http.NotFoundHandler()
+	}
+	return promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
+}
+
+// Dropped returns how many spans never reached an exporter's destination (queue
+// full, or export failed after the exporter's retries) and how many OTLP metric
+// export rounds failed, so far.
+func (t *Telemetry) Dropped() (spans, metricExports uint64) {
+	return t.spansDropped.Load() + t.spansFailed.Load(), t.metricExportsFailed.Load()
+}
+
+// ObserveGauges registers the callbacks for the gauges the reconcile loop owns:
+// the seen-set's object count and pending trigger count. They are called on each
+// collection, from the collecting goroutine; a later call replaces both.
+func (t *Telemetry) ObserveGauges(seenObjects, seenPending func() int64) {
+	t.gauges.Store(&gaugeFuncs{objects: seenObjects, pending: seenPending})
+}
+
+// ForceFlush exports every span ended and every metric recorded so far, waiting
+// for the exporters (or ctx).
+func (t *Telemetry) ForceFlush(ctx context.Context) error {
+	return errors.Join(t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx))
+}
+
+// Shutdown flushes and stops the exporters. Report and the counters are no-ops
+// afterwards.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
+}
