@@ -1,0 +1,321 @@
+package seen
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clock is a settable time source for WithNow.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+func statePath(t *testing.T) string { return filepath.Join(t.TempDir(), "seen.state") }
+
+func restart(t *testing.T, start time.Time, path string, opts ...Option) *Set {
+	t.Helper()
+	s, err := New(start, append([]Option{WithStatePath(path)}, opts...)...)
+	if err != nil {
+		t.Fatalf("restore from %s: %v", path, err)
+	}
+	return s
+}
+
+// TestRestartMeasuresDowntimeChanges: with a state file, a change written
+// while the agent was down (older than the new process start) and an object
+// created while it was down are each reported once; without the file both
+// are before_start.
+func TestRestartMeasuresDowntimeChanges(t *testing.T) {
+	const uidC = "c0ffee00-0000-4000-8000-000000000001" // created during the downtime
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now))
+	mustObserve(t, s1, uidA, at(10), at(10.1), Accepted)
+	mustCommit(t, s1, uidA, at(10), at(10.2))
+	clk.set(at(100)) // shutdown
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Downtime: uidA changed at 150, uidC created at 160; agent back at 200.
+	s2 := restart(t, at(200), path, WithNow(clk.now))
+	mustObserve(t, s2, uidA, at(150), at(201), Accepted)
+	mustObserve(t, s2, uidC, at(160), at(201), Accepted)
+	for _, c := range []struct {
+		uid     string
+		trigger time.Time
+	}{{uidA, at(150)}, {uidC, at(160)}} {
+		got := mustCommit(t, s2, c.uid, c.trigger, at(202))
+		if len(got) != 1 || !got[0].Trigger.Equal(c.trigger) {
+			t.Fatalf("%s: reported %v, want [%s]", c.uid, triggersOf(got), c.trigger)
+		}
+		mustObserve(t, s2, c.uid, c.trigger, at(230), Redelivered)
+		if again := mustCommit(t, s2, c.uid, c.trigger, at(231)); len(again) != 0 {
+			t.Fatalf("%s: reported again %v", c.uid, triggersOf(again))
+		}
+	}
+
+	noState, err := New(at(200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustObserve(t, noState, uidA, at(150), at(201), BeforeStart)
+	mustObserve(t, noState, uidC, at(160), at(201), BeforeStart)
+}
+
+// TestPendingAtShutdownReportedAfterRestart: a trigger accepted but never
+// committed before shutdown is not lost — for a uid with an older consumed
+// trigger, and for a uid with nothing consumed (which pins the watermark).
+func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now))
+	mustObserve(t, s1, uidA, at(10), at(10), Accepted)
+	mustCommit(t, s1, uidA, at(10), at(11))
+	mustObserve(t, s1, uidA, at(50), at(50), Accepted) // commit still failing at shutdown
+	s1.Failed(uidA)
+	mustObserve(t, s1, uidB, at(60), at(60), Accepted) // never committed at all
+	clk.set(at(100))
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := restart(t, at(200), path, WithNow(clk.now))
+	for _, c := range []struct {
+		uid     string
+		trigger time.Time
+	}{{uidA, at(50)}, {uidB, at(60)}} {
+		mustObserve(t, s2, c.uid, c.trigger, at(201), Accepted)
+		if got := mustCommit(t, s2, c.uid, c.trigger, at(202)); len(got) != 1 || !got[0].Trigger.Equal(c.trigger) {
+			t.Fatalf("%s: reported %v, want [%s]", c.uid, triggersOf(got), c.trigger)
+		}
+	}
+}
+
+// TestCrashAfterCommitDoesNotReportAgain: Committed makes the state durable
+// before it returns reports, so even without a final Persist the next process
+// answers redelivered.
+func TestCrashAfterCommitDoesNotReportAgain(t *testing.T) {
+	path := statePath(t)
+	s1 := restart(t, at(0), path)
+	mustObserve(t, s1, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s1, uidB, at(11), at(11), Accepted)
+	mustCommit(t, s1, uidA, at(10), at(12))
+	mustCommit(t, s1, uidB, at(11), at(13))
+	// crash: s1 is abandoned without Persist
+
+	s2 := restart(t, at(20), path)
+	mustObserve(t, s2, uidA, at(10), at(21), Redelivered)
+	mustObserve(t, s2, uidB, at(11), at(21), Redelivered)
+}
+
+// TestRestartKeepsOldObjectsBeforeStart: objects that predate the first
+// process stay unmeasured across any number of restarts, and their
+// re-listing counts as re-delivery.
+func TestRestartKeepsOldObjectsBeforeStart(t *testing.T) {
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now))
+	mustObserve(t, s1, uidA, at(-50), at(1), BeforeStart)
+	clk.set(at(100))
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := restart(t, at(200), path, WithNow(clk.now))
+	mustObserve(t, s2, uidA, at(-50), at(201), Redelivered)
+	// An older version arriving late is still before the original start.
+	mustObserve(t, s2, "old-object", at(-40), at(201), BeforeStart)
+}
+
+func TestNonUUIDUIDsSurviveRestart(t *testing.T) {
+	path := statePath(t)
+	s1 := restart(t, at(0), path)
+	for _, uid := range []string{"plain-name", "6F1C2A9E-3B7D-4C1E-9A2F-0D4B5E6F7A81", ""} {
+		mustObserve(t, s1, uid, at(10), at(10), Accepted)
+		mustCommit(t, s1, uid, at(10), at(11))
+	}
+	s2 := restart(t, at(20), path)
+	for _, uid := range []string{"plain-name", "6F1C2A9E-3B7D-4C1E-9A2F-0D4B5E6F7A81", ""} {
+		mustObserve(t, s2, uid, at(10), at(21), Redelivered)
+	}
+	if got := s2.Stats().Objects; got != 3 {
+		t.Fatalf("objects = %d, want 3", got)
+	}
+}
+
+func TestDamagedStateIsReportedAndIgnored(t *testing.T) {
+	good := func(t *testing.T) []byte {
+		path := statePath(t)
+		s := restart(t, at(0), path)
+		for i, uid := range []string{uidA, uidB, "plain"} {
+			mustObserve(t, s, uid, at(10+float64(i)), at(10), Accepted)
+			mustCommit(t, s, uid, at(10+float64(i)), at(11))
+		}
+		if err := s.Persist(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}(t)
+
+	cases := map[string]func(path string) error{
+		"empty":       func(p string) error { return os.WriteFile(p, nil, 0o600) },
+		"truncated":   func(p string) error { return os.WriteFile(p, good[:len(good)/2], 0o600) },
+		"garbage":     func(p string) error { return os.WriteFile(p, []byte("{\"not\": \"a state file\"}\n\x00\x01\x02 padding padding"), 0o600) },
+		"trailing":    func(p string) error { return os.WriteFile(p, append(append([]byte{}, good...), 0), 0o600) },
+		"unreadable":  func(p string) error { return os.Mkdir(p, 0o700) }, // read fails with EISDIR, also as root
+		"future version": func(p string) error { // a valid checksum over an unknown version
+			b := append([]byte{}, good[:len(good)-4]...)
+			b[6] = 9
+			return os.WriteFile(p, binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), 0o600)
+		},
+		"wrong checksum": func(p string) error {
+			b := append([]byte{}, good...)
+			b[len(b)-10] ^= 0x40 // inside the last entry
+			return os.WriteFile(p, b, 0o600)
+		},
+	}
+	for name, damage := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := statePath(t)
+			if err := damage(path); err != nil {
+				t.Fatal(err)
+			}
+			s, err := New(at(100), WithStatePath(path))
+			if err == nil {
+				t.Fatal("New returned no restore error for a damaged state file")
+			}
+			if s == nil {
+				t.Fatal("New returned a nil Set")
+			}
+			t.Logf("restore error: %v", err)
+			if got := s.Stats().Objects; got != 0 {
+				t.Fatalf("objects = %d after a damaged restore, want 0", got)
+			}
+			// The guard is the process start: uidA's old trigger is before_start.
+			mustObserve(t, s, uidA, at(10), at(101), BeforeStart)
+		})
+	}
+	t.Run("good copy restores", func(t *testing.T) {
+		path := statePath(t)
+		if err := os.WriteFile(path, good, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := restart(t, at(100), path)
+		mustObserve(t, s, uidA, at(10), at(101), Redelivered)
+	})
+}
+
+func TestDamagedStateIsReplacedByNextWrite(t *testing.T) {
+	path := statePath(t)
+	if err := os.WriteFile(path, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(at(0), WithStatePath(path))
+	if err == nil {
+		t.Fatal("want a restore error")
+	}
+	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	mustCommit(t, s, uidA, at(10), at(11))
+	s2 := restart(t, at(20), path)
+	mustObserve(t, s2, uidA, at(10), at(21), Redelivered)
+}
+
+func TestMissingStateFileIsAFirstStart(t *testing.T) {
+	s, err := New(at(0), WithStatePath(statePath(t)))
+	if err != nil {
+		t.Fatalf("missing state file: %v", err)
+	}
+	mustObserve(t, s, uidA, at(-1), at(1), BeforeStart)
+}
+
+// TestPersistErrorStillReturnsReports: a failed write must not swallow the
+// measurement; the caller gets both and the failure is counted.
+func TestPersistErrorStillReturnsReports(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing-dir", "seen.state")
+	s := restart(t, at(0), path)
+	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	reports, err := s.Committed(uidA, at(10), at(11))
+	if len(reports) != 1 {
+		t.Fatalf("reported %v, want one despite the write error", triggersOf(reports))
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Committed error = %v, want a not-exist write error", err)
+	}
+	if st := s.Stats(); st.PersistErrors != 1 || st.Persists != 0 {
+		t.Fatalf("persist errors %d persists %d, want 1 and 0", st.PersistErrors, st.Persists)
+	}
+	if err := s.Persist(); err == nil {
+		t.Fatal("Persist into a missing directory succeeded")
+	}
+}
+
+// TestConcurrentCommitsShareOneWrite: commits that queue behind an ongoing
+// write are all covered by the next one.
+func TestConcurrentCommitsShareOneWrite(t *testing.T) {
+	path := statePath(t)
+	s := restart(t, at(0), path)
+	const n = 20
+	uids := make([]string, n)
+	for i := range uids {
+		uids[i] = "object-" + string(rune('a'+i))
+		mustObserve(t, s, uids[i], at(10), at(10), Accepted)
+	}
+	s.writeMu.Lock() // a write is in progress
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for _, uid := range uids {
+		wg.Go(func() {
+			reports, err := s.Committed(uid, at(10), at(11))
+			if err == nil && len(reports) != 1 {
+				err = errors.New(uid + ": want one report")
+			}
+			errs <- err
+		})
+	}
+	for s.Stats().Reported != n { // every commit has updated state and waits for durability
+		time.Sleep(time.Millisecond)
+	}
+	s.writeMu.Unlock()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Stats().Persists; got != 1 {
+		t.Fatalf("%d concurrent commits cost %d writes, want 1", n, got)
+	}
+	s2 := restart(t, at(20), path)
+	for _, uid := range uids {
+		mustObserve(t, s2, uid, at(10), at(21), Redelivered)
+	}
+}
+
+func TestRestoredWatermarkLaterThanStartIsCapped(t *testing.T) {
+	// The clock stepped back between runs: the guard must not hide triggers
+	// newer than the new process start.
+	path := statePath(t)
+	clk := &clock{t: at(1000)}
+	s1 := restart(t, at(900), path, WithNow(clk.now))
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := restart(t, at(100), path)
+	mustObserve(t, s2, uidA, at(150), at(151), Accepted)
+}
