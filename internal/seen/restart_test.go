@@ -18,7 +18,7 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
 func statePath(t *testing.T) string { return filepath.Join(t.TempDir(), "seen.state") }
@@ -173,11 +173,13 @@ func TestDamagedStateIsReportedAndIgnored(t *testing.T) {
 	}(t)
 
 	cases := map[string]func(path string) error{
-		"empty":       func(p string) error { return os.WriteFile(p, nil, 0o600) },
-		"truncated":   func(p string) error { return os.WriteFile(p, good[:len(good)/2], 0o600) },
-		"garbage":     func(p string) error { return os.WriteFile(p, []byte("{\"not\": \"a state file\"}\n\x00\x01\x02 padding padding"), 0o600) },
-		"trailing":    func(p string) error { return os.WriteFile(p, append(append([]byte{}, good...), 0), 0o600) },
-		"unreadable":  func(p string) error { return os.Mkdir(p, 0o700) }, // read fails with EISDIR, also as root
+		"empty":     func(p string) error { return os.WriteFile(p, nil, 0o600) },
+		"truncated": func(p string) error { return os.WriteFile(p, good[:len(good)/2], 0o600) },
+		"garbage": func(p string) error {
+			return os.WriteFile(p, []byte("{\"not\": \"a state file\"}\n\x00\x01\x02 padding padding"), 0o600)
+		},
+		"trailing":   func(p string) error { return os.WriteFile(p, append(append([]byte{}, good...), 0), 0o600) },
+		"unreadable": func(p string) error { return os.Mkdir(p, 0o700) }, // read fails with EISDIR, also as root
 		"future version": func(p string) error { // a valid checksum over an unknown version
 			b := append([]byte{}, good[:len(good)-4]...)
 			b[6] = 9
