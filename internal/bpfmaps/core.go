@@ -111,8 +111,9 @@ func newCore(l Limits, s store) *core {
 	return &core{limits: l.withDefaults(), store: s, pods: map[uint32]*podRecord{}}
 }
 
-// attachFunc readies a pod's interface before its first state is written; undo
-// reverses it if the commit then fails. nil for the in-memory backend.
+// attachFunc readies a pod's interface before state is written (a no-op returning a
+// nil undo when it is ready already); undo reverses it if the commit then fails for a
+// pod without state. nil for the in-memory backend.
 type attachFunc func(ifindex int) (undo func(), err error)
 
 func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult, error) {
@@ -191,7 +192,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	}
 	res.Compile = time.Since(start)
 
-	if rec == nil && attach != nil {
+	if attach != nil {
 		t := time.Now()
 		undo, err := attach(ifindex)
 		if err != nil {

@@ -1,0 +1,453 @@
+package bpfmaps
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
+
+// DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
+const DefaultPinPath = "/sys/fs/bpf/npagent"
+
+// EBPFOptions configures OpenEBPF. Zero fields take the defaults.
+type EBPFOptions struct {
+	// PinPath is the bpffs directory holding the pinned maps and links. Default
+	// DefaultPinPath. bpffs is mounted at /sys/fs/bpf if the path is below it and it is
+	// not mounted yet.
+	PinPath string
+	// Limits are the map capacities. A pinned map adopted from a previous process
+	// must have the same capacity.
+	Limits Limits
+	// ConntrackEntries is the capacity of the LRU connection table. Default 65536.
+	ConntrackEntries int
+	// ConntrackTimeout is how long replies of a connection pass after its last packet.
+	// Default 5 minutes.
+	ConntrackTimeout time.Duration
+}
+
+// EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
+// interface, LPM tries of generation-tagged entries, and a per-pod state map whose
+// single update is a commit's switch. Maps and links are pinned under PinPath.
+type EBPF struct {
+	*core
+	objs    policyObjects
+	pinPath string
+	links   map[uint32]*podLinks // guarded by core.mu
+	closed  atomic.Bool
+}
+
+// podLinks are a pod's two tcx attachments.
+type podLinks struct {
+	fromPod, toPod link.Link
+}
+
+const bpfFSMagic = 0xcafe4a11
+
+// OpenEBPF loads the programs and maps, pinned under opts.PinPath, adopting what a
+// previous process pinned: maps, links (switched to the newly loaded programs) and each
+// pod's generations and content hashes, so enforcement survives an agent restart and an
+// unchanged re-commit writes nothing. Entries of generations a crashed commit left
+// behind are deleted. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
+func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
+	if opts.PinPath == "" {
+		opts.PinPath = DefaultPinPath
+	}
+	if opts.ConntrackEntries <= 0 {
+		opts.ConntrackEntries = 65536
+	}
+	if opts.ConntrackTimeout <= 0 {
+		opts.ConntrackTimeout = 5 * time.Minute
+	}
+	limits := opts.Limits.withDefaults()
+	if err := ensureBPFFS(opts.PinPath); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: remove memlock limit: %w", permissionHint(err, "CAP_SYS_RESOURCE"))
+	}
+	spec, err := loadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
+	}
+	for name, n := range map[string]int{
+		policyMapNpaPods: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
+		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
+		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
+	} {
+		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	if err := spec.Variables["ct_timeout_ns"].Set(uint64(opts.ConntrackTimeout.Nanoseconds())); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: set conntrack timeout: %w", err)
+	}
+	e := &EBPF{pinPath: opts.PinPath, links: map[uint32]*podLinks{}}
+	err = spec.LoadAndAssign(&e.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
+	if err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("open ebpf dataplane: pinned maps under %s do not match this build or its capacities (remove them to start over): %w", opts.PinPath, err)
+		}
+		return nil, fmt.Errorf("open ebpf dataplane: load: %w", permissionHint(err, "CAP_BPF"))
+	}
+	e.core = newCore(limits, (*ebpfMaps)(&e.objs))
+	if err := e.adopt(); err != nil {
+		e.objs.Close()
+		return nil, fmt.Errorf("open ebpf dataplane: adopt pinned state: %w", err)
+	}
+	return e, nil
+}
+
+// permissionHint says which capability is missing when the kernel refuses.
+func permissionHint(err error, capability string) error {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		return fmt.Errorf("%w (needs %s or root)", err, capability)
+	}
+	return err
+}
+
+// ensureBPFFS makes dir a directory on bpffs, mounting bpffs at /sys/fs/bpf first when
+// dir is below it and nothing is mounted there.
+func ensureBPFFS(dir string) error {
+	const root = "/sys/fs/bpf"
+	if strings.HasPrefix(filepath.Clean(dir)+"/", root+"/") {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err != nil {
+			return fmt.Errorf("statfs %s: %w", root, err)
+		}
+		if st.Type != bpfFSMagic {
+			if err := unix.Mount("bpf", root, "bpf", 0, ""); err != nil {
+				return fmt.Errorf("mount bpffs at %s: %w", root, permissionHint(err, "CAP_SYS_ADMIN"))
+			}
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
+		return fmt.Errorf("create pin directory: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type != bpfFSMagic {
+		return fmt.Errorf("pin path %s is not on a bpf filesystem", dir)
+	}
+	return nil
+}
+
+// Commit implements Dataplane. A pod's first commit attaches the programs to its
+// interface before any state is written, so enforcement starts at the switch.
+func (e *EBPF) Commit(ifindex int, p PodPolicy) (CommitResult, error) {
+	if e.closed.Load() {
+		return CommitResult{}, fmt.Errorf("commit pod %d: dataplane closed", ifindex)
+	}
+	return e.commit(ifindex, p, e.attach)
+}
+
+// Remove implements Dataplane: the pod's state is deleted first (its traffic is no
+// longer policed), then its entries, then its links are detached and unpinned.
+func (e *EBPF) Remove(ifindex int) (CommitResult, error) {
+	if e.closed.Load() {
+		return CommitResult{}, fmt.Errorf("remove pod %d: dataplane closed", ifindex)
+	}
+	return e.remove(ifindex, e.detach)
+}
+
+// Pods implements Dataplane.
+func (e *EBPF) Pods() []int { return e.podList() }
+
+// Ready implements Dataplane.
+func (e *EBPF) Ready() error {
+	if e.closed.Load() {
+		return errors.New("ebpf dataplane: closed")
+	}
+	return nil
+}
+
+// Close implements Dataplane: handles are closed; pinned maps and links, and so the
+// enforcement, stay.
+func (e *EBPF) Close() error {
+	if e.closed.Swap(true) {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs []error
+	for _, l := range e.links {
+		for _, x := range []link.Link{l.fromPod, l.toPod} {
+			if x != nil {
+				errs = append(errs, x.Close())
+			}
+		}
+	}
+	e.links = nil
+	errs = append(errs, e.objs.Close())
+	return errors.Join(errs...)
+}
+
+func (e *EBPF) linkPath(ifindex uint32, prog string) string {
+	return filepath.Join(e.pinPath, "links", fmt.Sprintf("%d-%s", ifindex, prog))
+}
+
+// attach attaches both programs to the pod's interface unless already attached, and
+// pins the links. Called with core.mu held.
+func (e *EBPF) attach(ifindex int) (func(), error) {
+	idx := uint32(ifindex)
+	if l := e.links[idx]; l != nil && l.fromPod != nil && l.toPod != nil {
+		return nil, nil
+	}
+	l := &podLinks{}
+	undo := func() {
+		for _, x := range []link.Link{l.fromPod, l.toPod} {
+			if x != nil {
+				_ = x.Unpin()
+				_ = x.Close()
+			}
+		}
+		delete(e.links, idx)
+	}
+	var err error
+	l.fromPod, err = e.attachOne(idx, "from_pod", e.objs.FromPod, ebpf.AttachTCXIngress)
+	if err == nil {
+		l.toPod, err = e.attachOne(idx, "to_pod", e.objs.ToPod, ebpf.AttachTCXEgress)
+	}
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	e.links[idx] = l
+	return undo, nil
+}
+
+func (e *EBPF) attachOne(ifindex uint32, name string, prog *ebpf.Program, at ebpf.AttachType) (link.Link, error) {
+	l, err := link.AttachTCX(link.TCXOptions{Interface: int(ifindex), Program: prog, Attach: at})
+	if err != nil {
+		return nil, fmt.Errorf("attach %s to interface %d: %w", name, ifindex, permissionHint(err, "CAP_NET_ADMIN"))
+	}
+	if err := l.Pin(e.linkPath(ifindex, name)); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("pin %s link of interface %d: %w", name, ifindex, err)
+	}
+	return l, nil
+}
+
+// detach unpins and closes the pod's links (closing the last reference detaches).
+// Called with core.mu held.
+func (e *EBPF) detach(ifindex int) error {
+	idx := uint32(ifindex)
+	var errs []error
+	if l := e.links[idx]; l != nil {
+		for _, x := range []link.Link{l.fromPod, l.toPod} {
+			if x != nil {
+				if err := x.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
+				errs = append(errs, x.Close())
+			}
+		}
+		delete(e.links, idx)
+	}
+	for _, name := range []string{"from_pod", "to_pod"} {
+		if err := os.Remove(e.linkPath(idx, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach interface %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// adopt rebuilds the core's records from the pinned maps and links. Entries of
+// inactive generations (a commit interrupted between write and cleanup) are deleted;
+// pods whose interface is gone (their tcx links are defunct) are removed.
+func (e *EBPF) adopt() error {
+	var ifindex uint32
+	var st podState
+	it := e.objs.NpaPods.Iterate()
+	for it.Next(&ifindex, &st) {
+		e.pods[ifindex] = &podRecord{state: st}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate pods: %w", err)
+	}
+
+	// Links: switch each to this process's programs.
+	ents, err := os.ReadDir(filepath.Join(e.pinPath, "links"))
+	if err != nil {
+		return err
+	}
+	gone := map[uint32]bool{}
+	for _, ent := range ents {
+		idxStr, name, ok := strings.Cut(ent.Name(), "-")
+		n, perr := strconv.ParseUint(idxStr, 10, 32)
+		path := filepath.Join(e.pinPath, "links", ent.Name())
+		if !ok || perr != nil || (name != "from_pod" && name != "to_pod") {
+			continue
+		}
+		idx := uint32(n)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			return fmt.Errorf("load pinned link %s: %w", path, err)
+		}
+		info, err := l.Info()
+		defunct := err == nil && info.TCX() != nil && info.TCX().Ifindex == 0
+		if defunct || e.pods[idx] == nil {
+			gone[idx] = gone[idx] || defunct
+			_ = l.Unpin()
+			_ = l.Close()
+			continue
+		}
+		prog := e.objs.FromPod
+		if name == "to_pod" {
+			prog = e.objs.ToPod
+		}
+		if err := l.Update(prog); err != nil {
+			_ = l.Close()
+			return fmt.Errorf("switch pinned link %s to the new program: %w", path, err)
+		}
+		pl := e.links[idx]
+		if pl == nil {
+			pl = &podLinks{}
+			e.links[idx] = pl
+		}
+		if name == "from_pod" {
+			pl.fromPod = l
+		} else {
+			pl.toPod = l
+		}
+	}
+	for idx := range gone {
+		if e.pods[idx] != nil {
+			if err := e.objs.NpaPods.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete state of vanished interface %d: %w", idx, err)
+			}
+			delete(e.pods, idx)
+		}
+	}
+
+	// Entries: the active generation's become the pod's keys, the rest garbage.
+	active := func(d Direction, ifindex, tag uint32) bool {
+		rec := e.pods[ifindex]
+		return rec != nil && wordGen(rec.state.Dir[d]) == tagGen(tag)
+	}
+	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
+		var k4 lpmKey4
+		var v ruleValue
+		it := tries[0].Iterate()
+		for it.Next(&k4, &v) {
+			e.used[d][0]++
+			if active(Direction(d), k4.Ifindex, k4.Tag) {
+				rec := e.pods[k4.Ifindex]
+				rec.keys[d].k4 = append(rec.keys[d].k4, k4)
+			} else {
+				e.garbage[d].k4 = append(e.garbage[d].k4, k4)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
+		}
+		var k6 lpmKey6
+		it = tries[1].Iterate()
+		for it.Next(&k6, &v) {
+			e.used[d][1]++
+			if active(Direction(d), k6.Ifindex, k6.Tag) {
+				rec := e.pods[k6.Ifindex]
+				rec.keys[d].k6 = append(rec.keys[d].k6, k6)
+			} else {
+				e.garbage[d].k6 = append(e.garbage[d].k6, k6)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
+		}
+	}
+	e.collectGarbage()
+	return nil
+}
+
+// ebpfMaps is the store over the kernel maps.
+type ebpfMaps policyObjects
+
+func (m *ebpfMaps) tries(d Direction) (v4, v6 *ebpf.Map) {
+	if d == Ingress {
+		return m.NpaInV4, m.NpaInV6
+	}
+	return m.NpaEgV4, m.NpaEgV6
+}
+
+func capacityErr(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("%w: %w", ErrCapacity, err)
+	}
+	return err
+}
+
+func (m *ebpfMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []lpmKey6, v6 []ruleValue) error {
+	t4, t6 := m.tries(d)
+	if len(k4) > 0 {
+		n, err := t4.BatchUpdate(k4, v4, nil)
+		if err != nil {
+			_, _ = t4.BatchDelete(k4[:n], nil)
+			return capacityErr(fmt.Errorf("IPv4 trie: %w", err))
+		}
+	}
+	if len(k6) > 0 {
+		n, err := t6.BatchUpdate(k6, v6, nil)
+		if err != nil {
+			_, _ = t6.BatchDelete(k6[:n], nil)
+			if len(k4) > 0 {
+				_, _ = t4.BatchDelete(k4, nil)
+			}
+			return capacityErr(fmt.Errorf("IPv6 trie: %w", err))
+		}
+	}
+	return nil
+}
+
+func (m *ebpfMaps) deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) error {
+	t4, t6 := m.tries(d)
+	if err := batchDelete(t4, k4); err != nil {
+		return fmt.Errorf("IPv4 trie: %w", err)
+	}
+	if err := batchDelete(t6, k6); err != nil {
+		return fmt.Errorf("IPv6 trie: %w", err)
+	}
+	return nil
+}
+
+// batchDelete deletes keys in order; keys already gone are skipped.
+func batchDelete[K any](m *ebpf.Map, keys []K) error {
+	for len(keys) > 0 {
+		n, err := m.BatchDelete(keys, nil)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) || n >= len(keys) {
+			return err
+		}
+		keys = keys[n+1:] // keys[n] is the missing one
+	}
+	return nil
+}
+
+func (m *ebpfMaps) putPod(ifindex uint32, st *podState) error {
+	return capacityErr(m.NpaPods.Put(ifindex, st))
+}
+
+func (m *ebpfMaps) deletePod(ifindex uint32) error {
+	if err := m.NpaPods.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+var _ Dataplane = (*EBPF)(nil)

@@ -1,0 +1,156 @@
+package bpfmaps
+
+import (
+	"errors"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// TestLayoutsMatchC compares the Go mirrors of the C structs with the types bpf2go
+// generated from policy.c's BTF: same size, same field offsets.
+func TestLayoutsMatchC(t *testing.T) {
+	pairs := []struct{ ours, generated any }{
+		{lpmKey4{}, policyLpmKey4{}},
+		{lpmKey6{}, policyLpmKey6{}},
+		{portEntry{}, policyPortRule{}},
+		{ruleValue{}, policyRuleValue{}},
+		{podState{}, policyPodState{}},
+	}
+	for _, p := range pairs {
+		a, b := reflect.TypeOf(p.ours), reflect.TypeOf(p.generated)
+		if a.Size() != b.Size() {
+			t.Errorf("%v is %d bytes, C's %v %d", a, a.Size(), b, b.Size())
+			continue
+		}
+		for i := range a.NumField() {
+			f := a.Field(i)
+			if f.Name == "_" {
+				continue
+			}
+			g, ok := b.FieldByName(f.Name)
+			if !ok || g.Offset != f.Offset || g.Type.Size() != f.Type.Size() {
+				t.Errorf("%v.%s at offset %d (%d bytes) does not match C's %v", a, f.Name, f.Offset, f.Type.Size(), b)
+			}
+		}
+	}
+}
+
+// TestKernelVerdictsMatchVerdict runs the property test's random policies through the
+// real program with BPF_PROG_TEST_RUN: every crafted packet (IPv4/IPv6, TCP, UDP,
+// SCTP, ICMP) gets the verdict DirectionPolicy.Verdict gives.
+func TestKernelVerdictsMatchVerdict(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifaces := []int{dummyInterface(t), dummyInterface(t)}
+	g := newPolicyGen(1)
+	rounds, packets := 300, 150
+	if testing.Short() {
+		rounds = 40
+	}
+	checked, allowed := 0, 0
+	for round := range rounds {
+		ifindex := ifaces[round%len(ifaces)]
+		p := g.pod()
+		if _, err := e.Commit(ifindex, p); err != nil {
+			t.Fatalf("round %d: commit: %v", round, err)
+		}
+		for range packets {
+			pkt := g.packet()
+			for _, d := range []Direction{Ingress, Egress} {
+				pol := p.Ingress
+				if d == Egress {
+					pol = p.Egress
+				}
+				want := pol.Verdict(pkt.peer, pkt.proto, pkt.port)
+				if got := e.kernelVerdict(t, ifindex, d, pkt); got != want {
+					t.Fatalf("round %d %s %v %v/%d: kernel verdict %v, Verdict %v\npolicy: %+v",
+						round, d, pkt.peer, pkt.proto, pkt.port, got, want, pol)
+				}
+				checked++
+				if want {
+					allowed++
+				}
+			}
+		}
+	}
+	if allowed < checked/10 || allowed > checked*9/10 {
+		t.Fatalf("skewed sample: %d of %d packets allowed", allowed, checked)
+	}
+	t.Logf("%d packets checked in the kernel, %d allowed", checked, allowed)
+	for _, i := range ifaces {
+		if _, err := e.Remove(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := trieEntries(t, e); n != 0 {
+		t.Fatalf("%d trie entries left after removing every pod", n)
+	}
+}
+
+// trieEntries counts the entries in all four tries.
+func trieEntries(t testing.TB, e *EBPF) int {
+	t.Helper()
+	n := 0
+	var v ruleValue
+	for _, m := range []*ebpf.Map{e.objs.NpaInV4, e.objs.NpaEgV4} {
+		var k lpmKey4
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range []*ebpf.Map{e.objs.NpaInV6, e.objs.NpaEgV6} {
+		var k lpmKey6
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+func TestKernelBadInputLeavesNothingVisible(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{Limits: Limits{Pods: 8, EntriesV4: 16, EntriesV6: 16}})
+	ifindex := dummyInterface(t)
+	good := PodPolicy{Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}}}
+	if _, err := e.Commit(ifindex, good); err != nil {
+		t.Fatal(err)
+	}
+	before := trieEntries(t, e)
+	allowedPeer := packet{peer: netip.MustParseAddr("10.1.1.1"), proto: ProtocolTCP, port: 80}
+	deniedPeer := packet{peer: netip.MustParseAddr("11.1.1.1"), proto: ProtocolTCP, port: 80}
+	check := func(name string) {
+		t.Helper()
+		if n := trieEntries(t, e); n != before {
+			t.Errorf("%s: %d trie entries after a rejected commit, want %d", name, n, before)
+		}
+		if !e.kernelVerdict(t, ifindex, Ingress, allowedPeer) || e.kernelVerdict(t, ifindex, Ingress, deniedPeer) {
+			t.Errorf("%s: the committed policy changed after a rejected commit", name)
+		}
+	}
+	for _, c := range badPolicies() {
+		_, err := e.Commit(ifindex, c.pol)
+		if !errors.Is(err, ErrInvalidPolicy) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want ErrInvalidPolicy containing %q", c.name, err, c.want)
+		}
+		check(c.name)
+	}
+	big := DirectionPolicy{Isolated: true}
+	for i := range 17 {
+		big.Allow = append(big.Allow, Rule{CIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16)})
+	}
+	_, err := e.Commit(ifindex, PodPolicy{Ingress: big})
+	if !errors.Is(err, ErrCapacity) {
+		t.Errorf("17 entries in a 16-entry trie: error %v, want ErrCapacity", err)
+	}
+	check("capacity")
+}

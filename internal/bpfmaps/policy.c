@@ -1,0 +1,400 @@
+//go:build ignore
+
+// npagent's per-pod network policy datapath. Two TC programs attached with tcx to a
+// pod's host-side interface: from_pod on its ingress hook (packets the pod sends: the
+// pod's EGRESS policy, peer = destination) and to_pod on its egress hook (packets the
+// pod receives: its INGRESS policy, peer = source).
+//
+// Layouts here are mirrored in core.go/compile.go; a test checks they agree.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define DIR_INGRESS 0
+#define DIR_EGRESS 1
+
+#define TIER_NAMESPACED 0
+#define TIER_ADMIN 1
+#define TIER_BASELINE 2
+
+#define FLAG_ISOLATED (1u << 0)
+#define FLAG_ADMIN (1u << 1)
+#define FLAG_BASELINE (1u << 2)
+#define FLAG_NAMESPACED (1u << 3)
+
+#define ACTION_ACCEPT 1
+#define ACTION_DENY 2
+#define ACTION_PASS 3
+
+#define MAX_PORT_RULES 24
+#define MAX_ATTEMPTS 4
+
+// tcx verdicts (TCX_NEXT lets later programs and the stack see the packet).
+#define VERDICT_NEXT -1
+#define VERDICT_DROP 2
+
+#define IPPROTO_ICMPV6_ 58
+#define NEXTHDR_HOP 0
+#define NEXTHDR_ROUTING 43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_DEST 60
+
+struct lpm_key4 {
+	__u32 prefixlen; // 64 + prefix bits: ifindex and tag always match in full
+	__u32 ifindex;
+	__u32 tag; // generation << 2 | tier
+	__u8 addr[4];
+};
+
+struct lpm_key6 {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u32 tag;
+	__u8 addr[16];
+};
+
+struct port_rule {
+	__u16 port; // all ports: [0, 65535]; port-less packets are matched with port 0
+	__u16 end_port;
+	__u8 proto; // 0 = any
+	__u8 action;
+	__u16 pad;
+};
+
+struct rule_value {
+	__u32 count; // 0: a deny entry (an except no other rule covers)
+	__u32 pad;
+	struct port_rule rules[MAX_PORT_RULES];
+};
+
+struct pod_state {
+	// Per direction: generation in the low 32 bits, FLAG_* in the high 32 bits, read
+	// with one load. Replacing the whole value is the commit's atomic switch.
+	__u64 dir[2];
+	__u64 hash[2]; // content hashes, for user space only
+};
+
+struct ct_key {
+	__u32 ifindex;
+	__u8 dir; // the direction whose policy allowed the connection
+	__u8 proto;
+	__u16 family;
+	__u16 sport;
+	__u16 dport;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct ct_value {
+	__u64 last_seen_ns;
+};
+
+// Capacities are set by the loader; these are placeholders.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct pod_state);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} npa_pods SEC(".maps");
+
+#define TRIE(name, keytype)                                                            \
+	struct {                                                                       \
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);                                    \
+		__type(key, struct keytype);                                           \
+		__type(value, struct rule_value);                                      \
+		__uint(max_entries, 1);                                                \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                                  \
+		__uint(pinning, LIBBPF_PIN_BY_NAME);                                   \
+	} name SEC(".maps")
+
+TRIE(npa_in_v4, lpm_key4);
+TRIE(npa_in_v6, lpm_key6);
+TRIE(npa_eg_v4, lpm_key4);
+TRIE(npa_eg_v6, lpm_key6);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} npa_ct SEC(".maps");
+
+// How long a connection's replies pass without seeing traffic. Set by the loader.
+volatile const __u64 ct_timeout_ns = 300ull * 1000 * 1000 * 1000;
+
+struct packet {
+	__u16 family; // 4 or 6
+	__u8 proto;
+	__u8 ndp; // ICMPv6 neighbour discovery: always passes
+	__u16 sport;
+	__u16 dport; // 0 for port-less protocols
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+enum parse_result { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
+
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct packet *p)
+{
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP || p->proto == IPPROTO_SCTP) {
+		__u16 ports[2];
+		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+			return PARSE_BAD;
+		p->sport = bpf_ntohs(ports[0]);
+		p->dport = bpf_ntohs(ports[1]);
+	} else if (p->proto == IPPROTO_ICMPV6_) {
+		__u8 type;
+		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
+			return PARSE_BAD;
+		// Router/neighbour solicitation/advertisement and redirect (133..137): without
+		// them a pod's IPv6 stops working whatever its policy says.
+		p->ndp = type >= 133 && type <= 137;
+	}
+	return PARSE_OK;
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+{
+	__u16 proto = skb->protocol;
+	__u32 off = ETH_HLEN;
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.ihl < 5)
+			return PARSE_BAD;
+		p->family = 4;
+		p->proto = ip.protocol;
+		__builtin_memcpy(p->saddr, &ip.saddr, 4);
+		__builtin_memcpy(p->daddr, &ip.daddr, 4);
+		// Non-first fragments carry no ports: they are decided as port 0.
+		if (ip.frag_off & bpf_htons(0x1fff))
+			return PARSE_OK;
+		return parse_l4(skb, off + ip.ihl * 4, p);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
+			return PARSE_BAD;
+		p->family = 6;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		__u8 next = ip6.nexthdr;
+		off += sizeof(ip6);
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			if (next == NEXTHDR_FRAGMENT) {
+				__u8 frag[4];
+				if (bpf_skb_load_bytes(skb, off, frag, sizeof(frag)) < 0)
+					return PARSE_BAD;
+				next = frag[0];
+				off += 8;
+				if ((frag[2] << 8 | frag[3]) & 0xfff8) { // not the first fragment
+					p->proto = next;
+					return PARSE_OK;
+				}
+			} else if (next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST) {
+				__u8 hdr[2];
+				if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+					return PARSE_BAD;
+				next = hdr[0];
+				off += (hdr[1] + 1) * 8;
+			} else {
+				break;
+			}
+		}
+		p->proto = next;
+		return parse_l4(skb, off, p);
+	}
+	return PARSE_NOT_IP;
+}
+
+static __always_inline int has_ports(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+// first_match returns the action of the first port rule matching, 0 if none.
+static __always_inline int first_match(const struct rule_value *v, __u8 proto, __u16 port)
+{
+	__u32 n = v->count;
+	for (int i = 0; i < MAX_PORT_RULES; i++) {
+		if (i >= n)
+			break;
+		const struct port_rule *r = &v->rules[i];
+		if ((r->proto == 0 || r->proto == proto) && port >= r->port && port <= r->end_port)
+			return r->action;
+	}
+	return 0;
+}
+
+static __always_inline const struct rule_value *lookup(const int dir, __u32 ifindex, __u32 tag,
+						       const struct packet *p, const __u8 *peer)
+{
+	if (p->family == 4) {
+		struct lpm_key4 k = {.prefixlen = 64 + 32, .ifindex = ifindex, .tag = tag};
+		__builtin_memcpy(k.addr, peer, 4);
+		return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v4 : (void *)&npa_eg_v4, &k);
+	}
+	struct lpm_key6 k = {.prefixlen = 64 + 128, .ifindex = ifindex, .tag = tag};
+	__builtin_memcpy(k.addr, peer, 16);
+	return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v6 : (void *)&npa_eg_v6, &k);
+}
+
+static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
+{
+	struct pod_state *st = bpf_map_lookup_elem(&npa_pods, &ifindex);
+	if (!st) {
+		*found = 0;
+		return 0;
+	}
+	*found = 1;
+	return *(volatile __u64 *)&st->dir[dir];
+}
+
+enum { ALLOW = 1, DENY = 2, STALE = 3 };
+
+// A lookup miss may mean the generation this packet read was switched away and its
+// entries are being deleted (shortest prefixes first, so a hit is always the right
+// answer of that generation). Then the whole evaluation restarts on the new one.
+static __always_inline int missed(const int dir, __u32 ifindex, __u64 word)
+{
+	int found;
+	__u64 now = read_word(dir, ifindex, &found);
+	return !found || (__u32)now != (__u32)word;
+}
+
+static __always_inline int evaluate(const int dir, __u32 ifindex, __u64 word, const struct packet *p,
+				    const __u8 *peer, __u16 port)
+{
+	__u32 gen = (__u32)word, flags = (__u32)(word >> 32);
+	const struct rule_value *v;
+
+	if (flags & FLAG_ADMIN) {
+		v = lookup(dir, ifindex, gen << 2 | TIER_ADMIN, p, peer);
+		if (v) {
+			int a = first_match(v, p->proto, port);
+			if (a == ACTION_ACCEPT)
+				return ALLOW;
+			if (a == ACTION_DENY)
+				return DENY;
+		} else if (missed(dir, ifindex, word)) {
+			return STALE;
+		}
+	}
+	if (flags & FLAG_ISOLATED) {
+		if (!(flags & FLAG_NAMESPACED))
+			return DENY;
+		v = lookup(dir, ifindex, gen << 2 | TIER_NAMESPACED, p, peer);
+		if (!v)
+			return missed(dir, ifindex, word) ? STALE : DENY;
+		return first_match(v, p->proto, port) ? ALLOW : DENY;
+	}
+	if (flags & FLAG_BASELINE) {
+		v = lookup(dir, ifindex, gen << 2 | TIER_BASELINE, p, peer);
+		if (v) {
+			if (first_match(v, p->proto, port) == ACTION_DENY)
+				return DENY;
+		} else if (missed(dir, ifindex, word)) {
+			return STALE;
+		}
+	}
+	return ALLOW;
+}
+
+static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int dir, const struct packet *p,
+				    int reverse)
+{
+	k->ifindex = ifindex;
+	k->dir = dir;
+	k->proto = p->proto;
+	k->family = p->family;
+	if (!reverse) {
+		k->sport = p->sport;
+		k->dport = p->dport;
+		__builtin_memcpy(k->saddr, p->saddr, 16);
+		__builtin_memcpy(k->daddr, p->daddr, 16);
+	} else {
+		k->sport = p->dport;
+		k->dport = p->sport;
+		__builtin_memcpy(k->saddr, p->daddr, 16);
+		__builtin_memcpy(k->daddr, p->saddr, 16);
+	}
+}
+
+static __always_inline int enforce(struct __sk_buff *skb, const int dir)
+{
+	__u32 ifindex = skb->ifindex;
+	int found;
+	__u64 word = read_word(dir, ifindex, &found);
+	if (!found)
+		return VERDICT_NEXT; // not a pod npagent manages
+
+	struct packet p = {};
+	int r = parse(skb, &p);
+	if (r == PARSE_NOT_IP)
+		return VERDICT_NEXT; // ARP and friends
+	if (r == PARSE_BAD)
+		return VERDICT_DROP; // an IP packet whose headers cannot be read cannot be judged
+	if (p.ndp)
+		return VERDICT_NEXT;
+
+	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
+	__u16 port = has_ports(p.proto) ? p.dport : 0;
+	int verdict = DENY;
+	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+		verdict = evaluate(dir, ifindex, word, &p, peer, port);
+		if (verdict != STALE)
+			break;
+		word = read_word(dir, ifindex, &found);
+		if (!found)
+			return VERDICT_NEXT; // the pod was removed meanwhile
+		verdict = DENY;          // fail closed if generations keep changing
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key k = {};
+	if (verdict == ALLOW) {
+		// Remember the connection so its replies pass the other direction.
+		ct_fill(&k, ifindex, dir, &p, 0);
+		struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
+		if (ct) {
+			ct->last_seen_ns = now;
+		} else {
+			struct ct_value v = {.last_seen_ns = now};
+			bpf_map_update_elem(&npa_ct, &k, &v, BPF_ANY);
+		}
+		return VERDICT_NEXT;
+	}
+	// Denied by this direction's policy: pass only a reply of a connection the other
+	// direction allowed.
+	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
+	struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
+	if (ct && now - ct->last_seen_ns < ct_timeout_ns) {
+		ct->last_seen_ns = now;
+		return VERDICT_NEXT;
+	}
+	return VERDICT_DROP;
+}
+
+// Attached to the tcx ingress hook of the pod's host-side interface.
+SEC("tc")
+int from_pod(struct __sk_buff *skb)
+{
+	return enforce(skb, DIR_EGRESS);
+}
+
+// Attached to the tcx egress hook of the pod's host-side interface.
+SEC("tc")
+int to_pod(struct __sk_buff *skb)
+{
+	return enforce(skb, DIR_INGRESS);
+}
