@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -75,32 +76,40 @@ func TestRestartMeasuresDowntimeChanges(t *testing.T) {
 }
 
 // TestPendingAtShutdownReportedAfterRestart: a trigger accepted but never
-// committed before shutdown is not lost — for a uid with an older consumed
-// trigger, and for a uid with nothing consumed (which pins the watermark).
+// committed before shutdown is reported after the restart, with its original
+// receipt time and attempts — also when a newer version written during the
+// downtime means the initial list never delivers it again.
 func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 	path := statePath(t)
 	clk := &clock{t: at(0)}
 	s1 := restart(t, at(0), path, WithNow(clk.now))
 	mustObserve(t, s1, uidA, at(10), at(10), Accepted)
 	mustCommit(t, s1, uidA, at(10), at(11))
-	mustObserve(t, s1, uidA, at(50), at(50), Accepted) // commit still failing at shutdown
+	mustObserve(t, s1, uidA, at(50), at(50.5), Accepted) // commit still failing at shutdown
 	s1.Failed(uidA)
-	mustObserve(t, s1, uidB, at(60), at(60), Accepted) // never committed at all
+	mustObserve(t, s1, uidB, at(60), at(60.5), Accepted) // never committed at all
 	clk.set(at(100))
 	if err := s1.Persist(); err != nil {
 		t.Fatal(err)
 	}
 
 	s2 := restart(t, at(200), path, WithNow(clk.now))
-	for _, c := range []struct {
-		uid     string
-		trigger time.Time
-	}{{uidA, at(50)}, {uidB, at(60)}} {
-		mustObserve(t, s2, c.uid, c.trigger, at(201), Accepted)
-		if got := mustCommit(t, s2, c.uid, c.trigger, at(202)); len(got) != 1 || !got[0].Trigger.Equal(c.trigger) {
-			t.Fatalf("%s: reported %v, want [%s]", c.uid, triggersOf(got), c.trigger)
-		}
+	if st := s2.Stats(); st.Restored != 2 || st.Pending != 2 {
+		t.Fatalf("restored %d pending %d, want 2 and 2", st.Restored, st.Pending)
 	}
+	// uidA is listed unchanged; uidB was changed again at 150 during the downtime.
+	mustObserve(t, s2, uidA, at(50), at(201), Redelivered)
+	mustObserve(t, s2, uidB, at(150), at(201), Accepted)
+
+	got := mustCommit(t, s2, uidA, at(50), at(202))
+	if len(got) != 1 || !got[0].Trigger.Equal(at(50)) || !got[0].ReceivedAt.Equal(at(50.5)) || got[0].Attempts != 2 {
+		t.Fatalf("uidA reported %+v, want trigger %s received %s attempts 2", got, at(50), at(50.5))
+	}
+	got = mustCommit(t, s2, uidB, at(150), at(202))
+	if want := []time.Time{at(60), at(150)}; !slices.EqualFunc(triggersOf(got), want, time.Time.Equal) {
+		t.Fatalf("uidB reported %v, want %v", triggersOf(got), want)
+	}
+	checkBalance(t, s2)
 }
 
 // TestCrashAfterCommitDoesNotReportAgain: Committed makes the state durable

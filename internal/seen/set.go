@@ -113,13 +113,14 @@ type Report struct {
 // Stats is a snapshot of the set's size and counters. Counters are cumulative
 // for the life of the Set (a restart starts them at zero).
 //
-// Accounting: Accepted == Reported + Suppressed[NoLocalPods] +
+// Accounting: Accepted + Restored == Reported + Suppressed[NoLocalPods] +
 // Suppressed[Deleted] + Suppressed[Overflow] + Pending, at every snapshot.
 // The other reasons count observations that were never accepted.
 type Stats struct {
 	Objects       int                // tracked uids
 	Pending       int                // pending triggers over all uids
 	Accepted      uint64             // Observe → Accepted
+	Restored      uint64             // pending triggers restored from the state file
 	Reported      uint64             // triggers returned by Committed
 	Suppressed    [NumReasons]uint64 // by Reason; the Accepted slot is always 0
 	PersistErrors uint64             // failed state writes
@@ -176,8 +177,19 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 	if st == nil {
 		return s, nil
 	}
-	for _, e := range st.entries {
-		s.put(makeKey(e.uid), entry{consumed: e.consumed, flags: e.flags})
+	for _, r := range st.entries {
+		e := r.entry
+		if e.pend != nil {
+			n := len(e.pend.triggers)
+			for len(e.pend.triggers) > cfg.maxPending { // a smaller bound than the last run's
+				mid := len(e.pend.triggers) / 2
+				e.pend.triggers = slices.Delete(e.pend.triggers, mid, mid+1)
+				s.stats.Suppressed[Overflow]++
+			}
+			s.stats.Restored += uint64(n)
+			s.pendingCount += len(e.pend.triggers)
+		}
+		s.put(makeKey(r.uid), e)
 	}
 	s.guard = min(s.guard, st.watermark)
 	return s, nil

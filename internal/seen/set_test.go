@@ -56,9 +56,9 @@ func checkBalance(t *testing.T, s *Set) {
 	t.Helper()
 	st := s.Stats()
 	ends := st.Reported + st.Suppressed[NoLocalPods] + st.Suppressed[Deleted] + st.Suppressed[Overflow] + uint64(st.Pending)
-	if st.Accepted != ends {
-		t.Fatalf("accounting: accepted %d != reported %d + no_local_pods %d + deleted %d + overflow %d + pending %d",
-			st.Accepted, st.Reported, st.Suppressed[NoLocalPods], st.Suppressed[Deleted], st.Suppressed[Overflow], st.Pending)
+	if st.Accepted+st.Restored != ends {
+		t.Fatalf("accounting: accepted %d + restored %d != reported %d + no_local_pods %d + deleted %d + overflow %d + pending %d",
+			st.Accepted, st.Restored, st.Reported, st.Suppressed[NoLocalPods], st.Suppressed[Deleted], st.Suppressed[Overflow], st.Pending)
 	}
 }
 

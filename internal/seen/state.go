@@ -16,13 +16,19 @@ import (
 //	version   uint16  1
 //	watermark int64   Unix ns (see doc.go)
 //	count     uint64  number of entries
-//	entries   count × { kind uint8 (0 uuid, 1 string); flags uint8;
-//	                    consumed int64; uuid [16]byte | len uvarint, bytes }
+//	entries   count × entry
 //	crc32c    uint32  Castagnoli CRC of every byte before it
 //
-// Only entries with a consumed trigger are written. The checksum makes a
-// truncated or overwritten file detectable, so it is rejected rather than
-// half-restored.
+//	entry:    kind uint8 (0 uuid, 1 string); flags uint8; consumed int64 (noTime: none);
+//	          uuid [16]byte | len uvarint, bytes;
+//	          if flags&stateHasPending: n uvarint, n × {trigger, receivedAt, programmedAt int64; failures uint32}
+//	          if flags&stateHasAhead:   aheadThrough, aheadAt int64
+//
+// Every tracked uid is written, pending triggers included, so a trigger
+// still pending at shutdown — even one a newer version will supersede before
+// the next process lists the object — is reported after the restart. The
+// checksum makes a truncated or overwritten file detectable, so it is
+// rejected rather than half-restored.
 
 const (
 	stateMagic   = "npseen"
@@ -30,6 +36,14 @@ const (
 	headerLen    = len(stateMagic) + 2 + 8 + 8
 	entryKindID  = 0
 	entryKindStr = 1
+
+	// Flag bits of a state entry; flagGuarded is shared with entry.flags.
+	stateHasPending = 1 << 6
+	stateHasAhead   = 1 << 7
+	stateFlagsKnown = flagGuarded | stateHasPending | stateHasAhead
+
+	minEntryLen   = 1 + 1 + 8 + 1 // string kind, empty uid
+	pendingRecLen = 8 + 8 + 8 + 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -38,9 +52,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var errDamaged = errors.New("damaged state file")
 
 type restoredEntry struct {
-	uid      string
-	consumed int64
-	flags    uint8
+	uid   string
+	entry entry
 }
 
 type restoredState struct {
@@ -53,55 +66,91 @@ func (s *Set) appendState(buf []byte) []byte {
 	start := len(buf)
 	buf = append(buf, stateMagic...)
 	buf = binary.LittleEndian.AppendUint16(buf, stateVersion)
-	buf = binary.LittleEndian.AppendUint64(buf, 0) // watermark, patched below
-	buf = binary.LittleEndian.AppendUint64(buf, 0) // count, patched below
-
-	// The watermark claims every event up to it was resolved. Triggers still
-	// pending (or committed ahead of their event) for uids with nothing to
-	// persist must stay above it so the next process accepts them again.
-	lowest := noTime + 1
+	// The watermark claims every event up to it was resolved; see doc.go.
+	// Never below the guard: what was before_start must stay so.
+	watermark := s.guard
 	if now, ok := unixNano(s.cfg.now().Add(-s.cfg.watermarkLag)); ok {
-		lowest = now
+		watermark = max(watermark, now)
 	}
-	var count uint64
-	pinWatermark := func(e entry) {
-		if e.pend == nil {
-			return
-		}
-		if len(e.pend.triggers) > 0 {
-			lowest = min(lowest, e.pend.triggers[0].trigger-1)
-		}
-		if e.pend.aheadThrough != noTime {
-			lowest = min(lowest, e.pend.aheadThrough-1)
-		}
-	}
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(watermark))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(s.byUUID)+len(s.byName)))
 	for id, e := range s.byUUID {
-		if e.consumed == noTime {
-			pinWatermark(e)
-			continue
-		}
-		buf = append(buf, entryKindID, e.flags)
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(e.consumed))
+		buf = appendEntryHead(buf, entryKindID, e)
 		buf = append(buf, id[:]...)
-		count++
+		buf = appendEntryTail(buf, e)
 	}
 	for name, e := range s.byName {
-		if e.consumed == noTime {
-			pinWatermark(e)
-			continue
-		}
-		buf = append(buf, entryKindStr, e.flags)
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(e.consumed))
+		buf = appendEntryHead(buf, entryKindStr, e)
 		buf = binary.AppendUvarint(buf, uint64(len(name)))
 		buf = append(buf, name...)
-		count++
+		buf = appendEntryTail(buf, e)
 	}
-	// Never below the guard: triggers at or below it were before_start for
-	// every uid this process did not accept, and must stay so.
-	watermark := max(s.guard, lowest)
-	binary.LittleEndian.PutUint64(buf[start+8:], uint64(watermark))
-	binary.LittleEndian.PutUint64(buf[start+16:], count)
 	return binary.LittleEndian.AppendUint32(buf, crc32.Checksum(buf[start:], castagnoli))
+}
+
+func appendEntryHead(buf []byte, kind uint8, e entry) []byte {
+	flags := e.flags & flagGuarded
+	if e.pend != nil && len(e.pend.triggers) > 0 {
+		flags |= stateHasPending
+	}
+	if e.pend != nil && e.pend.aheadThrough != noTime {
+		flags |= stateHasAhead
+	}
+	buf = append(buf, kind, flags)
+	return binary.LittleEndian.AppendUint64(buf, uint64(e.consumed))
+}
+
+func appendEntryTail(buf []byte, e entry) []byte {
+	if e.pend == nil {
+		return buf
+	}
+	if n := len(e.pend.triggers); n > 0 {
+		buf = binary.AppendUvarint(buf, uint64(n))
+		for _, q := range e.pend.triggers {
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(q.trigger))
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(q.receivedAt))
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(q.programmedAt))
+			buf = binary.LittleEndian.AppendUint32(buf, q.failures)
+		}
+	}
+	if e.pend.aheadThrough != noTime {
+		buf = binary.LittleEndian.AppendUint64(buf, uint64(e.pend.aheadThrough))
+		buf = binary.LittleEndian.AppendUint64(buf, uint64(e.pend.aheadAt))
+	}
+	return buf
+}
+
+// stateReader decodes with bounds checks; the first failure sticks.
+type stateReader struct {
+	b   []byte
+	err error
+}
+
+func (r *stateReader) take(n int) []byte {
+	if r.err != nil || n < 0 || len(r.b) < n {
+		if r.err == nil {
+			r.err = fmt.Errorf("%w: truncated entry", errDamaged)
+		}
+		return make([]byte, max(n, 0))
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *stateReader) int64() int64 { return int64(binary.LittleEndian.Uint64(r.take(8))) }
+
+func (r *stateReader) uvarint(limit uint64) int {
+	if r.err != nil {
+		return 0
+	}
+	n, w := binary.Uvarint(r.b)
+	if w <= 0 || n > limit {
+		r.err = fmt.Errorf("%w: bad length", errDamaged)
+		return 0
+	}
+	r.b = r.b[w:]
+	return int(n)
 }
 
 func decodeState(b []byte) (*restoredState, error) {
@@ -120,46 +169,78 @@ func decodeState(b []byte) (*restoredState, error) {
 	}
 	st := &restoredState{watermark: int64(binary.LittleEndian.Uint64(body[8:]))}
 	count := binary.LittleEndian.Uint64(body[16:])
-	rest := body[headerLen:]
-	// The smallest entry is 11 bytes, which bounds a lying count.
-	if count > uint64(len(rest))/11 {
-		return nil, fmt.Errorf("%w: count %d does not fit %d bytes", errDamaged, count, len(rest))
+	r := &stateReader{b: body[headerLen:]}
+	if count > uint64(len(r.b))/minEntryLen { // bounds a lying count before allocating
+		return nil, fmt.Errorf("%w: count %d does not fit %d bytes", errDamaged, count, len(r.b))
 	}
 	st.entries = make([]restoredEntry, 0, count)
-	for i := uint64(0); i < count; i++ {
-		if len(rest) < 10 {
-			return nil, fmt.Errorf("%w: entry %d truncated", errDamaged, i)
-		}
-		kind, flags := rest[0], rest[1]
-		consumed := int64(binary.LittleEndian.Uint64(rest[2:]))
-		rest = rest[10:]
-		if consumed == noTime {
-			return nil, fmt.Errorf("%w: entry %d has no consumed time", errDamaged, i)
-		}
+	for i := uint64(0); i < count && r.err == nil; i++ {
+		head := r.take(2)
+		kind, flags := head[0], head[1]
+		e := entry{consumed: r.int64(), flags: flags & flagGuarded}
 		var uid string
 		switch kind {
 		case entryKindID:
-			if len(rest) < 16 {
-				return nil, fmt.Errorf("%w: entry %d truncated", errDamaged, i)
-			}
-			uid = formatUUID([16]byte(rest[:16]))
-			rest = rest[16:]
+			uid = formatUUID([16]byte(r.take(16)))
 		case entryKindStr:
-			n, w := binary.Uvarint(rest)
-			if w <= 0 || n > uint64(len(rest)-w) {
-				return nil, fmt.Errorf("%w: entry %d truncated", errDamaged, i)
-			}
-			uid = string(rest[w : w+int(n)])
-			rest = rest[w+int(n):]
+			uid = string(r.take(r.uvarint(uint64(len(r.b)))))
 		default:
 			return nil, fmt.Errorf("%w: entry %d has kind %d", errDamaged, i, kind)
 		}
-		st.entries = append(st.entries, restoredEntry{uid: uid, consumed: consumed, flags: flags & flagGuarded})
+		if flags&^stateFlagsKnown != 0 {
+			return nil, fmt.Errorf("%w: entry %d has flags %#x", errDamaged, i, flags)
+		}
+		if flags&(stateHasPending|stateHasAhead) != 0 {
+			e.pend = newPendingState()
+		}
+		if flags&stateHasPending != 0 {
+			n := r.uvarint(uint64(len(r.b)) / pendingRecLen)
+			for range n {
+				e.pend.triggers = append(e.pend.triggers, pendingTrigger{
+					trigger:      r.int64(),
+					receivedAt:   r.int64(),
+					programmedAt: r.int64(),
+					failures:     binary.LittleEndian.Uint32(r.take(4)),
+				})
+			}
+		}
+		if flags&stateHasAhead != 0 {
+			e.pend.aheadThrough, e.pend.aheadAt = r.int64(), r.int64()
+		}
+		if r.err != nil {
+			break
+		}
+		if err := validEntry(e); err != nil {
+			return nil, fmt.Errorf("%w: entry %d (%s): %w", errDamaged, i, uid, err)
+		}
+		st.entries = append(st.entries, restoredEntry{uid: uid, entry: e})
 	}
-	if len(rest) != 0 {
-		return nil, fmt.Errorf("%w: %d bytes after the last entry", errDamaged, len(rest))
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after the last entry", errDamaged, len(r.b))
 	}
 	return st, nil
+}
+
+// validEntry checks what the set relies on: pending triggers sorted, unique
+// and newer than consumed; something worth tracking.
+func validEntry(e entry) error {
+	if e.pend == nil {
+		if e.consumed == noTime {
+			return errors.New("nothing consumed or pending")
+		}
+		return nil
+	}
+	prev := e.consumed
+	for _, q := range e.pend.triggers {
+		if q.trigger <= prev {
+			return errors.New("pending triggers out of order")
+		}
+		prev = q.trigger
+	}
+	return nil
 }
 
 // readState returns nil, nil when the file does not exist.
