@@ -266,10 +266,7 @@ func (c *core) deleteGeneration(d Direction, k dirKeys) int {
 	if k.len() == 0 {
 		return 0
 	}
-	k4 := slices.Clone(k.k4)
-	slices.SortStableFunc(k4, func(a, b lpmKey4) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
-	k6 := slices.Clone(k.k6)
-	slices.SortStableFunc(k6, func(a, b lpmKey6) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
+	k4, k6 := deletionOrder(k)
 	if err := c.store.deleteEntries(d, k4, k6); err != nil {
 		c.garbage[d].k4 = append(c.garbage[d].k4, k4...)
 		c.garbage[d].k6 = append(c.garbage[d].k6, k6...)
@@ -278,6 +275,15 @@ func (c *core) deleteGeneration(d Direction, k dirKeys) int {
 	c.used[d][0] -= len(k4)
 	c.used[d][1] -= len(k6)
 	return len(k4) + len(k6)
+}
+
+// deletionOrder returns the keys shortest prefix first (see deleteGeneration).
+func deletionOrder(k dirKeys) ([]lpmKey4, []lpmKey6) {
+	k4 := slices.Clone(k.k4)
+	slices.SortStableFunc(k4, func(a, b lpmKey4) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
+	k6 := slices.Clone(k.k6)
+	slices.SortStableFunc(k6, func(a, b lpmKey6) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
+	return k4, k6
 }
 
 func (c *core) collectGarbage() {

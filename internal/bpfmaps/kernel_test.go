@@ -209,10 +209,3 @@ func (e *EBPF) kernelVerdict(t testing.TB, ifindex int, d Direction, pkt packet)
 	return run(t, e.objs.FromPod, ifindex, packetBytes(pod, pkt.peer, pkt.proto, sport, pkt.port))
 }
 
-const childEnv = "NPAGENT_BPFMAPS_TEST_CHILD"
-
-// runChild is the body of a re-executed test binary (see the restart test).
-func runChild(role string) int {
-	fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
-	return 2
-}

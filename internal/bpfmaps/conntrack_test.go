@@ -1,0 +1,133 @@
+package bpfmaps
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestConntrackReplies: replies of a connection the pod's egress policy allowed pass its
+// isolated ingress; unsolicited packets and connections the policy does not allow from
+// the other side do not; replies stop passing after the connection times out.
+func TestConntrackReplies(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{ConntrackTimeout: 300 * time.Millisecond})
+	ifindex := dummyInterface(t)
+	pod := netip.MustParseAddr("10.255.3.1")
+	peer := netip.MustParseAddr("10.1.0.5")
+	pod6 := netip.MustParseAddr("fd00:ff::3:1")
+	peer6 := netip.MustParseAddr("fd00:1::5")
+	pol := PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{
+			{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}},
+			{CIDR: netip.MustParsePrefix("fd00:1::/32"), Ports: []PortRule{{Protocol: ProtocolUDP, Port: 53}}},
+		}},
+	}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name string
+		out  bool // from the pod (egress program) or to it (ingress program)
+		pkt  []byte
+		want bool
+	}{
+		{"reply before any request", false, packetBytes(peer, pod, ProtocolTCP, 80, 40000), false},
+		{"request allowed by egress policy", true, packetBytes(pod, peer, ProtocolTCP, 40000, 80), true},
+		{"reply passes isolated ingress", false, packetBytes(peer, pod, ProtocolTCP, 80, 40000), true},
+		{"same peer, other pod port", false, packetBytes(peer, pod, ProtocolTCP, 80, 40001), false},
+		{"same ports, other protocol", false, packetBytes(peer, pod, ProtocolUDP, 80, 40000), false},
+		{"peer opens a connection to the pod", false, packetBytes(peer, pod, ProtocolTCP, 5555, 80), false},
+		{"pod answers it: egress policy denies port 5555", true, packetBytes(pod, peer, ProtocolTCP, 80, 5555), false},
+		{"IPv6 request", true, packetBytes(pod6, peer6, ProtocolUDP, 41000, 53), true},
+		{"IPv6 reply", false, packetBytes(peer6, pod6, ProtocolUDP, 53, 41000), true},
+		{"IPv6 ICMP not allowed out", true, packetBytes(pod6, peer6, ProtocolICMPv6, 0, 0), false},
+	}
+	for _, s := range steps {
+		prog := e.objs.ToPod
+		if s.out {
+			prog = e.objs.FromPod
+		}
+		if got := run(t, prog, ifindex, s.pkt); got != s.want {
+			t.Errorf("%s: passed=%v, want %v", s.name, got, s.want)
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
+	if run(t, e.objs.ToPod, ifindex, packetBytes(peer, pod, ProtocolTCP, 80, 40000)) {
+		t.Error("reply passed after the connection timed out")
+	}
+}
+
+// TestCommitAtomicUnderTraffic flips a pod between two policies while packets stream
+// through the program: every verdict must be one of the two policies' verdicts.
+func TestCommitAtomicUnderTraffic(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	g := newPolicyGen(42)
+	type probe struct {
+		d        Direction
+		pkt      packet
+		okA, okB bool
+	}
+	var a, b PodPolicy
+	var probes []probe
+	differ := 0
+	for differ < 40 { // draw policy pairs until they disagree on enough packets
+		a, b = g.pod(), g.pod()
+		probes, differ = probes[:0], 0
+		for range 200 {
+			pkt := g.packet()
+			for _, d := range []Direction{Ingress, Egress} {
+				pa, pb := a.Ingress, b.Ingress
+				if d == Egress {
+					pa, pb = a.Egress, b.Egress
+				}
+				p := probe{d: d, pkt: pkt, okA: pa.Verdict(pkt.peer, pkt.proto, pkt.port), okB: pb.Verdict(pkt.peer, pkt.proto, pkt.port)}
+				if p.okA != p.okB {
+					differ++
+				}
+				probes = append(probes, p)
+			}
+		}
+	}
+	if _, err := e.Commit(ifindex, a); err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var runs, bad atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; !stop.Load(); i++ {
+				p := probes[i%len(probes)]
+				got := e.kernelVerdict(t, ifindex, p.d, p.pkt)
+				if got != p.okA && got != p.okB {
+					bad.Add(1)
+					t.Errorf("%s %v %v/%d: verdict %v, neither policy gives it", p.d, p.pkt.peer, p.pkt.proto, p.pkt.port, got)
+				}
+				runs.Add(1)
+			}
+		}()
+	}
+	flips := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && bad.Load() == 0 {
+		next := b
+		if flips%2 == 1 {
+			next = a
+		}
+		if _, err := e.Commit(ifindex, next); err != nil {
+			stop.Store(true)
+			wg.Wait()
+			t.Fatal(err)
+		}
+		flips++
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d commits, %d packets (%d probes, %d where the policies differ)", flips, runs.Load(), len(probes), differ)
+}

@@ -1,0 +1,153 @@
+package bpfmaps
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+const (
+	childEnv        = "NPAGENT_BPFMAPS_TEST_CHILD"
+	childPinEnv     = "NPAGENT_BPFMAPS_TEST_PIN"
+	childIfindexEnv = "NPAGENT_BPFMAPS_TEST_IFINDEX"
+)
+
+// restartPolicies are what the child commits (first) and the adopting parent (second).
+func restartPolicies() (first, second PodPolicy) {
+	pfx := netip.MustParsePrefix
+	first = PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: pfx("10.1.0.0/16"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}}}},
+		Egress:  DirectionPolicy{Admin: []TierRule{{Priority: 1, Action: ActionDeny, Rule: Rule{CIDR: pfx("fd00:1::/32")}}}},
+	}
+	second = PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: pfx("10.2.0.0/16"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}}}},
+		Egress:  first.Egress,
+	}
+	return first, second
+}
+
+// runChild is the body of the re-executed test binary: it commits the first restart
+// policy, leaves an orphan entry as a commit that crashed between its write and its
+// switch would, and exits without closing anything.
+func runChild(role string) int {
+	if role != "commit-and-exit" {
+		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
+		return 2
+	}
+	ifindex, err := strconv.Atoi(os.Getenv(childIfindexEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	e, err := OpenEBPF(EBPFOptions{PinPath: os.Getenv(childPinEnv)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	first, _ := restartPolicies()
+	if _, err := e.Commit(ifindex, first); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rec := e.pods[uint32(ifindex)]
+	orphan := lpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(nextGeneration(wordGen(rec.state.Dir[Ingress])), tierNamespaced), Addr: [4]byte{11}}
+	var v ruleValue
+	v.Count = 1
+	v.Rules[0] = portEntry{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
+	if err := e.objs.NpaInV4.Put(orphan, v); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0 // exit holding every handle: the kernel closes them
+}
+
+// TestRestartAdoptsPinnedState: a process commits and exits; enforcement holds with no
+// process alive; a new OpenEBPF adopts pods, generations and hashes (an unchanged
+// re-commit is skipped), cleans the crashed commit's orphan entry, and changes policy.
+func TestRestartAdoptsPinnedState(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	ifindex := dummyInterface(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=commit-and-exit", childPinEnv+"="+pin, childIfindexEnv+"="+strconv.Itoa(ifindex))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+
+	// No process holds a handle now: the pinned link's program still decides.
+	first, second := restartPolicies()
+	toPod := pinnedProgram(t, filepath.Join(pin, "links", fmt.Sprintf("%d-to_pod", ifindex)))
+	fromPod := pinnedProgram(t, filepath.Join(pin, "links", fmt.Sprintf("%d-from_pod", ifindex)))
+	in1 := packet{peer: netip.MustParseAddr("10.1.0.9"), proto: ProtocolTCP, port: 80}
+	in2 := packet{peer: netip.MustParseAddr("10.2.0.9"), proto: ProtocolTCP, port: 80}
+	out := packet{peer: netip.MustParseAddr("fd00:1::9"), proto: ProtocolUDP, port: 53}
+	verdicts := func(to, from *ebpf.Program) [3]bool {
+		return [3]bool{
+			run(t, to, ifindex, packetBytes(in1.peer, podAddrIngress4, ProtocolTCP, 30000, 80)),
+			run(t, to, ifindex, packetBytes(in2.peer, podAddrIngress4, ProtocolTCP, 30000, 80)),
+			run(t, from, ifindex, packetBytes(podAddrEgress6, out.peer, ProtocolUDP, 30000, 53)),
+		}
+	}
+	if got, want := verdicts(toPod, fromPod), [3]bool{true, false, false}; got != want {
+		t.Fatalf("after the child exited: verdicts %v, want %v (the first policy)", got, want)
+	}
+
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	if got := e.Pods(); len(got) != 1 || got[0] != ifindex {
+		t.Fatalf("adopted pods %v, want [%d]", got, ifindex)
+	}
+	if n, want := trieEntries(t, e), len(e.pods[uint32(ifindex)].keys[Ingress].k4)+len(e.pods[uint32(ifindex)].keys[Egress].k6); n != want || want == 0 {
+		t.Fatalf("%d trie entries after adoption, want the %d of the active generations (orphan not cleaned?)", n, want)
+	}
+	res, err := e.Commit(ifindex, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Skipped {
+		t.Fatalf("re-commit of the adopted policy was not skipped: %+v", res)
+	}
+	if _, err := e.Commit(ifindex, second); err != nil {
+		t.Fatal(err)
+	}
+	want := [3]bool{false, true, false}
+	if got := verdicts(e.objs.ToPod, e.objs.FromPod); got != want {
+		t.Fatalf("after adopting and committing the second policy: verdicts %v, want %v", got, want)
+	}
+	// The pinned link now runs this process's program.
+	if got := verdicts(pinnedProgram(t, filepath.Join(pin, "links", fmt.Sprintf("%d-to_pod", ifindex))), fromPod); got != want {
+		t.Fatalf("through the pinned link: verdicts %v, want %v", got, want)
+	}
+	if _, err := e.Remove(ifindex); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(pin, "links", fmt.Sprintf("%d-to_pod", ifindex))); !os.IsNotExist(err) {
+		t.Fatalf("link still pinned after Remove: %v", err)
+	}
+}
+
+// pinnedProgram opens the program a pinned link runs, closed at cleanup.
+func pinnedProgram(t *testing.T, path string) *ebpf.Program {
+	t.Helper()
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		t.Fatalf("load pinned link: %v", err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prog.Close() })
+	return prog
+}
