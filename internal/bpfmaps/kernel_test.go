@@ -208,4 +208,3 @@ func (e *EBPF) kernelVerdict(t testing.TB, ifindex int, d Direction, pkt packet)
 	}
 	return run(t, e.objs.FromPod, ifindex, packetBytes(pod, pkt.peer, pkt.proto, sport, pkt.port))
 }
-
