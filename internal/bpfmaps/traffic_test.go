@@ -1,0 +1,287 @@
+package bpfmaps
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// trafficLab is three network namespaces made for one test: "node" holds the pod's
+// host-side interface (where the programs attach) and routes between "pod" and
+// "peer". Addresses are 10.201/16 and fd00:201::/32, all inside these namespaces.
+type trafficLab struct {
+	node, pod, peer string
+	hostIfindex     int
+}
+
+const (
+	labPod4  = "10.201.1.2"
+	labPeer4 = "10.201.2.2"
+	labPod6  = "fd00:201:1::2"
+	labPeer6 = "fd00:201:2::2"
+)
+
+func sh(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newTrafficLab(t *testing.T) *trafficLab {
+	t.Helper()
+	requireKernel(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip command (iproute2) to build network namespaces")
+	}
+	id := os.Getpid() % 100000
+	l := &trafficLab{node: fmt.Sprintf("npt-node-%d", id), pod: fmt.Sprintf("npt-pod-%d", id), peer: fmt.Sprintf("npt-peer-%d", id)}
+	for _, ns := range []string{l.node, l.pod, l.peer} {
+		sh(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	for i, ns := range []string{l.pod, l.peer} {
+		host := fmt.Sprintf("h%d", i+1)
+		net4, net6 := fmt.Sprintf("10.201.%d", i+1), fmt.Sprintf("fd00:201:%d", i+1)
+		sh(t, "ip", "-n", l.node, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		sh(t, "ip", "-n", l.node, "addr", "add", net4+".1/24", "dev", host)
+		sh(t, "ip", "-n", l.node, "addr", "add", net6+"::1/64", "dev", host, "nodad")
+		sh(t, "ip", "-n", l.node, "link", "set", host, "up")
+		sh(t, "ip", "-n", ns, "addr", "add", net4+".2/24", "dev", "eth0")
+		sh(t, "ip", "-n", ns, "addr", "add", net6+"::2/64", "dev", "eth0", "nodad")
+		sh(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		sh(t, "ip", "-n", ns, "route", "add", "default", "via", net4+".1")
+		sh(t, "ip", "-n", ns, "-6", "route", "add", "default", "via", net6+"::1")
+	}
+	sh(t, "ip", "netns", "exec", l.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	// IPv6 loses the first packets while link-local addresses are tentative.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		tentative := false
+		for _, ns := range []string{l.node, l.pod, l.peer} {
+			out, err := exec.Command("ip", "-n", ns, "-6", "addr", "show", "tentative").CombinedOutput()
+			if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+				tentative = true
+			}
+		}
+		if !tentative {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("IPv6 addresses still tentative after 5s")
+		}
+	}
+	h, err := netns.GetFromName(l.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	link, err := nl.LinkByName("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.hostIfindex = link.Attrs().Index
+	return l
+}
+
+// in runs fn on a thread in network namespace ns; sockets fn creates stay in ns. The
+// thread is discarded afterwards (the goroutine exits locked).
+func in[T any](t *testing.T, ns string, fn func() (T, error)) (T, error) {
+	t.Helper()
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(ns)
+		if err == nil {
+			err = netns.Set(h)
+			h.Close()
+		}
+		if err != nil {
+			ch <- result{err: fmt.Errorf("enter netns %s: %w", ns, err)}
+			return
+		}
+		v, err := fn()
+		ch <- result{v, err}
+	}()
+	r := <-ch
+	return r.v, r.err
+}
+
+// serveEcho echoes TCP connections and UDP datagrams on addr in ns until cleanup.
+func serveEcho(t *testing.T, ns, network, addr string) {
+	t.Helper()
+	if strings.HasPrefix(network, "tcp") {
+		ln, err := in(t, ns, func() (net.Listener, error) { return net.Listen(network, addr) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					_, _ = io.Copy(c, c)
+				}()
+			}
+		}()
+		return
+	}
+	pc, err := in(t, ns, func() (net.PacketConn, error) { return net.ListenPacket(network, addr) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+const trafficTimeout = 400 * time.Millisecond
+
+// exchange opens a connection from ns to addr, sends a message and waits for its echo.
+func exchange(t *testing.T, ns, network, addr string) error {
+	t.Helper()
+	c, err := in(t, ns, func() (net.Conn, error) { return net.DialTimeout(network, addr, trafficTimeout) })
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(trafficTimeout))
+	msg := []byte("npagent " + network)
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != string(msg) {
+		return errors.New("echo mismatch")
+	}
+	return nil
+}
+
+// TestRealTraffic sends TCP and UDP, IPv4 and IPv6, between a pod and a peer through
+// the node namespace where the programs are attached to the pod's host-side veth.
+func TestRealTraffic(t *testing.T) {
+	lab := newTrafficLab(t)
+	for _, p := range []struct{ network, addr string }{
+		{"tcp4", labPod4 + ":8080"}, {"tcp4", labPod4 + ":8081"}, {"tcp6", "[" + labPod6 + "]:8080"},
+	} {
+		serveEcho(t, lab.pod, p.network, p.addr)
+	}
+	for _, p := range []struct{ network, addr string }{
+		{"udp4", labPeer4 + ":5353"}, {"udp4", labPeer4 + ":5354"}, {"tcp4", labPeer4 + ":9000"}, {"udp6", "[" + labPeer6 + "]:5353"},
+	} {
+		serveEcho(t, lab.peer, p.network, p.addr)
+	}
+
+	// Attaching resolves the ifindex in the caller's network namespace: commit from a
+	// thread in the node namespace.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	node, err := netns.GetFromName(lab.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	if err := netns.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+
+	e := openTestEBPF(t, EBPFOptions{})
+	peerNet4, peerNet6 := netip.MustParsePrefix("10.201.2.0/24"), netip.MustParsePrefix("fd00:201:2::/64")
+	tcp := func(port int32) []PortRule { return []PortRule{{Protocol: ProtocolTCP, Port: port}} }
+	first := PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peerNet4, Ports: tcp(8080)}, {CIDR: peerNet6, Ports: tcp(8080)}}},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{
+			{CIDR: peerNet4, Ports: []PortRule{{Protocol: ProtocolUDP, Port: 5353}}},
+			{CIDR: peerNet6, Ports: []PortRule{{Protocol: ProtocolUDP, Port: 5353}}},
+		}},
+	}
+	type flow struct {
+		name, from, network, addr string
+		want                      bool
+	}
+	pod4, pod6 := labPod4, "["+labPod6+"]"
+	check := func(stage string, flows []flow) {
+		t.Helper()
+		for _, f := range flows {
+			err := exchange(t, f.from, f.network, f.addr)
+			if (err == nil) != f.want {
+				t.Errorf("%s: %s: exchange error %v, want allowed=%v", stage, f.name, err, f.want)
+			}
+		}
+	}
+	check("before any policy", []flow{
+		{"peer → pod tcp 8081", lab.peer, "tcp4", pod4 + ":8081", true},
+		{"peer → pod tcp6 8080", lab.peer, "tcp6", pod6 + ":8080", true},
+		{"pod → peer tcp 9000", lab.pod, "tcp4", labPeer4 + ":9000", true},
+	})
+	if _, err := e.Commit(lab.hostIfindex, first); err != nil {
+		t.Fatal(err)
+	}
+	check("first policy", []flow{
+		{"peer → pod tcp 8080 (allowed in; replies pass the isolated egress)", lab.peer, "tcp4", pod4 + ":8080", true},
+		{"peer → pod tcp6 8080", lab.peer, "tcp6", pod6 + ":8080", true},
+		{"peer → pod tcp 8081 (not allowed in)", lab.peer, "tcp4", pod4 + ":8081", false},
+		{"pod → peer udp 5353 (allowed out; replies pass the isolated ingress)", lab.pod, "udp4", labPeer4 + ":5353", true},
+		{"pod → peer udp6 5353", lab.pod, "udp6", "[" + labPeer6 + "]:5353", true},
+		{"pod → peer udp 5354 (not allowed out)", lab.pod, "udp4", labPeer4 + ":5354", false},
+		{"pod → peer tcp 9000 (not allowed out)", lab.pod, "tcp4", labPeer4 + ":9000", false},
+	})
+	second := first
+	second.Ingress = DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peerNet4, Ports: tcp(8081)}}}
+	if _, err := e.Commit(lab.hostIfindex, second); err != nil {
+		t.Fatal(err)
+	}
+	check("second policy", []flow{
+		{"peer → pod tcp 8080 (no longer allowed)", lab.peer, "tcp4", pod4 + ":8080", false},
+		{"peer → pod tcp 8081 (now allowed)", lab.peer, "tcp4", pod4 + ":8081", true},
+		{"peer → pod tcp6 8080 (no longer allowed)", lab.peer, "tcp6", pod6 + ":8080", false},
+	})
+	if _, err := e.Remove(lab.hostIfindex); err != nil {
+		t.Fatal(err)
+	}
+	check("after Remove", []flow{
+		{"peer → pod tcp 8080", lab.peer, "tcp4", pod4 + ":8080", true},
+		{"pod → peer tcp 9000", lab.pod, "tcp4", labPeer4 + ":9000", true},
+	})
+}
