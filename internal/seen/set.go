@@ -212,6 +212,15 @@ func (s *Set) put(k key, e entry) {
 	}
 }
 
+// store puts e, or removes the uid when e holds nothing worth keeping.
+func (s *Set) store(k key, e entry) {
+	if e.consumed == noTime && e.pend == nil {
+		s.del(k)
+		return
+	}
+	s.put(k, e)
+}
+
 func (s *Set) del(k key) {
 	if k.isUUID {
 		delete(s.byUUID, k.id)
@@ -387,9 +396,7 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	if found || e.pend != nil || e.consumed != noTime {
-		s.put(k, e)
-	}
+	s.store(k, e)
 	s.changeSeq++
 	seq := s.changeSeq
 	s.mu.Unlock()
@@ -448,9 +455,7 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	if found || e.pend != nil || e.consumed != noTime {
-		s.put(k, e)
-	}
+	s.store(k, e)
 	s.changeSeq++
 }
 

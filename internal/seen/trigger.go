@@ -49,9 +49,19 @@ var (
 	maxNano = time.Unix(0, math.MaxInt64)
 )
 
+const (
+	minNanoSec = math.MinInt64/int64(time.Second) + 1
+	maxNanoSec = math.MaxInt64/int64(time.Second) - 1
+)
+
 // unixNano converts t to Unix nanoseconds, reporting false when t (the zero
 // time, for one) does not fit or would collide with noTime.
 func unixNano(t time.Time) (int64, bool) {
+	// Fast path for the years 1679 to 2261; the exact bounds only matter
+	// at the edges.
+	if sec := t.Unix(); sec > minNanoSec && sec < maxNanoSec {
+		return t.UnixNano(), true
+	}
 	if t.Before(minNano) || t.After(maxNano) {
 		return 0, false
 	}

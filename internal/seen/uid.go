@@ -46,14 +46,33 @@ func parseUUID(s string) (id [16]byte, ok bool) {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return id, false
 	}
-	for i, off := range uuidOffsets {
-		hi, lo := hexNibble[s[off]], hexNibble[s[off+1]]
-		if hi|lo > 0x0f {
-			return id, false
-		}
-		id[i] = hi<<4 | lo
-	}
-	return id, true
+	// Unrolled with constant offsets so the compiler drops every bounds
+	// check: this is on the re-delivery hot path.
+	var bad byte
+	id[0], bad = hexByte(s[0], s[1], bad)
+	id[1], bad = hexByte(s[2], s[3], bad)
+	id[2], bad = hexByte(s[4], s[5], bad)
+	id[3], bad = hexByte(s[6], s[7], bad)
+	id[4], bad = hexByte(s[9], s[10], bad)
+	id[5], bad = hexByte(s[11], s[12], bad)
+	id[6], bad = hexByte(s[14], s[15], bad)
+	id[7], bad = hexByte(s[16], s[17], bad)
+	id[8], bad = hexByte(s[19], s[20], bad)
+	id[9], bad = hexByte(s[21], s[22], bad)
+	id[10], bad = hexByte(s[24], s[25], bad)
+	id[11], bad = hexByte(s[26], s[27], bad)
+	id[12], bad = hexByte(s[28], s[29], bad)
+	id[13], bad = hexByte(s[30], s[31], bad)
+	id[14], bad = hexByte(s[32], s[33], bad)
+	id[15], bad = hexByte(s[34], s[35], bad)
+	return id, bad <= 0x0f
+}
+
+// hexByte decodes two hex digits, or-ing their table values into bad, whose
+// high bits end up set if either was not a lowercase hex digit.
+func hexByte(hi, lo, bad byte) (byte, byte) {
+	h, l := hexNibble[hi], hexNibble[lo]
+	return h<<4 | l&0x0f, bad | h | l
 }
 
 func formatUUID(id [16]byte) string {
