@@ -32,29 +32,29 @@
 //
 // # Persistence and the watermark
 //
-// With WithStatePath, the set persists {uid → consumed} plus a watermark W,
-// atomically, before Committed returns reports (so a reported trigger is
-// durable before anyone records it), and at Persist. On restart the guard is
-// min(W, start) instead of the process start, so changes made while the
-// agent was down are measured with their true latency.
+// With WithStatePath, the set persists every tracked uid — consumed, pending
+// triggers with their receipt times and attempts, the guarded flag — plus a
+// watermark W, atomically (write temp, fsync, rename, fsync dir), before
+// Committed returns reports (so a reported trigger is durable before anyone
+// records it), and at Persist. On restart the guard is min(W, start) instead
+// of the process start, so changes made while the agent was down are
+// measured with their true latency.
 //
-// W claims: every trigger ≤ W of a uid with no persisted entry was resolved
-// (or never existed). At a write,
+// W claims: every trigger ≤ W of a uid absent from the file was resolved or
+// is older than the guard. At a write,
 //
-//	W = max(guard, min(now − lag, T − 1ns for every trigger T pending or
-//	        committed ahead for a uid with nothing persisted))
+//	W = max(guard, now − lag)
 //
-// Why that holds: a uid the process saw either has a consumed trigger (it is
-// persisted with it, and after a restart its triggers are judged against that
-// exact value, not W), or only pending triggers, which W stays below. So the
-// only triggers W hides are those of uids the process never saw at all, which
-// are older than W only if written before the guard (before_start anyway) or
-// if their event was still in flight when the process stopped — hence the lag
-// (WithWatermarkLag, default 5s), which trades nothing: lowering W can only
-// turn a before_start into a measurement of a trigger never reported. W never
+// Why that holds: every uid the process saw is in the file, and after a
+// restart its triggers are judged against its own consumed and pending
+// triggers, never against W. So W only decides uids the process never saw:
+// objects created while it was down (their triggers are newer than W: they
+// are measured) and objects whose first event was still in flight when it
+// stopped — hence the lag (WithWatermarkLag, default 5s), which can only turn
+// a before_start into the measurement of a trigger never reported. W never
 // drops below the guard, so what was before_start stays before_start.
 //
-// Restart cases (tested in restart_test.go):
+// Restart cases (tested in restart_test.go and the property test):
 //
 //   - trigger consumed before the restart, re-listed after: its uid is
 //     restored with consumed = trigger → redelivered, no report;
@@ -65,12 +65,17 @@
 //     accepted and reported once;
 //   - the same two without a state file: trigger < process start →
 //     before_start;
-//   - trigger pending (never committed) at shutdown: its uid is persisted
-//     with an older consumed, or pins W below the trigger → accepted again
-//     and reported once;
-//   - crash without a final Persist: the file is the last write, which covered
-//     every report; consumption by NoLocalWork after it may be replayed
-//     (counted no_local_pods again, no report), never a second report;
+//   - trigger pending (accepted, never committed) at shutdown: restored as
+//     pending with its receipt time and attempts, reported by the next commit
+//     — even when a newer version written during the downtime means the
+//     initial list never delivers it again;
+//   - object deleted during the downtime: its restored entry is dropped by
+//     Prune after the caches sync (pending triggers counted deleted);
+//   - crash without a final Persist: the file is the last write, which
+//     covered every report, so nothing is reported twice; what changed after
+//     it is replayed (a trigger consumed by NoLocalWork may be accepted
+//     again) or, for an object first seen after it with a trigger ≤ W, lost
+//     to before_start;
 //   - damaged or unreadable file: New returns the error, starts empty with
 //     guard = start; a missing file is a first start, not an error.
 //
@@ -90,6 +95,8 @@
 // Observe on a re-delivered trigger takes one mutex and one map lookup and
 // allocates nothing. UUID uids are stored as 16-byte keys (others in a
 // string-keyed map), times as int64 Unix nanoseconds: an object with nothing
-// pending costs one map slot, about 60 bytes at 100,000 objects. A state write
-// is O(tracked objects); concurrent commits share one write.
+// pending costs one map slot, about 63 bytes at 100,000 objects. A state write
+// is O(tracked objects) (26 bytes per object on disk); commits that queue
+// behind a write share the next one (group commit), and commits that report
+// nothing write nothing.
 package seen

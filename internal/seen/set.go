@@ -34,9 +34,9 @@ func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now
 // kept. Default 5s. Events for objects created just before a shutdown may
 // still be in flight (watch delivery, handler buffers); a lagging watermark
 // lets the next process measure them instead of counting them before_start.
-// It can never cause a second report: every uid this process saw is either
-// persisted with its own consumed trigger or pins the watermark below its
-// pending triggers (see doc.go). Negative values are treated as 0.
+// It can never cause a second report: every uid this process saw is
+// persisted with its own consumed and pending triggers, which decide its
+// events after a restart (see doc.go). Negative values are treated as 0.
 func WithWatermarkLag(d time.Duration) Option {
 	return func(c *config) { c.watermarkLag = max(d, 0) }
 }
@@ -275,6 +275,9 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 			e = entry{consumed: t, flags: flagGuarded}
 		}
 		e.consumed = max(e.consumed, t)
+		if e.pend != nil && e.pend.idle(e.consumed) {
+			e.pend = nil
+		}
 		s.put(k, e)
 		s.changeSeq++
 		s.stats.Suppressed[BeforeStart]++
