@@ -1,0 +1,207 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+)
+
+// Dataplane backends --dataplane accepts.
+const (
+	dataplaneEBPF   = "ebpf"
+	dataplaneMemory = "memory"
+)
+
+// config is everything the agent is told at start. parseConfig fills it from the
+// command line, falling back to the environment for every flag not given.
+type config struct {
+	Kubeconfig            string // "" = in-cluster configuration
+	NodeName              string
+	NodeIP                netip.Addr
+	Dataplane             string // dataplaneEBPF or dataplaneMemory
+	BPFFSPath             string
+	StateFile             string // "" = no persistence
+	TriggerAnnotation     string
+	TraceParentAnnotation string
+	ResyncPeriod          time.Duration
+	Workers               int
+	MetricsAddr           string
+	APIServerTimeout      time.Duration
+	ShutdownTimeout       time.Duration
+	LogLevel              slog.Level
+	LogFormat             string // "text" or "json"
+	SlowTraceThreshold    time.Duration
+	FastTraceFraction     float64
+}
+
+// flagEnv maps each flag to the environment variable that supplies it when the flag
+// is absent from the command line. The flag always wins over the variable.
+var flagEnv = map[string]string{
+	"kubeconfig":             "KUBECONFIG",
+	"node-name":              "NODE_NAME",
+	"node-ip":                "NODE_IP",
+	"dataplane":              "NPAGENT_DATAPLANE",
+	"bpffs-path":             "NPAGENT_BPFFS_PATH",
+	"state-file":             "NPAGENT_STATE_FILE",
+	"trigger-annotation":     "NPAGENT_TRIGGER_ANNOTATION",
+	"traceparent-annotation": "NPAGENT_TRACEPARENT_ANNOTATION",
+	"resync-period":          "NPAGENT_RESYNC_PERIOD",
+	"workers":                "NPAGENT_WORKERS",
+	"metrics-addr":           "NPAGENT_METRICS_ADDR",
+	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
+	"shutdown-timeout":       "NPAGENT_SHUTDOWN_TIMEOUT",
+	"log-level":              "NPAGENT_LOG_LEVEL",
+	"log-format":             "NPAGENT_LOG_FORMAT",
+	"slow-trace-threshold":   "NPAGENT_SLOW_TRACE_THRESHOLD",
+	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
+}
+
+// errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
+var errHelp = flag.ErrHelp
+
+// parseConfig parses args (without the program name) with getenv as the fallback
+// for flags not given. Usage goes to usage on -h or a parse error. Every error names
+// the flag (and the variable, when the value came from it).
+func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
+	fs.SetOutput(usage)
+
+	var nodeIP, logLevel string
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
+	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
+	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
+	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
+	fs.StringVar(&c.StateFile, "state-file", "/var/lib/npagent/seen.state", "file persisting reported trigger times across restarts; empty: none")
+	fs.StringVar(&c.TriggerAnnotation, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "annotation holding the change's trigger time (RFC3339Nano)")
+	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding a W3C traceparent to join; empty: none")
+	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
+	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "address serving /metrics, /healthz and /readyz")
+	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (key=value) or json")
+	fs.DurationVar(&c.SlowTraceThreshold, "slow-trace-threshold", 0, "triggers at least this slow are always traced")
+	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
+	fs.Usage = func() {
+		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n\nFlags (each falls back to the environment variable in brackets):\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			def := ""
+			if f.DefValue != "" {
+				def = fmt.Sprintf(" (default %q)", f.DefValue)
+			}
+			fmt.Fprintf(usage, "  --%s [%s]\n    \t%s%s\n", f.Name, flagEnv[f.Name], f.Usage, def)
+		})
+		fmt.Fprintf(usage, "\nOTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...) configure OTLP export.\n")
+	}
+
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q (flags only, or the version command)", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := flagEnv[f.Name]
+		if given[f.Name] || name == "" {
+			return
+		}
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("invalid value %q for --%s (from $%s): %w", v, f.Name, name, err))
+		}
+	})
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+
+	if err := c.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %q is not debug, info, warn or error", logLevel))
+	}
+	if nodeIP == "" {
+		errs = append(errs, errors.New("--node-ip (or $NODE_IP) is required: the agent programs the pods whose hostIP is this node's IP"))
+	} else if ip, err := netip.ParseAddr(nodeIP); err != nil {
+		errs = append(errs, fmt.Errorf("--node-ip: %q is not an IP address", nodeIP))
+	} else {
+		c.NodeIP = ip.Unmap()
+	}
+	if c.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			errs = append(errs, fmt.Errorf("--node-name (or $NODE_NAME) is required: host name unavailable: %v", err))
+		}
+		c.NodeName = host
+	}
+	errs = append(errs, c.validate()...)
+	return c, errors.Join(errs...)
+}
+
+// validate checks the values parseConfig cannot check while parsing.
+func (c *config) validate() []error {
+	var errs []error
+	switch c.Dataplane {
+	case dataplaneEBPF, dataplaneMemory:
+	default:
+		errs = append(errs, fmt.Errorf("--dataplane: %q is not ebpf or memory", c.Dataplane))
+	}
+	if c.Dataplane == dataplaneEBPF && c.BPFFSPath == "" {
+		errs = append(errs, errors.New("--bpffs-path: empty; the eBPF dataplane pins its maps there"))
+	}
+	if strings.TrimSpace(c.TriggerAnnotation) == "" {
+		errs = append(errs, errors.New("--trigger-annotation: empty"))
+	}
+	if c.ResyncPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--resync-period: %v is negative", c.ResyncPeriod))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers: %d, need at least 1", c.Workers))
+	}
+	if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--metrics-addr: %q is not host:port", c.MetricsAddr))
+	}
+	if c.APIServerTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--apiserver-timeout: %v, need a positive duration", c.APIServerTimeout))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v, need a positive duration", c.ShutdownTimeout))
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format: %q is not text or json", c.LogFormat))
+	}
+	if c.SlowTraceThreshold < 0 {
+		errs = append(errs, fmt.Errorf("--slow-trace-threshold: %v is negative", c.SlowTraceThreshold))
+	}
+	if !(c.FastTraceFraction >= 0 && c.FastTraceFraction <= 1) { // also rejects NaN
+		errs = append(errs, fmt.Errorf("--fast-trace-fraction: %v is outside 0..1", c.FastTraceFraction))
+	}
+	return errs
+}
+
+// newLogger builds the process logger: key=value text or JSON on w.
+func newLogger(c config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.LogLevel}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

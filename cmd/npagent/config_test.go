@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+)
+
+// envMap is a getenv over a fixed map, so tests never read the process environment.
+func envMap(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseConfigDefaults(t *testing.T) {
+	c, err := parseConfig(nil, envMap(map[string]string{"NODE_IP": "10.0.0.5", "NODE_NAME": "node-a"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("parseConfig: %v", err)
+	}
+	want := config{
+		NodeName:              "node-a",
+		NodeIP:                netip.MustParseAddr("10.0.0.5"),
+		Dataplane:             dataplaneEBPF,
+		BPFFSPath:             bpfmaps.DefaultPinPath,
+		StateFile:             "/var/lib/npagent/seen.state",
+		TriggerAnnotation:     v1alpha1.AnnotationLastChangeTriggerTime,
+		TraceParentAnnotation: v1alpha1.AnnotationTraceParent,
+		ResyncPeriod:          10 * time.Minute,
+		Workers:               2,
+		MetricsAddr:           ":9090",
+		APIServerTimeout:      10 * time.Second,
+		ShutdownTimeout:       10 * time.Second,
+		LogLevel:              slog.LevelInfo,
+		LogFormat:             "text",
+		FastTraceFraction:     1,
+	}
+	if c != want {
+		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
+	env := map[string]string{
+		"KUBECONFIG":                     "/etc/kube/config",
+		"NODE_NAME":                      "env-node",
+		"NODE_IP":                        "10.0.0.5",
+		"NPAGENT_DATAPLANE":              "memory",
+		"NPAGENT_BPFFS_PATH":             "/sys/fs/bpf/other",
+		"NPAGENT_STATE_FILE":             "/tmp/state",
+		"NPAGENT_TRIGGER_ANNOTATION":     "example.com/trigger",
+		"NPAGENT_TRACEPARENT_ANNOTATION": "example.com/tp",
+		"NPAGENT_RESYNC_PERIOD":          "30s",
+		"NPAGENT_WORKERS":                "4",
+		"NPAGENT_METRICS_ADDR":           "127.0.0.1:9999",
+		"NPAGENT_APISERVER_TIMEOUT":      "3s",
+		"NPAGENT_SHUTDOWN_TIMEOUT":       "4s",
+		"NPAGENT_LOG_LEVEL":              "debug",
+		"NPAGENT_LOG_FORMAT":             "json",
+		"NPAGENT_SLOW_TRACE_THRESHOLD":   "250ms",
+		"NPAGENT_FAST_TRACE_FRACTION":    "0.1",
+	}
+	// Every flag has a variable, and the table above covers each of them.
+	for flagName, v := range flagEnv {
+		if _, ok := env[v]; !ok {
+			t.Errorf("--%s: its variable $%s is not exercised by this test", flagName, v)
+		}
+	}
+
+	c, err := parseConfig(nil, envMap(env), &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("parseConfig from environment: %v", err)
+	}
+	want := config{
+		Kubeconfig:            "/etc/kube/config",
+		NodeName:              "env-node",
+		NodeIP:                netip.MustParseAddr("10.0.0.5"),
+		Dataplane:             dataplaneMemory,
+		BPFFSPath:             "/sys/fs/bpf/other",
+		StateFile:             "/tmp/state",
+		TriggerAnnotation:     "example.com/trigger",
+		TraceParentAnnotation: "example.com/tp",
+		ResyncPeriod:          30 * time.Second,
+		Workers:               4,
+		MetricsAddr:           "127.0.0.1:9999",
+		APIServerTimeout:      3 * time.Second,
+		ShutdownTimeout:       4 * time.Second,
+		LogLevel:              slog.LevelDebug,
+		LogFormat:             "json",
+		SlowTraceThreshold:    250 * time.Millisecond,
+		FastTraceFraction:     0.1,
+	}
+	if c != want {
+		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
+	}
+
+	// A flag on the command line wins over its variable.
+	c, err = parseConfig([]string{"--node-ip=192.0.2.1", "--workers=7", "--state-file=", "--dataplane=ebpf"}, envMap(env), &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("parseConfig with flags: %v", err)
+	}
+	if c.NodeIP != netip.MustParseAddr("192.0.2.1") || c.Workers != 7 || c.StateFile != "" || c.Dataplane != dataplaneEBPF {
+		t.Errorf("flags did not win over the environment: %+v", c)
+	}
+	if c.NodeName != "env-node" {
+		t.Errorf("node name = %q, want env-node from $NODE_NAME", c.NodeName)
+	}
+}
+
+func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
+	base := map[string]string{"NODE_IP": "10.0.0.5", "NODE_NAME": "n"}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string // substrings of the error
+	}{
+		{"missing node ip", nil, map[string]string{"NODE_IP": ""}, []string{"--node-ip", "NODE_IP", "required"}},
+		{"bad node ip", []string{"--node-ip=10.0.0"}, nil, []string{"--node-ip", `"10.0.0"`}},
+		{"bad dataplane", []string{"--dataplane=xdp"}, nil, []string{"--dataplane", `"xdp"`}},
+		{"empty bpffs path", []string{"--bpffs-path="}, nil, []string{"--bpffs-path"}},
+		{"empty trigger annotation", []string{"--trigger-annotation="}, nil, []string{"--trigger-annotation"}},
+		{"negative resync", []string{"--resync-period=-1s"}, nil, []string{"--resync-period", "negative"}},
+		{"zero workers", []string{"--workers=0"}, nil, []string{"--workers"}},
+		{"bad metrics addr", []string{"--metrics-addr=9090"}, nil, []string{"--metrics-addr", `"9090"`}},
+		{"zero apiserver timeout", []string{"--apiserver-timeout=0s"}, nil, []string{"--apiserver-timeout"}},
+		{"zero shutdown timeout", []string{"--shutdown-timeout=0s"}, nil, []string{"--shutdown-timeout"}},
+		{"bad log level", []string{"--log-level=loud"}, nil, []string{"--log-level", `"loud"`}},
+		{"bad log format", []string{"--log-format=xml"}, nil, []string{"--log-format", `"xml"`}},
+		{"negative slow threshold", []string{"--slow-trace-threshold=-1ms"}, nil, []string{"--slow-trace-threshold"}},
+		{"fraction above one", []string{"--fast-trace-fraction=1.5"}, nil, []string{"--fast-trace-fraction", "0..1"}},
+		{"fraction NaN", []string{"--fast-trace-fraction=NaN"}, nil, []string{"--fast-trace-fraction"}},
+		{"unparsable flag", []string{"--workers=many"}, nil, []string{"-workers"}},
+		{"unknown flag", []string{"--no-such-flag"}, nil, []string{"no-such-flag"}},
+		{"positional argument", []string{"start"}, nil, []string{`"start"`}},
+		{"bad env duration", nil, map[string]string{"NPAGENT_RESYNC_PERIOD": "soon"}, []string{"--resync-period", "$NPAGENT_RESYNC_PERIOD", `"soon"`}},
+		{"bad env int", nil, map[string]string{"NPAGENT_WORKERS": "x"}, []string{"--workers", "$NPAGENT_WORKERS"}},
+		{"bad env ip", nil, map[string]string{"NODE_IP": "nope"}, []string{"--node-ip", `"nope"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.env { // "" removes a base variable
+				env[k] = v
+			}
+			_, err := parseConfig(tt.args, envMap(env), &bytes.Buffer{})
+			if err == nil {
+				t.Fatalf("parseConfig(%q) accepted a bad value", tt.args)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseConfigReportsEveryBadFlagAtOnce(t *testing.T) {
+	_, err := parseConfig([]string{"--workers=0", "--log-format=xml", "--dataplane=x"},
+		envMap(map[string]string{"NODE_IP": "10.0.0.5", "NODE_NAME": "n"}), &bytes.Buffer{})
+	for _, f := range []string{"--workers", "--log-format", "--dataplane"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("error %v does not name %s", err, f)
+		}
+	}
+}
+
+func TestHelpListsFlagsWithTheirVariables(t *testing.T) {
+	var usage bytes.Buffer
+	_, err := parseConfig([]string{"--help"}, envMap(nil), &usage)
+	if !errors.Is(err, errHelp) {
+		t.Fatalf("--help: err = %v, want flag.ErrHelp", err)
+	}
+	if exitCode(err) != 0 {
+		t.Errorf("--help exit code = %d, want 0", exitCode(err))
+	}
+	for flagName, v := range flagEnv {
+		if !strings.Contains(usage.String(), "--"+flagName+" ["+v+"]") {
+			t.Errorf("usage does not list --%s [%s]:\n%s", flagName, v, usage.String())
+		}
+	}
+}
+
+func TestRunRejectsBadFlagsWithUsageError(t *testing.T) {
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"--dataplane=xdp", "--node-ip=10.0.0.1"}, envMap(nil), &bytes.Buffer{}, &stderr)
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--dataplane") {
+		t.Fatalf("run: err = %v, want a usageError naming --dataplane", err)
+	}
+	if got := exitCode(err); got != 2 {
+		t.Errorf("exit code = %d, want 2", got)
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, envMap(nil), &stdout, &bytes.Buffer{}); err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	if got, want := stdout.String(), "npagent "+agentVersion()+"\n"; got != want || agentVersion() == "" {
+		t.Errorf("version printed %q, want %q", got, want)
+	}
+
+	old := version
+	version = "v9.9.9-test"
+	defer func() { version = old }()
+	stdout.Reset()
+	if err := run(context.Background(), []string{"version"}, envMap(nil), &stdout, &bytes.Buffer{}); err != nil {
+		t.Fatalf("version: %v", err)
+	}
+	if got := stdout.String(); got != "npagent v9.9.9-test\n" {
+		t.Errorf("with -X main.version: printed %q", got)
+	}
+}
+
+func TestHTTPHandler(t *testing.T) {
+	var readyErr error = errors.New("informer caches not synced yet")
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("npagent_metric 1\n")) })
+	h := newHTTPHandler(metrics, func() error { return readyErr })
+
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d, want 200", code)
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "informer caches not synced") {
+		t.Errorf("/readyz before sync = %d %q, want 503 with the reason", code, body)
+	}
+	readyErr = nil
+	if code, _ := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz when ready = %d, want 200", code)
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || body != "npagent_metric 1\n" {
+		t.Errorf("/metrics = %d %q, want the metrics handler's answer", code, body)
+	}
+	if code, _ := get("/other"); code != http.StatusNotFound {
+		t.Errorf("/other = %d, want 404", code)
+	}
+}

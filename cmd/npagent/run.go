@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/telemetry"
+)
+
+// usageError is a bad command line or environment: main exits 2 for it.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// run is the whole agent: it parses args (falling back to getenv), starts every
+// part, blocks until ctx is done, then shuts down in order — stop taking work,
+// finish the commit in flight, persist the seen-set, flush telemetry — and returns
+// nil. It returns a usageError for a bad command line, flag.ErrHelp after printing
+// usage, and any other error when the agent could not start or failed.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "version" {
+		fmt.Fprintf(stdout, "npagent %s\n", agentVersion())
+		return nil
+	}
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, errHelp) {
+		return err
+	}
+	if err != nil {
+		return usageError{err}
+	}
+	log := newLogger(cfg, stderr)
+	start := time.Now()
+	log.Info("starting npagent", "version", agentVersion(), "node", cfg.NodeName, "node_ip", cfg.NodeIP,
+		"dataplane", cfg.Dataplane, "state_file", cfg.StateFile, "metrics_addr", cfg.MetricsAddr)
+
+	// Bind first: a port in use is the cheapest startup error to report.
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
+	}
+	defer ln.Close()
+
+	restConfig, err := loadRESTConfig(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := probeAPIServer(ctx, restConfig, cfg.APIServerTimeout); err != nil {
+		return err
+	}
+
+	dp, err := openDataplane(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := dp.Close(); err != nil {
+			log.Warn("close dataplane", "dataplane", cfg.Dataplane, "err", err)
+		}
+	}()
+
+	seenSet, err := openSeenSet(cfg, start, log)
+	if err != nil {
+		return err
+	}
+
+	tel, err := telemetry.New(ctx,
+		telemetry.WithNodeName(cfg.NodeName),
+		telemetry.WithServiceVersion(agentVersion()),
+		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
+		telemetry.WithLogger(log.With("component", "telemetry")),
+	)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	tel.ObserveGauges(
+		func() int64 { return int64(seenSet.Stats().Objects) },
+		func() int64 { return int64(seenSet.Stats().Pending) },
+	)
+
+	ctrl, err := reconcile.New(restConfig, reconcile.Config{
+		NodeName:              cfg.NodeName,
+		NodeIP:                cfg.NodeIP,
+		Dataplane:             dp,
+		Seen:                  seenSet,
+		Sink:                  tel,
+		Resolver:              reconcile.NewRouteResolver(),
+		TriggerAnnotation:     cfg.TriggerAnnotation,
+		TraceParentAnnotation: cfg.TraceParentAnnotation,
+		ResyncPeriod:          cfg.ResyncPeriod,
+		Workers:               cfg.Workers,
+		Logger:                log.With("component", "reconcile"),
+	})
+	if err != nil {
+		shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
+		return fmt.Errorf("reconcile: %w", err)
+	}
+
+	var stopping atomic.Bool
+	srv := &http.Server{
+		Handler: newHTTPHandler(tel.MetricsHandler(), func() error {
+			switch {
+			case stopping.Load():
+				return errors.New("shutting down")
+			case !ctrl.HasSynced():
+				return errors.New("informer caches not synced yet")
+			}
+			if err := dp.Ready(); err != nil {
+				return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
+			}
+			return nil
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
+
+	// The controller stops on runCtx: the signal context, or a failed HTTP server.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var httpErr error
+	go func() {
+		select {
+		case err := <-serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				httpErr = fmt.Errorf("http server on %s: %w", ln.Addr(), err)
+				log.Error("http server failed; stopping", "addr", ln.Addr().String(), "err", err)
+			}
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
+
+	runErr := ctrl.Run(runCtx)
+	stopping.Store(true)
+	if ctx.Err() != nil {
+		log.Info("signal received: stopped taking work, in-flight commits finished")
+	}
+	if runErr != nil && ctx.Err() == nil {
+		log.Error("reconcile stopped", "err", runErr)
+	}
+
+	if err := seenSet.Persist(); err != nil {
+		log.Error("persist seen-set", "state_file", cfg.StateFile, "err", err)
+	}
+	shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
+	httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
+	if err := srv.Shutdown(httpCtx); err != nil {
+		log.Warn("http server shutdown", "addr", ln.Addr().String(), "err", err)
+	}
+	cancelHTTP()
+
+	st := seenSet.Stats()
+	log.Info("npagent stopped", "uptime", time.Since(start).Round(time.Millisecond),
+		"reported", st.Reported, "accepted", st.Accepted, "pending", st.Pending,
+		"redelivered", st.Suppressed[seen.Redelivered], "persists", st.Persists,
+		"controller", fmt.Sprintf("%+v", ctrl.Stats()))
+
+	switch {
+	case httpErr != nil:
+		return httpErr
+	case runErr != nil && ctx.Err() == nil:
+		return fmt.Errorf("reconcile: %w", runErr)
+	}
+	return nil
+}
+
+// loadRESTConfig reads kubeconfig (a path, or a list as in $KUBECONFIG), or the
+// in-cluster configuration when it is empty.
+func loadRESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster configuration: %w (outside a pod, pass --kubeconfig or set $KUBECONFIG)", err)
+		}
+		return rc, nil
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(kubeconfig)}
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	return rc, nil
+}
+
+// probeAPIServer asks the apiserver for its version and for the
+// networking.k8s.aws/v1alpha1 group, within timeout, so an unreachable address or
+// missing CRDs fail the start with a clear message instead of informers retrying
+// forever.
+func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration) error {
+	probeConfig := rest.CopyConfig(rc)
+	probeConfig.Timeout = timeout
+	dc, err := discovery.NewDiscoveryClientForConfig(probeConfig)
+	if err != nil {
+		return fmt.Errorf("apiserver %s: client: %w", rc.Host, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := dc.RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
+		return fmt.Errorf("apiserver %s unreachable (probe GET /version, timeout %v): %w", rc.Host, timeout, err)
+	}
+	group := "/apis/" + v1alpha1.SchemeGroupVersion.String()
+	if err := dc.RESTClient().Get().AbsPath(group).Do(ctx).Error(); err != nil {
+		return fmt.Errorf("apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? see config/crd)", rc.Host, group, err)
+	}
+	return nil
+}
+
+// openDataplane opens the backend --dataplane names. The in-memory backend polices
+// nothing, and says so loudly.
+func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
+	if cfg.Dataplane == dataplaneMemory {
+		log.Warn("in-memory dataplane: no enforcement; policies are computed and measured but no packet is policed",
+			"dataplane", dataplaneMemory)
+		return bpfmaps.NewMemory(), nil
+	}
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath})
+	if err != nil {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("open eBPF dataplane at %s: %w (needs CAP_BPF and CAP_NET_ADMIN, and CAP_SYS_ADMIN to mount bpffs; run privileged, or --dataplane=memory for no enforcement)", cfg.BPFFSPath, err)
+		}
+		return nil, fmt.Errorf("open eBPF dataplane at %s: %w", cfg.BPFFSPath, err)
+	}
+	log.Info("eBPF dataplane open", "bpffs_path", cfg.BPFFSPath, "pods", len(dp.Pods()))
+	return dp, nil
+}
+
+// openSeenSet restores the seen-set from the state file. A damaged file is logged
+// and ignored (the set starts empty); a missing directory is created.
+func openSeenSet(cfg config, start time.Time, log *slog.Logger) (*seen.Set, error) {
+	var opts []seen.Option
+	if cfg.StateFile != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.StateFile), 0o700); err != nil {
+			return nil, fmt.Errorf("--state-file %s: %w", cfg.StateFile, err)
+		}
+		opts = append(opts, seen.WithStatePath(cfg.StateFile))
+	}
+	s, restoreErr := seen.New(start, opts...)
+	if restoreErr != nil {
+		log.Warn("seen-set state ignored; starting empty (triggers older than this start count as before_start)",
+			"state_file", cfg.StateFile, "err", restoreErr)
+	} else if st := s.Stats(); cfg.StateFile != "" {
+		log.Info("seen-set restored", "state_file", cfg.StateFile, "objects", st.Objects, "pending", st.Pending)
+	}
+	return s, nil
+}
+
+// shutdownTelemetry flushes and stops the exporters within timeout.
+func shutdownTelemetry(tel *telemetry.Telemetry, timeout time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := tel.Shutdown(ctx); err != nil {
+		log.Warn("telemetry flush incomplete", "timeout", timeout, "err", err)
+		return
+	}
+	spans, exports := tel.Dropped()
+	log.Info("telemetry flushed", "spans_dropped", spans, "metric_exports_failed", exports)
+}
