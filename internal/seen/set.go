@@ -243,7 +243,9 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 // answers Accepted or the suppression reason (already counted in Stats).
 // It does not allocate on the re-delivery path (trigger equals consumed or a
 // pending trigger). A zero or out-of-range trigger counts as
-// invalid_annotation.
+// invalid_annotation. When the object already has the maximum of pending
+// triggers, one in the middle (possibly this one) is dropped and counted
+// overflow; the answer is still Accepted, as the trigger was.
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 	t, valid := unixNano(trigger)
 	k := makeKey(uid)
