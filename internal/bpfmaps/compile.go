@@ -87,18 +87,32 @@ type compiledDirection struct {
 
 // sourceRule is a validated rule of one tier, ready for flattening.
 type sourceRule struct {
-	label   string // names the rule in errors: "ingress admin rule 2"
+	label   ruleLabel
 	cidr    netip.Prefix
 	excepts []netip.Prefix
 	ports   []portEntry // with Action set; no ports = one all-traffic entry
 }
 
-func invalidf(label, format string, args ...any) error {
+// ruleLabel names a rule in errors ("ingress admin rule 2"); formatted only on error.
+type ruleLabel struct {
+	dir   Direction
+	tier  string // "" for namespaced rules
+	index int
+}
+
+func (l ruleLabel) String() string {
+	if l.tier == "" {
+		return fmt.Sprintf("%s rule %d", l.dir, l.index)
+	}
+	return fmt.Sprintf("%s %s rule %d", l.dir, l.tier, l.index)
+}
+
+func invalidf(label ruleLabel, format string, args ...any) error {
 	return fmt.Errorf("%s: %s: %w", label, fmt.Sprintf(format, args...), ErrInvalidPolicy)
 }
 
 // validateRule checks one rule and converts it for flattening.
-func validateRule(label string, r *Rule, action Action) (sourceRule, error) {
+func validateRule(label ruleLabel, r *Rule, action Action) (sourceRule, error) {
 	if !r.CIDR.IsValid() {
 		return sourceRule{}, invalidf(label, "cidr %q: invalid prefix", r.CIDR.String())
 	}
@@ -142,8 +156,9 @@ func validateRule(label string, r *Rule, action Action) (sourceRule, error) {
 
 // validateDirection checks every rule of d; the error names the first bad rule.
 func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline []sourceRule, err error) {
+	ns = make([]sourceRule, 0, len(d.Allow))
 	for i := range d.Allow {
-		src, err := validateRule(fmt.Sprintf("%s rule %d", dir, i), &d.Allow[i], ActionAccept)
+		src, err := validateRule(ruleLabel{dir: dir, index: i}, &d.Allow[i], ActionAccept)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -158,7 +173,7 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rules[a].Priority, rules[b].Priority) })
 		out := make([]sourceRule, 0, len(rules))
 		for _, i := range order {
-			label := fmt.Sprintf("%s %s rule %d", dir, name, i)
+			label := ruleLabel{dir: dir, tier: name, index: i}
 			a := rules[i].Action
 			if a != ActionAccept && a != ActionDeny && a != ActionPass {
 				return nil, invalidf(label, "action %d: unknown action (want 1 Accept, 2 Deny or 3 Pass)", uint8(a))
@@ -180,11 +195,18 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 	return ns, admin, baseline, nil
 }
 
-// hashDirection returns a content hash of a validated Direction policy: equal hashes
-// mean the datapath would behave identically. Prefixes are hashed masked.
+// hashDirection returns a content hash of a direction policy: equal hashes mean the
+// datapath would behave identically. Values are encoded as given (prefixes masked), so
+// an invalid value never hashes like a valid one.
 func hashDirection(d *DirectionPolicy) uint64 {
 	h := sha256.New()
-	buf := make([]byte, 0, 256)
+	buf := make([]byte, 0, 512)
+	flush := func() {
+		if len(buf) > 256 {
+			h.Write(buf)
+			buf = buf[:0]
+		}
+	}
 	prefix := func(p netip.Prefix) {
 		a := p.Masked().Addr().As16()
 		buf = append(buf, a[:]...)
@@ -200,15 +222,16 @@ func hashDirection(d *DirectionPolicy) uint64 {
 		buf = binary.AppendUvarint(buf, uint64(len(r.Except)))
 		for _, e := range r.Except {
 			prefix(e)
+			flush()
 		}
 		buf = binary.AppendUvarint(buf, uint64(len(r.Ports)))
 		for _, p := range r.Ports {
 			buf = append(buf, byte(p.Protocol))
 			buf = binary.BigEndian.AppendUint32(buf, uint32(p.Port))
 			buf = binary.BigEndian.AppendUint32(buf, uint32(p.EndPort))
+			flush()
 		}
-		h.Write(buf)
-		buf = buf[:0]
+		flush()
 	}
 	buf = append(buf, 1) // encoding version
 	if d.Isolated {
@@ -217,21 +240,18 @@ func hashDirection(d *DirectionPolicy) uint64 {
 		buf = append(buf, 0)
 	}
 	buf = binary.AppendUvarint(buf, uint64(len(d.Allow)))
-	h.Write(buf)
-	buf = buf[:0]
 	for i := range d.Allow {
 		rule(&d.Allow[i])
 	}
 	for _, tier := range [][]TierRule{d.Admin, d.Baseline} {
 		buf = binary.AppendUvarint(buf, uint64(len(tier)))
-		for _, r := range tier {
-			buf = binary.BigEndian.AppendUint32(buf, uint32(r.Priority))
-			buf = append(buf, byte(r.Action))
-			h.Write(buf)
-			buf = buf[:0]
-			rule(&r.Rule)
+		for i := range tier {
+			buf = binary.BigEndian.AppendUint32(buf, uint32(tier[i].Priority))
+			buf = append(buf, byte(tier[i].Action))
+			rule(&tier[i].Rule)
 		}
 	}
+	h.Write(buf)
 	var sum [sha256.Size]byte
 	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
 }
@@ -324,6 +344,7 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
 	})
 
+	out = slices.Grow(out, len(sorted))
 	excepted := make([]int32, len(rules)) // per rule: excepts of it on the stack
 	var stack []*prefixNode
 	var included []int
@@ -361,16 +382,18 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 		if err != nil {
 			return nil, err
 		}
-		var parent ruleValue
+		parent := &emptyValue
 		if len(stack) > 1 {
-			parent = stack[len(stack)-2].visible
+			parent = &stack[len(stack)-2].visible
 		}
-		if n.visible != parent {
+		if n.visible != *parent {
 			out = append(out, compiledEntry{Prefix: n.prefix, Tier: t, Value: n.visible})
 		}
 	}
 	return out, nil
 }
+
+var emptyValue ruleValue
 
 func overflowErr(r *sourceRule, p netip.Prefix, need int) error {
 	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p, need, maxPortRules)

@@ -123,16 +123,10 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		return res, fmt.Errorf("commit pod %d: ifindex: out of range: %w", ifindex, ErrInvalidPolicy)
 	}
 	pols := [2]*DirectionPolicy{&p.Ingress, &p.Egress}
-	var srcs [2][3][]sourceRule
-	var hashes [2]uint64
-	for d := range pols {
-		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
-		if err != nil {
-			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
-		}
-		srcs[d] = [3][]sourceRule{ns, admin, baseline}
-		hashes[d] = hashDirection(pols[d])
-	}
+	// Hash first: content equal to the committed content was validated when it was
+	// committed, so an unchanged re-commit (a relist) costs the hash alone. Invalid
+	// values hash differently from every valid one (they are encoded raw).
+	hashes := [2]uint64{hashDirection(pols[0]), hashDirection(pols[1])}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -147,6 +141,17 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		res.Skipped = true
 		res.Compile = time.Since(start)
 		return res, nil
+	}
+	var srcs [2][3][]sourceRule
+	for d := range pols {
+		if !changed[d] {
+			continue
+		}
+		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
+		if err != nil {
+			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+		}
+		srcs[d] = [3][]sourceRule{ns, admin, baseline}
 	}
 	if rec == nil && len(c.pods) >= c.limits.Pods {
 		return res, fmt.Errorf("commit pod %d: pod map holds %d pods, its capacity: %w", ifindex, len(c.pods), ErrCapacity)
@@ -168,6 +173,16 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		}
 		gen := nextGeneration(wordGen(newState.Dir[d]))
 		newState.Dir[d] = dirWord(gen, comp.Flags)
+		n4 := 0
+		for i := range comp.Entries {
+			if comp.Entries[i].Prefix.Addr().Is4() {
+				n4++
+			}
+		}
+		newKeys[d].k4 = make([]lpmKey4, 0, n4)
+		newVals[d][0] = make([]ruleValue, 0, n4)
+		newKeys[d].k6 = make([]lpmKey6, 0, len(comp.Entries)-n4)
+		newVals[d][1] = make([]ruleValue, 0, len(comp.Entries)-n4)
 		for i := range comp.Entries {
 			e := &comp.Entries[i]
 			tag := entryTag(gen, e.Tier)
