@@ -1,0 +1,453 @@
+package main
+
+// Integration tests: the agent binary, built from this package, against a real
+// kube-apiserver and etcd (internal/testenv). Only the dataplane is the in-memory
+// backend, because enforcement is not what these tests are about (internal/bpfmaps
+// tests the kernel side as root).
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+const (
+	testNodeName = "node-under-test"
+	latencyCount = "npagent_policy_programming_latency_seconds_count"
+	suppressed   = "npagent_policy_programming_suppressed_total"
+)
+
+// testNodeIP is the agent's node IP: it programs the pods whose hostIP is this.
+const testNodeIP = "192.0.2.10"
+
+var (
+	buildOnce sync.Once
+	agentBin  string
+	buildErr  error
+)
+
+// buildAgent builds this package's binary once per test process.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "npagent-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		agentBin = filepath.Join(dir, "npagent")
+		cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-integration", "-o", agentBin, ".")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build agent: %v", buildErr)
+	}
+	return agentBin
+}
+
+// writeKubeconfig writes a kubeconfig file reaching rc's apiserver with rc's
+// credentials, as an operator would hand the agent.
+func writeKubeconfig(t *testing.T, rc *rest.Config, path string) {
+	t.Helper()
+	server := rc.Host
+	if !strings.Contains(server, "://") {
+		server = "https://" + server
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: rc.CAData, InsecureSkipTLSVerify: rc.Insecure}
+	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData,
+		Token: rc.BearerToken, Username: rc.Username, Password: rc.Password,
+	}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatalf("write kubeconfig %s: %v", path, err)
+	}
+}
+
+// agentProcess is one running agent binary.
+type agentProcess struct {
+	cmd    *exec.Cmd
+	addr   chan string // the HTTP address, once logged
+	url    string
+	done   chan struct{}
+	exit   error
+	mu     sync.Mutex
+	stderr strings.Builder
+}
+
+func (a *agentProcess) logs() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stderr.String()
+}
+
+// startAgent runs the binary with the memory dataplane and an HTTP port of its own
+// choosing, and waits until it logs the port.
+func startAgent(t *testing.T, kubeconfig, stateFile string, extra ...string) *agentProcess {
+	t.Helper()
+	args := append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--node-name=" + testNodeName,
+		"--node-ip=" + testNodeIP,
+		"--dataplane=memory",
+		"--state-file=" + stateFile,
+		"--metrics-addr=127.0.0.1:0",
+		"--log-format=json",
+		"--log-level=debug",
+		"--resync-period=1s",
+	}, extra...)
+	a := &agentProcess{cmd: exec.Command(buildAgent(t), args...), addr: make(chan string, 1), done: make(chan struct{})}
+	// OTLP off: no collector in this test; /metrics is what is checked.
+	a.cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none")
+	stderr, err := a.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	go a.scan(stderr)
+	t.Cleanup(func() {
+		select {
+		case <-a.done:
+		default:
+			a.cmd.Process.Kill()
+			<-a.done
+		}
+		if t.Failed() {
+			t.Logf("agent (pid %d) log:\n%s", a.cmd.Process.Pid, a.logs())
+		}
+	})
+	select {
+	case addr := <-a.addr:
+		a.url = "http://" + addr
+	case <-a.done:
+		t.Fatalf("agent exited before serving HTTP: %v\n%s", a.exit, a.logs())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("agent did not serve HTTP within 60s:\n%s", a.logs())
+	}
+	return a
+}
+
+// scan keeps the agent's log and picks the HTTP address out of it.
+func (a *agentProcess) scan(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		a.mu.Lock()
+		a.stderr.WriteString(line + "\n")
+		a.mu.Unlock()
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving /metrics, /healthz and /readyz" {
+			a.addr <- rec.Addr
+		}
+	}
+	a.exit = a.cmd.Wait()
+	close(a.done)
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (a *agentProcess) stop(t *testing.T) int {
+	t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent did not exit within 30s of SIGTERM:\n%s", a.logs())
+	}
+	return a.cmd.ProcessState.ExitCode()
+}
+
+func (a *agentProcess) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(a.url + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// metric sums the samples of name whose labels contain every one of labels
+// (`key="value"`), in the text exposition of /metrics.
+func (a *agentProcess) metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	code, body := a.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	return sumSamples(body, name, labels...)
+}
+
+func sumSamples(exposition, name string, labels ...string) float64 {
+	var sum float64
+	for _, line := range strings.Split(exposition, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); ok && err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// addLocalPod gives the agent a local pod the way a CNI does: an interface (here a
+// dummy link) and a host route to the pod's IP through it, which is what the route
+// resolver looks up. It needs CAP_NET_ADMIN; the link and its route are removed at
+// cleanup. The IP is derived from the test's pid so parallel test processes differ.
+func addLocalPod(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_NET_ADMIN) to add the interface and host route of a local pod for the route resolver")
+	}
+	pid := os.Getpid()
+	la := netlink.NewLinkAttrs()
+	la.Name = fmt.Sprintf("npt%d", pid%1000000)
+	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
+		t.Fatalf("add dummy link %s: %v", la.Name, err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(la.Name); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	link, err := netlink.LinkByName(la.Name)
+	if err != nil {
+		t.Fatalf("link %s: %v", la.Name, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		t.Fatalf("set %s up: %v", la.Name, err)
+	}
+	ip := net.IPv4(10, 250, byte(pid>>8), byte(pid%250+1))
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
+	if err := netlink.RouteAdd(route); err != nil {
+		t.Fatalf("add route %s dev %s: %v", route.Dst, la.Name, err)
+	}
+	return ip.String()
+}
+
+// waitFor polls cond every 100ms until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func policyEndpoint(name, podIP string, trigger time.Time) *v1alpha1.PolicyEndpoint {
+	proto := corev1.ProtocolTCP
+	port := int32(80)
+	return &v1alpha1.PolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: "default",
+			Annotations: map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: trigger.UTC().Format(time.RFC3339Nano)},
+		},
+		Spec: v1alpha1.PolicyEndpointSpec{
+			PolicyRef:    v1alpha1.PolicyReference{Name: name, Namespace: "default"},
+			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{{
+				HostIP: v1alpha1.NetworkAddress(testNodeIP), PodIP: v1alpha1.NetworkAddress(podIP),
+				Name: name + "-pod", Namespace: "default",
+			}},
+			Ingress: []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Ports: []v1alpha1.Port{{Protocol: &proto, Port: &port}}}},
+		},
+	}
+}
+
+// startControlPlane runs a real apiserver and writes a kubeconfig for it.
+func startControlPlane(t *testing.T) (cp *testenv.ControlPlane, kubeconfig, stateFile string) {
+	cp = testenv.Start(t)
+	dir := t.TempDir()
+	kubeconfig = filepath.Join(dir, "kubeconfig")
+	writeKubeconfig(t, cp.Config, kubeconfig)
+	return cp, kubeconfig, filepath.Join(dir, "state", "seen.state") // the agent creates the directory
+}
+
+// TestAgentLifecycle: the binary against a real apiserver serves /healthz at once,
+// turns ready after its informers sync, serves its metrics, warns that the memory
+// dataplane enforces nothing, and on SIGTERM exits 0 with the state file written.
+func TestAgentLifecycle(t *testing.T) {
+	_, kubeconfig, stateFile := startControlPlane(t)
+
+	a := startAgent(t, kubeconfig, stateFile)
+	if code, body := a.get(t, "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d %q, want 200", code, body)
+	}
+	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	if _, body := a.get(t, "/metrics"); !strings.Contains(body, "npagent_") {
+		t.Fatalf("/metrics serves no npagent metric:\n%s", body)
+	}
+	if !strings.Contains(a.logs(), "in-memory dataplane: no enforcement") {
+		t.Error("the memory dataplane was chosen without the no-enforcement warning in the log")
+	}
+	if !strings.Contains(a.logs(), "v0.0.0-integration") {
+		t.Error("the start log does not carry the version set with -ldflags -X main.version")
+	}
+
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0:\n%s", code, a.logs())
+	}
+	if fi, err := os.Stat(stateFile); err != nil || fi.Size() == 0 {
+		t.Fatalf("state file after shutdown: %v (size %d)", err, sizeOf(fi))
+	}
+	if !strings.Contains(a.logs(), "npagent stopped") {
+		t.Error("no final log line after SIGTERM")
+	}
+}
+
+// TestAgentMeasuresEachTriggerOnceAcrossRestarts: a PolicyEndpoint with a pod on
+// this node is programmed and its trigger measured once; resyncs do not measure it
+// again; neither does a restarted agent holding the state file; a change made while
+// no agent runs is measured by the next one, once.
+func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
+	podIP := addLocalPod(t)
+	cp, kubeconfig, stateFile := startControlPlane(t)
+	ctx := context.Background()
+
+	a := startAgent(t, kubeconfig, stateFile)
+	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	pe := policyEndpoint("allow-web", podIP, time.Now())
+	if err := cp.Client.Create(ctx, pe); err != nil {
+		t.Fatalf("create PolicyEndpoint default/allow-web: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the trigger of default/allow-web to be reported", func() bool {
+		return a.metric(t, latencyCount, `npagent_policy_kind="PolicyEndpoint"`) >= 1
+	})
+	// Resyncs every second re-deliver the object: counted, never measured again.
+	waitFor(t, 10*time.Second, "a resync to be counted as redelivered", func() bool {
+		return a.metric(t, suppressed, `reason="redelivered"`) >= 2
+	})
+	if n := a.metric(t, latencyCount); n != 1 {
+		t.Fatalf("latency observations after resyncs = %v, want 1", n)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+
+	// Restart with the state file: the initial list re-delivers allow-web, whose
+	// trigger the previous process reported.
+	b := startAgent(t, kubeconfig, stateFile)
+	waitFor(t, 30*time.Second, "/readyz 200 after restart", func() bool { code, _ := b.get(t, "/readyz"); return code == http.StatusOK })
+	waitFor(t, 10*time.Second, "the re-listed trigger to be counted as redelivered", func() bool {
+		return b.metric(t, suppressed, `reason="redelivered"`) >= 2
+	})
+	if n := b.metric(t, latencyCount); n != 0 {
+		t.Fatalf("after a restart the already-reported trigger was measured again: %v observations", n)
+	}
+	if code := b.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+
+	// A change while no agent runs: the next agent measures it, once, although it
+	// is older than that agent's start.
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pe), pe); err != nil {
+		t.Fatalf("get default/allow-web: %v", err)
+	}
+	pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	pe.Spec.Ingress[0].CIDR = "10.1.0.0/16"
+	if err := cp.Client.Update(ctx, pe); err != nil {
+		t.Fatalf("update default/allow-web: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	c := startAgent(t, kubeconfig, stateFile)
+	waitFor(t, 30*time.Second, "the change made while the agent was down to be reported", func() bool {
+		return c.metric(t, latencyCount) >= 1
+	})
+	waitFor(t, 10*time.Second, "resyncs after the report", func() bool {
+		return c.metric(t, suppressed, `reason="redelivered"`) >= 2
+	})
+	if n := c.metric(t, latencyCount); n != 1 {
+		t.Fatalf("latency observations = %v, want exactly 1", n)
+	}
+	if n := c.metric(t, suppressed, `reason="before_start"`); n != 0 {
+		t.Errorf("the change made during the downtime was counted before_start %v times", n)
+	}
+	if code := c.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+}
+
+// TestAgentUnreachableAPIServer: a kubeconfig naming an address where nothing
+// listens makes the binary exit non-zero with that address in its message, before
+// anything else starts.
+func TestAgentUnreachableAPIServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	writeKubeconfig(t, &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+
+	cmd := exec.Command(buildAgent(t), "--kubeconfig="+kubeconfig, "--node-ip=10.0.0.1", "--node-name=n",
+		"--dataplane=memory", "--state-file="+filepath.Join(dir, "seen.state"), "--metrics-addr=127.0.0.1:0",
+		"--apiserver-timeout=3s")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("agent exited 0 with an unreachable apiserver:\n%s", out)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code = %d, want 1", code)
+	}
+	if !strings.Contains(string(out), addr) || !strings.Contains(string(out), "unreachable") {
+		t.Errorf("output does not say the apiserver at %s is unreachable:\n%s", addr, out)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("took %v to give up; the probe is bounded by --apiserver-timeout=3s", d)
+	}
+}
+
+func sizeOf(fi os.FileInfo) int64 {
+	if fi == nil {
+		return -1
+	}
+	return fi.Size()
+}
