@@ -111,8 +111,9 @@ func invalidf(label ruleLabel, format string, args ...any) error {
 	return fmt.Errorf("%s: %s: %w", label, fmt.Sprintf(format, args...), ErrInvalidPolicy)
 }
 
-// validateRule checks one rule and converts it for flattening.
-func validateRule(label ruleLabel, r *Rule, action Action) (sourceRule, error) {
+// validateRule checks one rule and converts it for flattening; its port entries are
+// appended to *arena (one allocation for a whole direction).
+func validateRule(label ruleLabel, r *Rule, action Action, arena *[]portEntry) (sourceRule, error) {
 	if !r.CIDR.IsValid() {
 		return sourceRule{}, invalidf(label, "cidr %q: invalid prefix", r.CIDR.String())
 	}
@@ -120,6 +121,7 @@ func validateRule(label ruleLabel, r *Rule, action Action) (sourceRule, error) {
 		return sourceRule{}, invalidf(label, "cidr %q: zones are not allowed", r.CIDR.String())
 	}
 	src := sourceRule{label: label, cidr: r.CIDR.Masked()}
+	start := len(*arena)
 	for i, e := range r.Except {
 		if !e.IsValid() {
 			return sourceRule{}, invalidf(label, "except %d %q: invalid prefix", i, e.String())
@@ -146,19 +148,30 @@ func validateRule(label ruleLabel, r *Rule, action Action) (sourceRule, error) {
 		default:
 			e.Port, e.EndPort = uint16(p.Port), uint16(p.EndPort)
 		}
-		src.ports = append(src.ports, e)
+		*arena = append(*arena, e)
 	}
-	if len(src.ports) == 0 {
-		src.ports = []portEntry{{Proto: uint8(ProtocolAny), Port: 0, EndPort: allPortsEndPort, Action: uint8(action)}}
+	if len(r.Ports) == 0 {
+		*arena = append(*arena, portEntry{Proto: uint8(ProtocolAny), Port: 0, EndPort: allPortsEndPort, Action: uint8(action)})
 	}
+	src.ports = (*arena)[start:len(*arena):len(*arena)]
 	return src, nil
 }
 
 // validateDirection checks every rule of d; the error names the first bad rule.
 func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline []sourceRule, err error) {
 	ns = make([]sourceRule, 0, len(d.Allow))
+	n := 0
 	for i := range d.Allow {
-		src, err := validateRule(ruleLabel{dir: dir, index: i}, &d.Allow[i], ActionAccept)
+		n += max(1, len(d.Allow[i].Ports))
+	}
+	for _, tr := range [][]TierRule{d.Admin, d.Baseline} {
+		for i := range tr {
+			n += max(1, len(tr[i].Rule.Ports))
+		}
+	}
+	arena := make([]portEntry, 0, n)
+	for i := range d.Allow {
+		src, err := validateRule(ruleLabel{dir: dir, index: i}, &d.Allow[i], ActionAccept, &arena)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -178,7 +191,7 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 			if a != ActionAccept && a != ActionDeny && a != ActionPass {
 				return nil, invalidf(label, "action %d: unknown action (want 1 Accept, 2 Deny or 3 Pass)", uint8(a))
 			}
-			src, err := validateRule(label, &rules[i].Rule, a)
+			src, err := validateRule(label, &rules[i].Rule, a, &arena)
 			if err != nil {
 				return nil, err
 			}
@@ -308,14 +321,20 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 	if len(rules) == 0 {
 		return out, nil
 	}
-	nodes := map[netip.Prefix]*prefixNode{}
+	count := len(rules)
+	for i := range rules {
+		count += len(rules[i].excepts)
+	}
+	nodes := make(map[netip.Prefix]int32, count)
+	pool := make([]prefixNode, 0, count) // one allocation for all nodes
 	node := func(p netip.Prefix) *prefixNode {
-		n := nodes[p]
-		if n == nil {
-			n = &prefixNode{prefix: p}
-			nodes[p] = n
+		i, ok := nodes[p]
+		if !ok {
+			i = int32(len(pool))
+			pool = append(pool, prefixNode{prefix: p})
+			nodes[p] = i
 		}
-		return n
+		return &pool[i]
 	}
 	for i := range rules {
 		n := node(rules[i].cidr)
@@ -327,9 +346,9 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 			}
 		}
 	}
-	sorted := make([]*prefixNode, 0, len(nodes))
-	for _, n := range nodes {
-		sorted = append(sorted, n)
+	sorted := make([]*prefixNode, len(pool))
+	for i := range pool {
+		sorted[i] = &pool[i]
 	}
 	slices.SortFunc(sorted, func(a, b *prefixNode) int {
 		if a.prefix.Addr().Is4() != b.prefix.Addr().Is4() {
