@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	sdkresource "go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+)
+
+type options struct {
+	kubeconfig       string
+	namespace        string
+	prefix           string
+	objects          int
+	rate             float64
+	duration         time.Duration
+	hostIP           netip.Addr
+	localPodIPs      []netip.Addr
+	remotePods       int
+	recreateFraction float64
+	triggerKey       string
+	traceParentKey   string
+	cleanup          bool
+	seed             uint64
+}
+
+// summary is what churn prints on stdout at the end.
+type summary struct {
+	TriggersWritten int     `json:"triggers_written"`
+	Creates         int     `json:"creates"`
+	Updates         int     `json:"updates"`
+	Recreates       int     `json:"recreates"`
+	Deletes         int     `json:"deletes"` // deletes of recreates and of --cleanup
+	Conflicts       int     `json:"conflicts"`
+	Errors          int     `json:"errors"`
+	Objects         int     `json:"objects"`
+	Seconds         float64 `json:"seconds"`
+	Traced          bool    `json:"traced"` // spans exported over OTLP
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	opts, err := parseOptions(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "churn: %v\n", err)
+		os.Exit(2)
+	}
+	sum, err := churn(ctx, opts, log)
+	if err := json.NewEncoder(os.Stdout).Encode(sum); err != nil {
+		fmt.Fprintf(os.Stderr, "churn: %v\n", err)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "churn: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func parseOptions(args []string) (options, error) {
+	var o options
+	var hostIP, podIPs string
+	fs := flag.NewFlagSet("churn", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file [$KUBECONFIG]")
+	fs.StringVar(&o.namespace, "namespace", "default", "namespace of the PolicyEndpoints")
+	fs.StringVar(&o.prefix, "prefix", "churn-", "name prefix of the PolicyEndpoints")
+	fs.IntVar(&o.objects, "objects", 20, "how many PolicyEndpoints to create")
+	fs.Float64Var(&o.rate, "rate", 10, "writes per second (creates included)")
+	fs.DurationVar(&o.duration, "duration", 30*time.Second, "how long to write, from the start (the creates always complete)")
+	fs.StringVar(&hostIP, "host-ip", "", "hostIP of the local pods: the node IP of the npagent under test (required)")
+	fs.StringVar(&podIPs, "local-pod-ips", "", "comma-separated pod IPs on --host-ip, assigned to objects in turn (required)")
+	fs.IntVar(&o.remotePods, "remote-pods", 2, "pods per object on other nodes (198.51.100.0/24), which the agent must ignore")
+	fs.Float64Var(&o.recreateFraction, "recreate-fraction", 0.1, "fraction of the changes that delete and recreate the object (new UID)")
+	fs.StringVar(&o.triggerKey, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "trigger time annotation")
+	fs.StringVar(&o.traceParentKey, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "traceparent annotation; empty: none")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the objects at the end")
+	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the choice of objects; 0: random")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var errs []error
+	ip, err := netip.ParseAddr(hostIP)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--host-ip: %q is not an IP address", hostIP))
+	}
+	o.hostIP = ip
+	for s := range strings.SplitSeq(podIPs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--local-pod-ips: %q is not an IP address", s))
+			continue
+		}
+		o.localPodIPs = append(o.localPodIPs, ip)
+	}
+	if len(o.localPodIPs) == 0 {
+		errs = append(errs, errors.New("--local-pod-ips: need at least one IP"))
+	}
+	if o.kubeconfig == "" {
+		errs = append(errs, errors.New("--kubeconfig (or $KUBECONFIG) is required"))
+	}
+	if o.objects < 1 {
+		errs = append(errs, fmt.Errorf("--objects: %d, need at least 1", o.objects))
+	}
+	if !(o.rate > 0) {
+		errs = append(errs, fmt.Errorf("--rate: %v, need a positive number", o.rate))
+	}
+	if o.remotePods < 0 || o.remotePods > 250 {
+		errs = append(errs, fmt.Errorf("--remote-pods: %d, need 0..250", o.remotePods))
+	}
+	if !(o.recreateFraction >= 0 && o.recreateFraction <= 1) {
+		errs = append(errs, fmt.Errorf("--recreate-fraction: %v is outside 0..1", o.recreateFraction))
+	}
+	if o.seed == 0 {
+		o.seed = mrand.Uint64()
+	}
+	return o, errors.Join(errs...)
+}
+
+// driver holds what the writes share.
+type driver struct {
+	opts   options
+	c      client.Client
+	tracer trace.Tracer // nil: traceparents with random ids
+	log    *slog.Logger
+	sum    summary
+}
+
+func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
+	start := time.Now()
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(o.kubeconfig)}, nil).ClientConfig()
+	if err != nil {
+		return summary{}, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
+	}
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return summary{}, err
+	}
+	c, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return summary{}, fmt.Errorf("client for %s: %w", rc.Host, err)
+	}
+	d := &driver{opts: o, c: c, log: log}
+
+	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+		tp, err := newTracerProvider(ctx)
+		if err != nil {
+			return summary{}, err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("flush spans", "err", err)
+			}
+		}()
+		d.tracer = tp.Tracer("github.com/npagent/npagent/examples/churn")
+		d.sum.Traced = true
+	}
+
+	rng := mrand.New(mrand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15))
+	tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
+	defer tick.Stop()
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+			return true
+		}
+	}
+
+	log.Info("churn: creating", "objects", o.objects, "namespace", o.namespace, "rate", o.rate, "seed", o.seed)
+	for i := range o.objects {
+		if !wait() {
+			break
+		}
+		d.create(ctx, i, "create")
+	}
+	log.Info("churn: changing", "until", start.Add(o.duration).Format(time.RFC3339))
+	for time.Since(start) < o.duration && wait() {
+		i := rng.IntN(o.objects)
+		if rng.Float64() < o.recreateFraction {
+			d.recreate(ctx, i)
+		} else {
+			d.update(ctx, i, rng.IntN(1000))
+		}
+	}
+	if o.cleanup {
+		for i := range o.objects {
+			d.delete(context.WithoutCancel(ctx), i)
+		}
+	}
+	d.sum.Objects = o.objects
+	d.sum.Seconds = time.Since(start).Seconds()
+	log.Info("churn: done", "triggers_written", d.sum.TriggersWritten, "creates", d.sum.Creates,
+		"updates", d.sum.Updates, "recreates", d.sum.Recreates, "errors", d.sum.Errors)
+	if d.sum.Errors > 0 {
+		return d.sum, fmt.Errorf("%d writes failed (see the log)", d.sum.Errors)
+	}
+	return d.sum, nil
+}
+
+func (d *driver) name(i int) string { return fmt.Sprintf("%s%03d", d.opts.prefix, i) }
+
+// stamp starts the change's span (when tracing) and returns the annotations of a
+// write made now: the trigger time and the traceparent.
+func (d *driver) stamp(ctx context.Context, op string, i int) (map[string]string, func(error)) {
+	now := time.Now()
+	ann := map[string]string{d.opts.triggerKey: now.UTC().Format(time.RFC3339Nano)}
+	end := func(error) {}
+	var tp string
+	if d.tracer != nil {
+		sctx, span := d.tracer.Start(ctx, "policy.change", trace.WithTimestamp(now), trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(
+				attribute.String("k8s.namespace.name", d.opts.namespace),
+				attribute.String("npagent.policy.name", d.name(i)),
+				attribute.String("churn.operation", op),
+			))
+		carrier := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(sctx, carrier)
+		tp = carrier.Get("traceparent")
+		end = func(err error) {
+			if err != nil {
+				span.RecordError(err)
+			}
+			span.End()
+		}
+	} else {
+		tp = randomTraceParent()
+	}
+	if d.opts.traceParentKey != "" && tp != "" {
+		ann[d.opts.traceParentKey] = tp
+	}
+	return ann, end
+}
+
+func (d *driver) spec(i, variant int) v1alpha1.PolicyEndpointSpec {
+	o := d.opts
+	pods := []v1alpha1.PodEndpoint{{
+		HostIP: v1alpha1.NetworkAddress(o.hostIP.String()), PodIP: v1alpha1.NetworkAddress(o.localPodIPs[i%len(o.localPodIPs)].String()),
+		Name: fmt.Sprintf("local-%d", i%len(o.localPodIPs)), Namespace: o.namespace,
+	}}
+	for r := range o.remotePods {
+		pods = append(pods, v1alpha1.PodEndpoint{
+			HostIP: "198.51.100.1", PodIP: v1alpha1.NetworkAddress(fmt.Sprintf("198.51.100.%d", r+2)),
+			Name: fmt.Sprintf("remote-%d", r), Namespace: o.namespace,
+		})
+	}
+	tcp := corev1.ProtocolTCP
+	port := int32(1024 + variant)
+	return v1alpha1.PolicyEndpointSpec{
+		PolicyRef:            v1alpha1.PolicyReference{Name: d.name(i), Namespace: o.namespace},
+		PodIsolation:         []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		PodSelectorEndpoints: pods,
+		Ingress: []v1alpha1.EndpointInfo{
+			{CIDR: "10.0.0.0/8", Except: []v1alpha1.NetworkAddress{"10.66.0.0/16"}, Ports: []v1alpha1.Port{{Protocol: &tcp, Port: &port}}},
+			{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("172.16.%d.0/24", variant%256))},
+		},
+	}
+}
+
+func (d *driver) create(ctx context.Context, i int, op string) bool {
+	ann, end := d.stamp(ctx, op, i)
+	pe := &v1alpha1.PolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: d.name(i), Namespace: d.opts.namespace, Annotations: ann},
+		Spec:       d.spec(i, 0),
+	}
+	err := d.c.Create(ctx, pe)
+	end(err)
+	if err != nil {
+		d.sum.Errors++
+		d.log.Error("create PolicyEndpoint", "name", d.opts.namespace+"/"+pe.Name, "err", err)
+		return false
+	}
+	d.sum.TriggersWritten++
+	if op == "create" {
+		d.sum.Creates++
+	}
+	return true
+}
+
+// update changes the object's spec under a new trigger; a conflict (someone else
+// wrote it) is retried on a fresh copy.
+func (d *driver) update(ctx context.Context, i, variant int) {
+	key := client.ObjectKey{Namespace: d.opts.namespace, Name: d.name(i)}
+	for try := 0; try < 3; try++ {
+		var pe v1alpha1.PolicyEndpoint
+		if err := d.c.Get(ctx, key, &pe); err != nil {
+			if apierrors.IsNotFound(err) { // a recreate lost its create: make it again
+				d.create(ctx, i, "create")
+				return
+			}
+			d.sum.Errors++
+			d.log.Error("get PolicyEndpoint", "name", key.String(), "err", err)
+			return
+		}
+		ann, end := d.stamp(ctx, "update", i)
+		if pe.Annotations == nil {
+			pe.Annotations = map[string]string{}
+		}
+		for k, v := range ann {
+			pe.Annotations[k] = v
+		}
+		pe.Spec = d.spec(i, variant)
+		err := d.c.Update(ctx, &pe)
+		end(err)
+		switch {
+		case err == nil:
+			d.sum.TriggersWritten++
+			d.sum.Updates++
+			return
+		case apierrors.IsConflict(err):
+			d.sum.Conflicts++
+			continue
+		default:
+			d.sum.Errors++
+			d.log.Error("update PolicyEndpoint", "name", key.String(), "err", err)
+			return
+		}
+	}
+}
+
+func (d *driver) recreate(ctx context.Context, i int) {
+	if !d.delete(ctx, i) {
+		return
+	}
+	if d.create(ctx, i, "recreate") {
+		d.sum.Recreates++
+	}
+}
+
+func (d *driver) delete(ctx context.Context, i int) bool {
+	pe := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: d.name(i), Namespace: d.opts.namespace}}
+	if err := d.c.Delete(ctx, pe); err != nil && !apierrors.IsNotFound(err) {
+		d.sum.Errors++
+		d.log.Error("delete PolicyEndpoint", "name", d.opts.namespace+"/"+pe.Name, "err", err)
+		return false
+	}
+	d.sum.Deletes++
+	return true
+}
+
+func newTracerProvider(ctx context.Context) (*sdktrace.TracerProvider, error) {
+	exp, err := otlptracegrpc.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("otlp trace exporter: %w", err)
+	}
+	res, err := sdkresource.Merge(sdkresource.Default(),
+		sdkresource.NewSchemaless(semconv.ServiceName("churn")))
+	if err != nil {
+		return nil, fmt.Errorf("resource: %w", err)
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// randomTraceParent is a valid, sampled W3C traceparent with random ids.
+func randomTraceParent() string {
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return ""
+	}
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
+}
