@@ -1,0 +1,48 @@
+// Package reconcile is npagent's control loop: client-go shared informers for
+// PolicyEndpoint (all namespaces) and ClusterPolicyEndpoint, a rate-limited workqueue of
+// object keys, and workers that turn the objects selecting each local pod into one
+// bpfmaps.PodPolicy and commit it. It drives the seen-set (internal/seen) with what
+// happened, and hands each reported trigger time to a Sink as a telemetry.Record.
+//
+// What it promises:
+//
+//   - Event handlers do O(1) work: parse the trigger annotation, seen.Observe, count
+//     the delivery by cause (add, update, resync, relist, delete; requeue from
+//     workers), enqueue when something may need programming. Resyncs and relists of
+//     unchanged objects are counted and dropped; they commit nothing (see events.go
+//     for how a relist is told from a resync).
+//   - Local pods are the podSelectorEndpoints whose hostIP is Config.NodeIP. A pod's
+//     policy merges every object selecting it: namespaced rules are unioned, a direction
+//     is isolated if any PolicyEndpoint isolates it (podIsolation; empty means Ingress,
+//     plus Egress with egress rules, as NetworkPolicy's policyTypes default), and
+//     ClusterPolicyEndpoint rules go to the Admin or Baseline tier with spec.priority,
+//     keeping their order within an object. The merge is deterministic, so an unchanged
+//     re-commit is skipped by the dataplane's content hash and writes nothing.
+//   - A change to one object re-commits every local pod it selects and every pod it no
+//     longer selects; a pod no object selects any more is removed from the dataplane.
+//   - A trigger is reported only after every local pod of the object version carrying
+//     it was committed (seen.Committed), with its attempts: a commit that fails and
+//     then succeeds is one record with every attempt. An object with no local pods now
+//     or before consumes its trigger without a report (seen.NoLocalWork).
+//   - A pod whose interface is not there yet is retried with backoff. That is not a
+//     failed commit (nothing was written): the trigger stays pending, and its latency
+//     when reported includes the wait, because the policy was not in force before.
+//   - Bad input (a CIDR, except, port, protocol, action, tier, podIsolation, hostIP or
+//     podIP that does not parse or is out of range) rejects that object version: it is
+//     not programmed, the error names the object and the field, Sink.InvalidObject
+//     counts it, and it is not retried (a retry cannot heal it; the next write brings a
+//     new sync). The object's last valid version stays in force for its pods (fail
+//     static, as a dataplane should when its control plane sends garbage), and its
+//     pending triggers stay pending until a valid version is committed or it is
+//     deleted. Other objects keep being programmed. A malformed trigger annotation is
+//     counted (invalid_annotation) and logged, but the object is still programmed:
+//     a timestamp must not cost enforcement.
+//   - Objects are keyed by uid in the seen-set: delete and recreate under one name
+//     is two objects; the old one's pods are re-committed without it.
+//   - After the caches sync, seen-set entries of objects no longer in either cache
+//     are pruned.
+//
+// Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
+// pod are two pods (and would fight over one interface); commits are serialized in
+// one merge-and-commit phase (workers run compile and lister reads in parallel).
+package reconcile

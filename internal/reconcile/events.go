@@ -1,0 +1,222 @@
+package reconcile
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/npagent/npagent/internal/seen"
+)
+
+// Event handlers do O(1) work, as kube-proxy's change trackers do: read the trigger
+// annotation, tell the seen-set, count the delivery, and enqueue the key when something
+// may need programming. Everything else happens in the workers.
+//
+// How each delivery is classified:
+//
+//   - add: OnAdd — the initial list (agent start) or a new object.
+//   - update: OnUpdate with a new resourceVersion — a write. Enqueued.
+//   - delete: OnDelete (tombstones included). The uid is forgotten, the key enqueued
+//     so its pods are re-committed without it.
+//   - relist: a list after a watch failure (410 Gone, apiserver restart) delivers
+//     every object again. A shared informer passes a same-resourceVersion update on only
+//     to handlers whose resync is due, so with resync off a relist of unchanged objects
+//     never reaches a handler at all, and with resync on it looks like a resync. So the
+//     relist is caught one step earlier, in the informer's transform function, which
+//     client-go calls on every object a list (or WatchList stream) brings and never on
+//     resync: an incoming object whose uid and resourceVersion equal the cached one is
+//     a relist re-delivery. It is counted and observed there, once per relist (the
+//     ListWatch marks the start of each list, and WatchList mode transforms each object
+//     twice, so a per-relist mark dedupes), and the same-resourceVersion update that
+//     may follow is recognised by its mark and dropped.
+//   - resync: OnUpdate with the same resourceVersion and no relist mark. Dropped
+//     without enqueueing unless the seen-set accepts its trigger (it never should).
+//
+// A relist that finds an object changed delivers it as update; one that misses a
+// deleted object delivers a delete (tombstone). Known imprecision: if a relist's
+// same-resourceVersion update is not passed on (resync was not due at that moment),
+// its mark stays until the next relist, and a resync of that object meanwhile is taken
+// for the relist's and not counted.
+
+func (c *Controller) handler(kind Kind) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, _ bool) {
+			m, err := meta.Accessor(obj)
+			if err != nil {
+				return
+			}
+			c.observe(kind, m, CauseAdd)
+			// Always synced: at agent start the dataplane may hold an older version
+			// (pinned state from the previous process) or pods may have changed.
+			c.queue.Add(keyOf(kind, m))
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			m, err := meta.Accessor(newObj)
+			if err != nil {
+				return
+			}
+			old, err := meta.Accessor(oldObj)
+			if err != nil {
+				return
+			}
+			if old.GetResourceVersion() != m.GetResourceVersion() {
+				c.observe(kind, m, CauseUpdate)
+				c.queue.Add(keyOf(kind, m))
+				return
+			}
+			if c.relists[kind].consume(m.GetUID(), m.GetResourceVersion()) {
+				return // a relist re-delivery, counted by transform
+			}
+			if c.observe(kind, m, CauseResync) {
+				c.queue.Add(keyOf(kind, m))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			var key objectKey
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				ns, name, err := cache.SplitMetaNamespaceKey(tomb.Key)
+				if err != nil {
+					return
+				}
+				key = objectKey{kind: kind, namespace: ns, name: name}
+				obj = tomb.Obj
+			}
+			c.stats.deliveries[kind][CauseDelete].Add(1)
+			c.sink.Delivered(kind.String(), CauseDelete.String())
+			if m, err := meta.Accessor(obj); err == nil && obj != nil {
+				key = keyOf(kind, m)
+				c.cfg.Seen.Forget(string(m.GetUID()))
+			}
+			if key.name != "" {
+				c.queue.Add(key)
+			}
+		},
+	}
+}
+
+// observe counts a delivery and tells the seen-set about its trigger. It reports
+// whether the seen-set accepted a new trigger (false without annotation).
+func (c *Controller) observe(kind Kind, m metav1.Object, cause Cause) bool {
+	c.stats.deliveries[kind][cause].Add(1)
+	c.sink.Delivered(kind.String(), cause.String())
+	value, ok := m.GetAnnotations()[c.cfg.TriggerAnnotation]
+	if !ok {
+		return false // nothing to measure
+	}
+	trigger, err := seen.ParseTrigger(value)
+	if err != nil {
+		c.cfg.Seen.ObserveInvalid(string(m.GetUID()))
+		c.sink.Suppressed(kind.String(), seen.InvalidAnnotation.String())
+		if cause == CauseAdd || cause == CauseUpdate {
+			// Logged and counted once per write, not per re-delivery. The object is
+			// still programmed: a bad timestamp must not cost enforcement.
+			c.stats.invalidObjects.Add(1)
+			c.sink.InvalidObject(kind.String(), "metadata.annotations["+c.cfg.TriggerAnnotation+"]")
+			c.log.Warn("invalid trigger annotation: latency not measured", "kind", kind.String(),
+				"namespace", m.GetNamespace(), "name", m.GetName(), "uid", m.GetUID(),
+				"field", "metadata.annotations["+c.cfg.TriggerAnnotation+"]", "err", err)
+		}
+		return false
+	}
+	r := c.cfg.Seen.Observe(string(m.GetUID()), trigger, time.Now())
+	if r != seen.Accepted {
+		c.sink.Suppressed(kind.String(), r.String())
+		return false
+	}
+	return true
+}
+
+// transform runs on every object a list, WatchList stream or watch event brings, before
+// the informer caches it (never on resync). It drops managedFields, which the agent
+// never reads, and detects relist re-deliveries (see the comment at the top).
+func (c *Controller) transform(kind Kind) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return obj, nil
+		}
+		m.SetManagedFields(nil)
+		if !c.relists[kind].listing() {
+			return obj, nil
+		}
+		cached, exists, err := c.informers[kind].GetStore().Get(obj)
+		if err != nil || !exists {
+			return obj, nil
+		}
+		cm, err := meta.Accessor(cached)
+		if err != nil || cm.GetUID() != m.GetUID() || cm.GetResourceVersion() != m.GetResourceVersion() {
+			return obj, nil
+		}
+		if !c.relists[kind].mark(m.GetUID(), m.GetResourceVersion()) {
+			return obj, nil // second transform of the same relist (WatchList mode)
+		}
+		if c.observe(kind, m, CauseRelist) {
+			c.queue.Add(keyOf(kind, m))
+		}
+		return obj, nil
+	}
+}
+
+// relistTracker remembers, for the current list of one kind, which objects came again
+// unchanged. Its memory is O(objects) and is dropped at the next list.
+type relistTracker struct {
+	mu    sync.Mutex
+	lists int // lists begun; the first is the initial list
+	marks map[types.UID]relistMark
+}
+
+type relistMark struct {
+	resourceVersion string
+	consumed        bool // the same-resourceVersion update reached the handler
+}
+
+// begin is called at the start of every list.
+func (t *relistTracker) begin() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lists++
+	t.marks = nil
+}
+
+// listing reports whether a relist (not the initial list) has begun.
+func (t *relistTracker) listing() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lists > 1
+}
+
+// mark records a relist re-delivery; false if this relist marked it already.
+func (t *relistTracker) mark(uid types.UID, rv string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m, ok := t.marks[uid]; ok && m.resourceVersion == rv {
+		return false
+	}
+	if t.marks == nil {
+		t.marks = map[types.UID]relistMark{}
+	}
+	t.marks[uid] = relistMark{resourceVersion: rv}
+	return true
+}
+
+// consume reports whether a same-resourceVersion update is a marked relist re-delivery
+// not yet seen by the handler.
+func (t *relistTracker) consume(uid types.UID, rv string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m, ok := t.marks[uid]
+	if !ok || m.resourceVersion != rv || m.consumed {
+		return false
+	}
+	m.consumed = true
+	t.marks[uid] = m
+	return true
+}
+
+func keyOf(kind Kind, m metav1.Object) objectKey {
+	return objectKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
+}

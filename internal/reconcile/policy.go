@@ -1,0 +1,287 @@
+package reconcile
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+)
+
+// FieldError rejects an object for bad input in one field. Path names the exact element
+// ("spec.ingress[2].except[0]"); Field is the same path without indexes
+// ("spec.ingress.except"), bounded in cardinality, for the invalid-object counter.
+type FieldError struct {
+	Path  string
+	Field string
+	Value string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("%s %q: %s", e.Path, e.Value, e.Msg)
+}
+
+// fieldPath builds a FieldError's two paths together, so they never disagree.
+type fieldPath struct{ path, field string }
+
+func root(name string) fieldPath { return fieldPath{name, name} }
+
+func (p fieldPath) child(name string) fieldPath {
+	return fieldPath{p.path + "." + name, p.field + "." + name}
+}
+
+func (p fieldPath) index(i int) fieldPath {
+	return fieldPath{p.path + "[" + strconv.Itoa(i) + "]", p.field}
+}
+
+func (p fieldPath) errorf(value, format string, args ...any) *FieldError {
+	return &FieldError{Path: p.path, Field: p.field, Value: value, Msg: fmt.Sprintf(format, args...)}
+}
+
+// compiledObject is one valid PolicyEndpoint or ClusterPolicyEndpoint version turned
+// into dataplane rules, plus the local pods it selects. It is immutable once built:
+// workers share it between merges.
+type compiledObject struct {
+	key             objectKey
+	uid             types.UID
+	resourceVersion string
+	pods            []netip.Addr // local pods (hostIP == node IP), sorted, no duplicates
+
+	// PolicyEndpoint: the directions it isolates and its allow rules for them.
+	isolated [2]bool
+	allow    [2][]bpfmaps.Rule
+
+	// ClusterPolicyEndpoint: its tier and rules, in spec order, priority applied.
+	tier      v1alpha1.ClusterPolicyTier
+	tierRules [2][]bpfmaps.TierRule
+}
+
+// compilePolicyEndpoint validates pe and converts it. Defaults follow NetworkPolicy:
+// a port without protocol is TCP, a rule without ports allows every port, and an
+// empty podIsolation means Ingress (plus Egress when there are egress rules), which is
+// what policyTypes defaults to.
+func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+	spec := root("spec")
+	c := &compiledObject{
+		key:             objectKey{kind: KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
+		uid:             pe.UID,
+		resourceVersion: pe.ResourceVersion,
+	}
+	var err error
+	if c.pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+		return nil, err
+	}
+	if len(pe.Spec.PodIsolation) == 0 {
+		c.isolated[bpfmaps.Ingress] = true
+		c.isolated[bpfmaps.Egress] = len(pe.Spec.Egress) > 0
+	}
+	for i, t := range pe.Spec.PodIsolation {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			c.isolated[bpfmaps.Ingress] = true
+		case networkingv1.PolicyTypeEgress:
+			c.isolated[bpfmaps.Egress] = true
+		default:
+			return nil, spec.child("podIsolation").index(i).errorf(string(t), "want Ingress or Egress")
+		}
+	}
+	for d, rules := range [2][]v1alpha1.EndpointInfo{pe.Spec.Ingress, pe.Spec.Egress} {
+		p := spec.child(directionField[d])
+		for i := range rules {
+			r, err := convertRule(rules[i].CIDR, rules[i].Except, rules[i].Ports, p.index(i))
+			if err != nil {
+				return nil, err
+			}
+			// Rules of a direction the object does not isolate are not part of the policy,
+			// as NetworkPolicy ignores egress rules without the Egress policy type.
+			if c.isolated[d] {
+				c.allow[d] = append(c.allow[d], r)
+			}
+		}
+	}
+	return c, nil
+}
+
+var directionField = [2]string{bpfmaps.Ingress: "ingress", bpfmaps.Egress: "egress"}
+
+// compileClusterPolicyEndpoint validates cpe and converts it: every rule becomes a
+// TierRule with the object's priority, in spec order.
+func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+	spec := root("spec")
+	c := &compiledObject{
+		key:             objectKey{kind: KindClusterPolicyEndpoint, name: cpe.Name},
+		uid:             cpe.UID,
+		resourceVersion: cpe.ResourceVersion,
+		tier:            cpe.Spec.Tier,
+	}
+	if c.tier != v1alpha1.TierAdmin && c.tier != v1alpha1.TierBaseline {
+		return nil, spec.child("tier").errorf(string(c.tier), "want Admin or Baseline")
+	}
+	var err error
+	if c.pods, err = localPods(cpe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+		return nil, err
+	}
+	for d, rules := range [2][]v1alpha1.ClusterEndpointInfo{cpe.Spec.Ingress, cpe.Spec.Egress} {
+		p := spec.child(directionField[d])
+		for i := range rules {
+			action, ok := actions[rules[i].Action]
+			if !ok {
+				return nil, p.index(i).child("action").errorf(string(rules[i].Action), "want Accept, Deny or Pass")
+			}
+			r, err := convertRule(rules[i].CIDR, rules[i].Except, rules[i].Ports, p.index(i))
+			if err != nil {
+				return nil, err
+			}
+			c.tierRules[d] = append(c.tierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
+		}
+	}
+	return c, nil
+}
+
+var actions = map[v1alpha1.ClusterRuleAction]bpfmaps.Action{
+	v1alpha1.ClusterRuleActionAccept: bpfmaps.ActionAccept,
+	v1alpha1.ClusterRuleActionDeny:   bpfmaps.ActionDeny,
+	v1alpha1.ClusterRuleActionPass:   bpfmaps.ActionPass,
+}
+
+// localPods returns the IPs of the pods running on this node (hostIP == nodeIP), sorted
+// and without duplicates. Every endpoint is validated, local or not: the object is the
+// same on every node, so every agent rejects it alike.
+func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]netip.Addr, error) {
+	var pods []netip.Addr
+	for i := range eps {
+		host, err := netip.ParseAddr(string(eps[i].HostIP))
+		if err != nil || host.Zone() != "" {
+			return nil, p.index(i).child("hostIP").errorf(string(eps[i].HostIP), "not an IP address")
+		}
+		pod, err := netip.ParseAddr(string(eps[i].PodIP))
+		if err != nil || pod.Zone() != "" {
+			return nil, p.index(i).child("podIP").errorf(string(eps[i].PodIP), "not an IP address")
+		}
+		if host.Unmap() == nodeIP {
+			pods = append(pods, pod.Unmap())
+		}
+	}
+	slices.SortFunc(pods, netip.Addr.Compare)
+	return slices.Compact(pods), nil
+}
+
+// convertRule converts one peer rule. The CIDR may be a bare address (a /32 or /128);
+// host bits are cleared. Each except must be a block inside the CIDR, of its family.
+func convertRule(cidr v1alpha1.NetworkAddress, except []v1alpha1.NetworkAddress, ports []v1alpha1.Port, p fieldPath) (bpfmaps.Rule, error) {
+	var r bpfmaps.Rule
+	var err error
+	if r.CIDR, err = parsePrefix(cidr); err != nil {
+		return r, p.child("cidr").errorf(string(cidr), "%v", err)
+	}
+	for i, e := range except {
+		ep := p.child("except").index(i)
+		block, err := parsePrefix(e)
+		if err != nil {
+			return r, ep.errorf(string(e), "%v", err)
+		}
+		if block.Addr().Is4() != r.CIDR.Addr().Is4() || block.Bits() < r.CIDR.Bits() || !r.CIDR.Contains(block.Addr()) {
+			return r, ep.errorf(string(e), "not inside cidr %s", r.CIDR)
+		}
+		r.Except = append(r.Except, block)
+	}
+	for i := range ports {
+		pr, err := convertPort(&ports[i], p.child("ports").index(i))
+		if err != nil {
+			return r, err
+		}
+		r.Ports = append(r.Ports, pr)
+	}
+	return r, nil
+}
+
+func parsePrefix(s v1alpha1.NetworkAddress) (netip.Prefix, error) {
+	if pfx, err := netip.ParsePrefix(string(s)); err == nil {
+		if pfx.Addr().Zone() != "" || pfx.Addr().Is4In6() {
+			return netip.Prefix{}, fmt.Errorf("not a CIDR")
+		}
+		return pfx.Masked(), nil
+	}
+	addr, err := netip.ParseAddr(string(s))
+	if err != nil || addr.Zone() != "" || addr.Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("not a CIDR or IP address")
+	}
+	return netip.PrefixFrom(addr, addr.BitLen()), nil
+}
+
+// convertPort applies NetworkPolicy's defaults (protocol TCP; no port: every port of
+// the protocol) and checks ranges: port 1..65535, endPort only with port and ≥ port.
+func convertPort(port *v1alpha1.Port, p fieldPath) (bpfmaps.PortRule, error) {
+	pr := bpfmaps.PortRule{Protocol: bpfmaps.ProtocolTCP}
+	if port.Protocol != nil {
+		switch *port.Protocol {
+		case corev1.ProtocolTCP:
+		case corev1.ProtocolUDP:
+			pr.Protocol = bpfmaps.ProtocolUDP
+		case corev1.ProtocolSCTP:
+			pr.Protocol = bpfmaps.ProtocolSCTP
+		default:
+			return pr, p.child("protocol").errorf(string(*port.Protocol), "want TCP, UDP or SCTP")
+		}
+	}
+	if port.Port != nil {
+		if *port.Port < 1 || *port.Port > 65535 {
+			return pr, p.child("port").errorf(strconv.Itoa(int(*port.Port)), "out of range 1..65535")
+		}
+		pr.Port = *port.Port
+	}
+	if port.EndPort != nil {
+		switch {
+		case port.Port == nil:
+			return pr, p.child("endPort").errorf(strconv.Itoa(int(*port.EndPort)), "set without port")
+		case *port.EndPort < *port.Port || *port.EndPort > 65535:
+			return pr, p.child("endPort").errorf(strconv.Itoa(int(*port.EndPort)), "want %d..65535", *port.Port)
+		case *port.EndPort > *port.Port:
+			pr.EndPort = *port.EndPort
+		}
+	}
+	return pr, nil
+}
+
+// mergePodPolicy is the policy of one pod: every object selecting it, merged.
+// Namespaced policy: a direction is isolated if any object isolates it, and its allow
+// rules are the union of theirs. Cluster policy: each object's rules go to its tier,
+// ordered by priority, then by object key, then by spec order — a total order, so the
+// same objects always give the same policy (and the dataplane's content hash skips an
+// unchanged re-commit).
+func mergePodPolicy(objs []*compiledObject) bpfmaps.PodPolicy {
+	objs = slices.Clone(objs)
+	slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
+	var dirs [2]bpfmaps.DirectionPolicy
+	for _, o := range objs {
+		for d := range dirs {
+			switch o.key.kind {
+			case KindPolicyEndpoint:
+				if o.isolated[d] {
+					dirs[d].Isolated = true
+					dirs[d].Allow = append(dirs[d].Allow, o.allow[d]...)
+				}
+			case KindClusterPolicyEndpoint:
+				if o.tier == v1alpha1.TierAdmin {
+					dirs[d].Admin = append(dirs[d].Admin, o.tierRules[d]...)
+				} else {
+					dirs[d].Baseline = append(dirs[d].Baseline, o.tierRules[d]...)
+				}
+			}
+		}
+	}
+	for d := range dirs {
+		// Stable: ties keep object-key order and, within an object, spec order.
+		slices.SortStableFunc(dirs[d].Admin, func(a, b bpfmaps.TierRule) int { return cmp.Compare(a.Priority, b.Priority) })
+		slices.SortStableFunc(dirs[d].Baseline, func(a, b bpfmaps.TierRule) int { return cmp.Compare(a.Priority, b.Priority) })
+	}
+	return bpfmaps.PodPolicy{Ingress: dirs[bpfmaps.Ingress], Egress: dirs[bpfmaps.Egress]}
+}

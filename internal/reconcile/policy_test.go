@@ -1,0 +1,331 @@
+package reconcile
+
+import (
+	"errors"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+var (
+	testNode  = netip.MustParseAddr("192.0.2.10")
+	otherNode = netip.MustParseAddr("192.0.2.11")
+)
+
+func pod(hostIP, podIP string) v1alpha1.PodEndpoint {
+	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "ns"}
+}
+
+func TestCompilePolicyEndpointConverts(t *testing.T) {
+	pe := &v1alpha1.PolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", UID: "u1", ResourceVersion: "7"},
+		Spec: v1alpha1.PolicyEndpointSpec{
+			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{
+				pod("192.0.2.10", "10.1.0.7"),
+				pod("192.0.2.11", "10.1.0.9"), // another node's pod
+				pod("192.0.2.10", "10.1.0.5"),
+				pod("192.0.2.10", "10.1.0.7"), // listed twice
+			},
+			Ingress: []v1alpha1.EndpointInfo{{
+				CIDR:   "10.0.0.0/8",
+				Except: []v1alpha1.NetworkAddress{"10.9.0.0/16"},
+				Ports: []v1alpha1.Port{
+					{Port: ptr[int32](80)}, // protocol defaults to TCP
+					{Protocol: ptr(corev1.ProtocolUDP), Port: ptr[int32](5000), EndPort: ptr[int32](5010)},
+					{Protocol: ptr(corev1.ProtocolSCTP)}, // every SCTP port
+				},
+			}, {
+				CIDR: "192.168.1.1", // a bare address is a /32
+			}},
+			// Not isolated in egress: NetworkPolicy ignores these rules.
+			Egress: []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}},
+		},
+	}
+	c, err := compilePolicyEndpoint(pe, testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPods := []netip.Addr{netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("10.1.0.7")}
+	if !reflect.DeepEqual(c.pods, wantPods) {
+		t.Errorf("local pods = %v, want %v", c.pods, wantPods)
+	}
+	if c.isolated != [2]bool{true, false} {
+		t.Errorf("isolated = %v, want ingress only", c.isolated)
+	}
+	wantIngress := []bpfmaps.Rule{{
+		CIDR:   netip.MustParsePrefix("10.0.0.0/8"),
+		Except: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")},
+		Ports: []bpfmaps.PortRule{
+			{Protocol: bpfmaps.ProtocolTCP, Port: 80},
+			{Protocol: bpfmaps.ProtocolUDP, Port: 5000, EndPort: 5010},
+			{Protocol: bpfmaps.ProtocolSCTP},
+		},
+	}, {CIDR: netip.MustParsePrefix("192.168.1.1/32")}}
+	if !reflect.DeepEqual(c.allow[bpfmaps.Ingress], wantIngress) {
+		t.Errorf("ingress rules:\n got %+v\nwant %+v", c.allow[bpfmaps.Ingress], wantIngress)
+	}
+	if len(c.allow[bpfmaps.Egress]) != 0 {
+		t.Errorf("egress rules of a direction the policy does not isolate were kept: %+v", c.allow[bpfmaps.Egress])
+	}
+	if c.key != (objectKey{kind: KindPolicyEndpoint, namespace: "shop", name: "web"}) || c.uid != "u1" || c.resourceVersion != "7" {
+		t.Errorf("identity = %+v %q %q", c.key, c.uid, c.resourceVersion)
+	}
+}
+
+func TestCompilePolicyEndpointDefaultIsolation(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		egress []v1alpha1.EndpointInfo
+		want   [2]bool
+	}{
+		{"ingress only", nil, [2]bool{true, false}},
+		{"egress rules", []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}}, [2]bool{true, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := compilePolicyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: tc.egress}}, testNode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.isolated != tc.want {
+				t.Errorf("isolated = %v, want %v", c.isolated, tc.want)
+			}
+		})
+	}
+}
+
+func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
+	good := func() *v1alpha1.PolicyEndpoint {
+		return &v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+			Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Ports: []v1alpha1.Port{{Port: ptr[int32](80)}}}},
+		}}
+	}
+	if _, err := compilePolicyEndpoint(good(), testNode); err != nil {
+		t.Fatalf("the base object must be valid: %v", err)
+	}
+	for _, tc := range []struct {
+		name      string
+		mutate    func(*v1alpha1.PolicyEndpoint)
+		path, fld string
+	}{
+		{"cidr", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].CIDR = "10.0.0.0/33" }, "spec.ingress[0].cidr", "spec.ingress.cidr"},
+		{"cidr garbage", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].CIDR = "web" }, "spec.ingress[0].cidr", "spec.ingress.cidr"},
+		{"except unparsable", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"10.1.0.0/16", "x"} }, "spec.ingress[0].except[1]", "spec.ingress.except"},
+		{"except outside", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"11.0.0.0/16"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
+		{"except wider", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"0.0.0.0/0"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
+		{"except family", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"fd00::/64"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
+		{"port zero", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Port = ptr[int32](0) }, "spec.ingress[0].ports[0].port", "spec.ingress.ports.port"},
+		{"port high", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Port = ptr[int32](65536) }, "spec.ingress[0].ports[0].port", "spec.ingress.ports.port"},
+		{"endPort below", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].EndPort = ptr[int32](79) }, "spec.ingress[0].ports[0].endPort", "spec.ingress.ports.endPort"},
+		{"endPort alone", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0] = v1alpha1.Port{EndPort: ptr[int32](90)} }, "spec.ingress[0].ports[0].endPort", "spec.ingress.ports.endPort"},
+		{"protocol", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Protocol = ptr(corev1.Protocol("ICMP")) }, "spec.ingress[0].ports[0].protocol", "spec.ingress.ports.protocol"},
+		{"egress", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Egress = []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}, {CIDR: ""}} }, "spec.egress[1].cidr", "spec.egress.cidr"},
+		{"hostIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].HostIP = "node-1" }, "spec.podSelectorEndpoints[0].hostIP", "spec.podSelectorEndpoints.hostIP"},
+		{"podIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].PodIP = "10.1.0.5/32" }, "spec.podSelectorEndpoints[0].podIP", "spec.podSelectorEndpoints.podIP"},
+		{"podIsolation", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodIsolation = []networkingv1.PolicyType{"Sideways"} }, "spec.podIsolation[0]", "spec.podIsolation"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pe := good()
+			tc.mutate(pe)
+			_, err := compilePolicyEndpoint(pe, testNode)
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("err = %v, want a *FieldError", err)
+			}
+			if fe.Path != tc.path || fe.Field != tc.fld {
+				t.Errorf("path, field = %q, %q; want %q, %q", fe.Path, fe.Field, tc.path, tc.fld)
+			}
+			if !strings.HasPrefix(err.Error(), tc.path+" ") {
+				t.Errorf("message %q does not start with the path", err)
+			}
+		})
+	}
+}
+
+func TestCompileClusterPolicyEndpoint(t *testing.T) {
+	cpe := &v1alpha1.ClusterPolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-metadata"},
+		Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			Tier:                 v1alpha1.TierAdmin,
+			Priority:             10,
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+			Egress: []v1alpha1.ClusterEndpointInfo{
+				{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "169.254.169.254/32"},
+				{Action: v1alpha1.ClusterRuleActionPass, CIDR: "0.0.0.0/0", Ports: []v1alpha1.Port{{Protocol: ptr(corev1.ProtocolUDP), Port: ptr[int32](53)}}},
+			},
+		},
+	}
+	c, err := compileClusterPolicyEndpoint(cpe, testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []bpfmaps.TierRule{
+		{Priority: 10, Action: bpfmaps.ActionDeny, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("169.254.169.254/32")}},
+		{Priority: 10, Action: bpfmaps.ActionPass, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}}},
+	}
+	if !reflect.DeepEqual(c.tierRules[bpfmaps.Egress], want) {
+		t.Errorf("egress tier rules:\n got %+v\nwant %+v", c.tierRules[bpfmaps.Egress], want)
+	}
+	if c.tier != v1alpha1.TierAdmin || c.key.kind != KindClusterPolicyEndpoint {
+		t.Errorf("tier %q kind %v", c.tier, c.key.kind)
+	}
+
+	bad := cpe.DeepCopy()
+	bad.Spec.Egress[1].Action = "Allow"
+	var fe *FieldError
+	if _, err := compileClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.egress[1].action" {
+		t.Errorf("bad action: err = %v, want spec.egress[1].action", err)
+	}
+	bad = cpe.DeepCopy()
+	bad.Spec.Tier = "Developer"
+	if _, err := compileClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.tier" {
+		t.Errorf("bad tier: err = %v, want spec.tier", err)
+	}
+}
+
+func TestLocalPodsIPv6AndMappedHost(t *testing.T) {
+	node6 := netip.MustParseAddr("fd00::10")
+	pods, err := localPods([]v1alpha1.PodEndpoint{pod("fd00::10", "fd01::5"), pod("fd00::11", "fd01::6")}, node6, root("spec"))
+	if err != nil || len(pods) != 1 || pods[0] != netip.MustParseAddr("fd01::5") {
+		t.Errorf("ipv6: pods %v err %v", pods, err)
+	}
+	// A hostIP written as an IPv4-mapped IPv6 address is the same node.
+	pods, err = localPods([]v1alpha1.PodEndpoint{pod("::ffff:192.0.2.10", "10.1.0.5")}, testNode, root("spec"))
+	if err != nil || len(pods) != 1 {
+		t.Errorf("mapped: pods %v err %v", pods, err)
+	}
+}
+
+// TestMergePodPolicy checks the merged policy through bpfmaps' reference Verdict.
+func TestMergePodPolicy(t *testing.T) {
+	compile := func(t *testing.T, obj any) *compiledObject {
+		t.Helper()
+		var c *compiledObject
+		var err error
+		switch o := obj.(type) {
+		case *v1alpha1.PolicyEndpoint:
+			c, err = compilePolicyEndpoint(o, testNode)
+		case *v1alpha1.ClusterPolicyEndpoint:
+			c, err = compileClusterPolicyEndpoint(o, testNode)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	eps := []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")}
+	web := compile(t, &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}, Spec: v1alpha1.PolicyEndpointSpec{
+		PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, PodSelectorEndpoints: eps,
+		Ingress: []v1alpha1.EndpointInfo{{CIDR: "10.2.0.0/16", Ports: []v1alpha1.Port{{Port: ptr[int32](80)}}}},
+	}})
+	metrics := compile(t, &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "metrics"}, Spec: v1alpha1.PolicyEndpointSpec{
+		PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, PodSelectorEndpoints: eps,
+		Ingress: []v1alpha1.EndpointInfo{{CIDR: "10.3.0.5/32", Ports: []v1alpha1.Port{{Port: ptr[int32](9090)}}}},
+		Egress:  []v1alpha1.EndpointInfo{{CIDR: "10.3.0.0/16"}},
+	}})
+	denyMeta := compile(t, &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "b-deny"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+		Tier: v1alpha1.TierAdmin, Priority: 20, PodSelectorEndpoints: eps,
+		Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.2.0.66/32"}},
+	}})
+	allowOps := compile(t, &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "a-allow"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+		Tier: v1alpha1.TierAdmin, Priority: 10, PodSelectorEndpoints: eps,
+		Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionAccept, CIDR: "10.2.0.66/32", Ports: []v1alpha1.Port{{Port: ptr[int32](22)}}}},
+	}})
+	baseline := compile(t, &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "baseline"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+		Tier: v1alpha1.TierBaseline, Priority: 1, PodSelectorEndpoints: eps,
+		Egress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "0.0.0.0/0"}},
+	}})
+
+	p := mergePodPolicy([]*compiledObject{denyMeta, baseline, web, allowOps, metrics})
+	in, out := p.Ingress, p.Egress
+	addr := netip.MustParseAddr
+	for _, tc := range []struct {
+		name string
+		dir  bpfmaps.DirectionPolicy
+		peer string
+		prot bpfmaps.Protocol
+		port uint16
+		want bool
+	}{
+		{"web rule", in, "10.2.1.1", bpfmaps.ProtocolTCP, 80, true},
+		{"metrics rule (union)", in, "10.3.0.5", bpfmaps.ProtocolTCP, 9090, true},
+		{"isolated: other port", in, "10.2.1.1", bpfmaps.ProtocolTCP, 81, false},
+		{"isolated: other peer", in, "10.4.0.1", bpfmaps.ProtocolTCP, 80, false},
+		{"admin deny beats namespaced allow", in, "10.2.0.66", bpfmaps.ProtocolTCP, 80, false},
+		{"lower priority admin accept first", in, "10.2.0.66", bpfmaps.ProtocolTCP, 22, true},
+		{"egress isolated by metrics", out, "10.3.1.1", bpfmaps.ProtocolUDP, 53, true},
+		{"egress isolated: baseline not consulted, default deny", out, "8.8.8.8", bpfmaps.ProtocolUDP, 53, false},
+	} {
+		if got := tc.dir.Verdict(addr(tc.peer), tc.prot, tc.port); got != tc.want {
+			t.Errorf("%s: verdict(%s %v/%d) = %v, want %v", tc.name, tc.peer, tc.prot, tc.port, got, tc.want)
+		}
+	}
+	if !in.Isolated || !out.Isolated {
+		t.Errorf("isolation = %v/%v, want both", in.Isolated, out.Isolated)
+	}
+	// Admin rules ordered by priority across objects.
+	if len(in.Admin) != 2 || in.Admin[0].Priority != 10 || in.Admin[1].Priority != 20 {
+		t.Errorf("admin tier order: %+v", in.Admin)
+	}
+
+	// Deterministic whatever the input order: the dataplane's hash skip depends on it.
+	again := mergePodPolicy([]*compiledObject{metrics, allowOps, web, baseline, denyMeta})
+	if !reflect.DeepEqual(p, again) {
+		t.Errorf("merge depends on input order")
+	}
+
+	// Without namespaced policy the baseline tier decides egress.
+	p = mergePodPolicy([]*compiledObject{baseline})
+	if p.Egress.Isolated || p.Egress.Verdict(addr("8.8.8.8"), bpfmaps.ProtocolUDP, 53) {
+		t.Errorf("baseline deny-all egress not in force: %+v", p.Egress)
+	}
+	if !p.Ingress.Verdict(addr("8.8.8.8"), bpfmaps.ProtocolTCP, 80) {
+		t.Errorf("ingress without any policy must allow")
+	}
+}
+
+func TestRelistTracker(t *testing.T) {
+	var tr relistTracker
+	tr.begin()
+	if tr.listing() {
+		t.Fatal("the initial list is not a relist")
+	}
+	tr.begin()
+	if !tr.listing() {
+		t.Fatal("a second list is a relist")
+	}
+	if !tr.mark("u1", "5") || tr.mark("u1", "5") {
+		t.Fatal("mark must be true once per relist and object version (WatchList transforms twice)")
+	}
+	if !tr.consume("u1", "5") || tr.consume("u1", "5") {
+		t.Fatal("consume must be true once")
+	}
+	if tr.consume("u2", "5") {
+		t.Fatal("an unmarked object is a resync")
+	}
+	tr.begin()
+	if tr.consume("u1", "5") || !tr.mark("u1", "5") {
+		t.Fatal("a new relist starts with no marks")
+	}
+}
+
+func TestUnionAndLastAttempts(t *testing.T) {
+	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	if got := union([]netip.Addr{c, a}, nil, []netip.Addr{b, a}); !reflect.DeepEqual(got, []netip.Addr{a, b, c}) {
+		t.Errorf("union = %v", got)
+	}
+	if got := lastAttempts(nil, 3); len(got) != 0 {
+		t.Errorf("lastAttempts(nil) = %v", got)
+	}
+}

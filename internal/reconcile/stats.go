@@ -1,0 +1,87 @@
+package reconcile
+
+import "sync/atomic"
+
+// NumKinds and NumCauses size Stats.Deliveries.
+const (
+	NumKinds  = int(numKinds)
+	NumCauses = int(numCauses)
+)
+
+// Stats is a snapshot of the loop's counters, cumulative since New.
+type Stats struct {
+	// Deliveries counts informer deliveries and requeues, by Kind and Cause.
+	Deliveries [NumKinds][NumCauses]uint64
+	// Syncs counts keys a worker processed.
+	Syncs uint64
+	// Commits counts successful dataplane Commit calls (one per pod), Skipped included.
+	Commits uint64
+	// CommitsSkipped counts commits whose content was unchanged: nothing written.
+	CommitsSkipped uint64
+	// CommitFailures counts failed dataplane Commit and Remove calls.
+	CommitFailures uint64
+	// Removes counts pods removed from the dataplane: no policy selects them any more.
+	Removes uint64
+	// EntriesWritten counts map entries written by commits.
+	EntriesWritten uint64
+	// NoLocalWork counts syncs of objects with no pod on this node, now or before.
+	NoLocalWork uint64
+	// InvalidObjects counts rejected object versions (bad input, invalid trigger
+	// annotation, or a merged policy the dataplane refuses).
+	InvalidObjects uint64
+	// InterfaceWaits counts syncs that found a local pod's interface missing.
+	InterfaceWaits uint64
+	// Reports counts records handed to the Sink.
+	Reports uint64
+	// Objects is how many object keys the loop tracks; Pods how many local pods hold
+	// committed state.
+	Objects, Pods int
+}
+
+// DataplaneWrites is the number of dataplane calls that changed state: commits that
+// were not skipped, and removes.
+func (s Stats) DataplaneWrites() uint64 { return s.Commits - s.CommitsSkipped + s.Removes }
+
+// Delivered returns the deliveries of one kind and cause.
+func (s Stats) Delivered(k Kind, c Cause) uint64 { return s.Deliveries[k][c] }
+
+type counters struct {
+	deliveries     [numKinds][numCauses]atomic.Uint64
+	syncs          atomic.Uint64
+	commits        atomic.Uint64
+	commitsSkipped atomic.Uint64
+	commitFailures atomic.Uint64
+	removes        atomic.Uint64
+	entriesWritten atomic.Uint64
+	noLocalWork    atomic.Uint64
+	invalidObjects atomic.Uint64
+	interfaceWaits atomic.Uint64
+	reports        atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Controller) Stats() Stats {
+	var s Stats
+	for k := range s.Deliveries {
+		for cause := range s.Deliveries[k] {
+			s.Deliveries[k][cause] = c.stats.deliveries[k][cause].Load()
+		}
+	}
+	s.Syncs = c.stats.syncs.Load()
+	s.Commits = c.stats.commits.Load()
+	s.CommitsSkipped = c.stats.commitsSkipped.Load()
+	s.CommitFailures = c.stats.commitFailures.Load()
+	s.Removes = c.stats.removes.Load()
+	s.EntriesWritten = c.stats.entriesWritten.Load()
+	s.NoLocalWork = c.stats.noLocalWork.Load()
+	s.InvalidObjects = c.stats.invalidObjects.Load()
+	s.InterfaceWaits = c.stats.interfaceWaits.Load()
+	s.Reports = c.stats.reports.Load()
+	c.mu.Lock()
+	s.Objects = len(c.objects)
+	c.mu.Unlock()
+	c.commitMu.Lock()
+	s.Pods = len(c.programmed)
+	c.commitMu.Unlock()
+	return s
+}
