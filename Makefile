@@ -1,0 +1,62 @@
+# npagent — see README.md. Every target prints what it does; first runs build tools
+# into ${XDG_CACHE_HOME:-~/.cache}/npagent/tools (kept across clones).
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+PKGS      := ./...
+TEST_TIMEOUT ?= 60m
+
+.PHONY: all build test unit tools tools-demo bench lint fmt generate verify-generated demo clean
+
+all: build
+
+build: ## build bin/npagent
+	@echo "==> go build ./cmd/npagent -> bin/npagent ($(VERSION))"
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/npagent ./cmd/npagent
+
+tools: ## build kube-apiserver, etcd and the OpenTelemetry Collector (cached)
+	@echo "==> tools: kube-apiserver, etcd, otelcol (cached after the first build)"
+	@hack/tools.sh kube-apiserver etcd otelcol >/dev/null
+
+tools-demo: tools ## also Prometheus and Jaeger for the demo
+	@echo "==> tools: prometheus, jaeger (cached after the first build)"
+	@hack/tools.sh prometheus jaeger >/dev/null
+
+test: tools ## all tests: unit, real apiserver, real collector, eBPF (as root)
+	@echo "==> go vet"
+	$(GO) vet $(PKGS)
+	@echo "==> go test (integration tests use the real control plane and collector; eBPF tests need root)"
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	@echo "==> go test -race ./internal/seen/"
+	$(GO) test -count=1 -race -timeout 10m ./internal/seen/
+
+unit: ## fast tests only (no control plane, no root)
+	$(GO) test -count=1 -short $(PKGS)
+
+bench: ## benchmarks (figures recorded in BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m $(PKGS)
+
+lint: ## go vet, gofmt, staticcheck
+	@echo "==> go vet"
+	$(GO) vet $(PKGS)
+	@echo "==> gofmt"
+	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
+	@echo "==> staticcheck"
+	$(GO) tool staticcheck $(PKGS)
+
+generate: ## deepcopy + CRDs (controller-gen) and eBPF objects (bpf2go; needs clang, libbpf-dev)
+	$(GO) tool controller-gen object paths=./api/...
+	$(GO) tool controller-gen crd paths=./api/... output:crd:dir=config/crd
+	$(GO) generate ./internal/bpfmaps/...
+
+verify-generated: ## controller-gen output is current (bpf2go output needs clang: make generate)
+	$(GO) tool controller-gen object paths=./api/...
+	$(GO) tool controller-gen crd paths=./api/... output:crd:dir=config/crd
+	@git diff --exit-code -- api config/crd || { echo "generated files are stale: run make generate"; exit 1; }
+
+demo: build ## the main job: agent + real apiserver + collector + Prometheus + Jaeger + churn
+	examples/demo/demo.sh
+
+clean:
+	rm -rf bin
