@@ -231,8 +231,8 @@ func sumSamples(exposition, name string, labels ...string) float64 {
 	return sum
 }
 
-// addLocalPod gives the agent a local pod the way a CNI does: an interface (here a
-// dummy link) and a host route to the pod's IP through it, which is what the route
+// addLocalPod gives the agent a local pod the way a CNI does: a host-side interface
+// (one end of a veth pair) and a host route to the pod's IP through it, which is what the route
 // resolver looks up. It needs CAP_NET_ADMIN; the link and its route are removed at
 // cleanup. The IP is derived from the test's pid so parallel test processes differ.
 func addLocalPod(t *testing.T) string {
@@ -243,8 +243,8 @@ func addLocalPod(t *testing.T) string {
 	pid := os.Getpid()
 	la := netlink.NewLinkAttrs()
 	la.Name = fmt.Sprintf("npt%d", pid%1000000)
-	if err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
-		t.Fatalf("add dummy link %s: %v", la.Name, err)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("npp%d", pid%1000000)}); err != nil {
+		t.Fatalf("add veth %s: %v", la.Name, err)
 	}
 	t.Cleanup(func() {
 		if l, err := netlink.LinkByName(la.Name); err == nil {
