@@ -121,7 +121,9 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 	}{
 		{"cidr", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].CIDR = "10.0.0.0/33" }, "spec.ingress[0].cidr", "spec.ingress.cidr"},
 		{"cidr garbage", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].CIDR = "web" }, "spec.ingress[0].cidr", "spec.ingress.cidr"},
-		{"except unparsable", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"10.1.0.0/16", "x"} }, "spec.ingress[0].except[1]", "spec.ingress.except"},
+		{"except unparsable", func(p *v1alpha1.PolicyEndpoint) {
+			p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"10.1.0.0/16", "x"}
+		}, "spec.ingress[0].except[1]", "spec.ingress.except"},
 		{"except outside", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"11.0.0.0/16"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
 		{"except wider", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"0.0.0.0/0"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
 		{"except family", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Except = []v1alpha1.NetworkAddress{"fd00::/64"} }, "spec.ingress[0].except[0]", "spec.ingress.except"},
@@ -130,7 +132,9 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 		{"endPort below", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].EndPort = ptr[int32](79) }, "spec.ingress[0].ports[0].endPort", "spec.ingress.ports.endPort"},
 		{"endPort alone", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0] = v1alpha1.Port{EndPort: ptr[int32](90)} }, "spec.ingress[0].ports[0].endPort", "spec.ingress.ports.endPort"},
 		{"protocol", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Protocol = ptr(corev1.Protocol("ICMP")) }, "spec.ingress[0].ports[0].protocol", "spec.ingress.ports.protocol"},
-		{"egress", func(p *v1alpha1.PolicyEndpoint) { p.Spec.Egress = []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}, {CIDR: ""}} }, "spec.egress[1].cidr", "spec.egress.cidr"},
+		{"egress", func(p *v1alpha1.PolicyEndpoint) {
+			p.Spec.Egress = []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}, {CIDR: ""}}
+		}, "spec.egress[1].cidr", "spec.egress.cidr"},
 		{"hostIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].HostIP = "node-1" }, "spec.podSelectorEndpoints[0].hostIP", "spec.podSelectorEndpoints.hostIP"},
 		{"podIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].PodIP = "10.1.0.5/32" }, "spec.podSelectorEndpoints[0].podIP", "spec.podSelectorEndpoints.podIP"},
 		{"podIsolation", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodIsolation = []networkingv1.PolicyType{"Sideways"} }, "spec.podIsolation[0]", "spec.podIsolation"},

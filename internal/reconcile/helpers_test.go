@@ -1,0 +1,312 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+// recordingSink keeps everything the loop reports, for assertions.
+type recordingSink struct {
+	mu         sync.Mutex
+	records    []*telemetry.Record
+	suppressed map[string]int // kind/reason
+	delivered  map[string]int // kind/cause
+	commits    int
+	commitErrs int
+	invalid    map[string]int // kind/field
+}
+
+func newRecordingSink() *recordingSink {
+	return &recordingSink{suppressed: map[string]int{}, delivered: map[string]int{}, invalid: map[string]int{}}
+}
+
+func (s *recordingSink) Report(r *telemetry.Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.records = append(s.records, r)
+}
+
+func (s *recordingSink) Suppressed(kind, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.suppressed[kind+"/"+reason]++
+}
+
+func (s *recordingSink) Delivered(kind, cause string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delivered[kind+"/"+cause]++
+}
+
+func (s *recordingSink) CommitDone(kind string, d time.Duration, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.commits++
+	if err != nil {
+		s.commitErrs++
+	}
+}
+
+func (s *recordingSink) InvalidObject(kind, field string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.invalid[kind+"/"+field]++
+}
+
+// recordsFor returns the records of one uid, oldest first.
+func (s *recordingSink) recordsFor(uid string) []*telemetry.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*telemetry.Record
+	for _, r := range s.records {
+		if r.UID == uid {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (s *recordingSink) recordCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+func (s *recordingSink) count(m map[string]int, key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return m[key]
+}
+
+// lookupTableResolver is the tests' InterfaceResolver: a pure lookup table from pod IP
+// to a made-up ifindex, so the memory dataplane can be driven without interfaces.
+type lookupTableResolver struct {
+	mu    sync.Mutex
+	table map[netip.Addr]int
+}
+
+func newLookupTableResolver(pairs ...any) *lookupTableResolver {
+	r := &lookupTableResolver{table: map[netip.Addr]int{}}
+	for i := 0; i < len(pairs); i += 2 {
+		r.table[netip.MustParseAddr(pairs[i].(string))] = pairs[i+1].(int)
+	}
+	return r
+}
+
+func (r *lookupTableResolver) set(ip string, ifindex int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.table[netip.MustParseAddr(ip)] = ifindex
+}
+
+func (r *lookupTableResolver) Resolve(ip netip.Addr) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ifindex, ok := r.table[ip]; ok {
+		return ifindex, nil
+	}
+	return 0, fmt.Errorf("lookup table has no %s: %w", ip, ErrInterfaceNotFound)
+}
+
+// failingDataplane fails the first failures Commit calls, then passes them on.
+type failingDataplane struct {
+	bpfmaps.Dataplane
+	failures atomic.Int32
+	calls    atomic.Int32
+}
+
+var errInjected = errors.New("injected commit failure")
+
+func (d *failingDataplane) Commit(ifindex int, p bpfmaps.PodPolicy) (bpfmaps.CommitResult, error) {
+	d.calls.Add(1)
+	if d.failures.Add(-1) >= 0 {
+		return bpfmaps.CommitResult{}, errInjected
+	}
+	return d.Dataplane.Commit(ifindex, p)
+}
+
+// agent is one running Controller with its seen-set and sink.
+type agent struct {
+	c    *Controller
+	seen *seen.Set
+	sink *recordingSink
+	dp   bpfmaps.Dataplane
+}
+
+type agentOptions struct {
+	nodeIP   string
+	dp       bpfmaps.Dataplane
+	resolver InterfaceResolver
+	resync   time.Duration
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startAgent runs a Controller against the control plane until the test ends, and
+// waits for its caches to sync.
+func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
+	t.Helper()
+	set, err := seen.New(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.dp == nil {
+		o.dp = bpfmaps.NewMemory()
+	}
+	a := &agent{seen: set, sink: newRecordingSink(), dp: o.dp}
+	a.c, err = New(cp.Config, Config{
+		NodeName:      "node-" + o.nodeIP,
+		NodeIP:        netip.MustParseAddr(o.nodeIP),
+		Dataplane:     o.dp,
+		Seen:          set,
+		Sink:          a.sink,
+		Resolver:      o.resolver,
+		ResyncPeriod:  o.resync,
+		MaxRetryDelay: 500 * time.Millisecond,
+		Logger:        testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("Run did not return 30s after its context ended")
+		}
+	})
+	eventually(t, 30*time.Second, "caches synced", a.c.HasSynced)
+	return a
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func createNamespace(t testing.TB, cp *testenv.ControlPlane, name string) {
+	t.Helper()
+	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+}
+
+// stamp sets a fresh trigger annotation and returns it. Triggers are strictly
+// increasing within a test so every write carries a new one.
+func stamp(obj metav1.Object) time.Time {
+	now := nextTrigger()
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[v1alpha1.AnnotationLastChangeTriggerTime] = now.Format(time.RFC3339Nano)
+	obj.SetAnnotations(ann)
+	return now
+}
+
+var (
+	triggerMu   sync.Mutex
+	lastTrigger time.Time
+)
+
+func nextTrigger() time.Time {
+	triggerMu.Lock()
+	defer triggerMu.Unlock()
+	now := time.Now().UTC()
+	if !now.After(lastTrigger) {
+		now = lastTrigger.Add(time.Microsecond)
+	}
+	lastTrigger = now
+	return now
+}
+
+func create(t testing.TB, cp *testenv.ControlPlane, obj client.Object) time.Time {
+	t.Helper()
+	trigger := stamp(obj)
+	if err := cp.Client.Create(context.Background(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+	return trigger
+}
+
+// update applies change to the stored object, stamps a new trigger and writes it.
+func update[T client.Object](t testing.TB, cp *testenv.ControlPlane, obj T, change func(T)) time.Time {
+	t.Helper()
+	if err := cp.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+		t.Fatalf("get %s: %v", obj.GetName(), err)
+	}
+	change(obj)
+	trigger := stamp(obj)
+	if err := cp.Client.Update(context.Background(), obj); err != nil {
+		t.Fatalf("update %s: %v", obj.GetName(), err)
+	}
+	return trigger
+}
+
+func remove(t testing.TB, cp *testenv.ControlPlane, obj client.Object) {
+	t.Helper()
+	if err := cp.Client.Delete(context.Background(), obj); err != nil {
+		t.Fatalf("delete %s: %v", obj.GetName(), err)
+	}
+}
+
+// triggersOf returns the reported trigger times of the records, sorted.
+func triggersOf(recs []*telemetry.Record) []time.Time {
+	out := make([]time.Time, len(recs))
+	for i, r := range recs {
+		out[i] = r.Trigger
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
+}
+
+func sameTimes(a, b []time.Time) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
