@@ -455,10 +455,9 @@ func unionValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix
 				return overflowErr(&rules[included[i]], p, len(merged))
 			}
 		}
+		return overflowErr(&rules[included[len(included)-1]], p, len(merged))
 	}
-	for i, e := range merged {
-		v.Rules[i] = e
-	}
+	copy(v.Rules[:], merged)
 	v.Count = uint32(len(merged))
 	return nil
 }

@@ -11,8 +11,8 @@
 //     never by a mix. New entries are written under a fresh generation, one update of
 //     the pod's state switches to it, then the old generation is deleted (shortest
 //     prefixes first, so an in-flight lookup finds the old answer or nothing, and
-//     retries on the new generation). No map-in-map update is involved: each of those
-//     waits for an RCU grace period (10–15 ms measured here).
+//     retries on the new generation). One plain hash update switches both directions;
+//     no per-pod maps are created (see BENCHMARKS.md for the map-in-map comparison).
 //   - Cheap no-ops: a commit whose content hash equals the committed one writes
 //     nothing (CommitResult.Skipped).
 //   - All or nothing: a commit rejected for invalid content (ErrInvalidPolicy, naming
