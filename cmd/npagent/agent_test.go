@@ -300,6 +300,8 @@ func policyEndpoint(name, podIP string, trigger time.Time) *v1alpha1.PolicyEndpo
 
 // startControlPlane runs a real apiserver and writes a kubeconfig for it.
 func startControlPlane(t *testing.T) (cp *testenv.ControlPlane, kubeconfig, stateFile string) {
+	t.Helper()
+	skipIfShort(t)
 	cp = testenv.Start(t)
 	dir := t.TempDir()
 	kubeconfig = filepath.Join(dir, "kubeconfig")
@@ -344,6 +346,7 @@ func TestAgentLifecycle(t *testing.T) {
 // again; neither does a restarted agent holding the state file; a change made while
 // no agent runs is measured by the next one, once.
 func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
+	skipIfShort(t)
 	podIP := addLocalPod(t)
 	cp, kubeconfig, stateFile := startControlPlane(t)
 	ctx := context.Background()
@@ -415,6 +418,7 @@ func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
 // listens makes the binary exit non-zero with that address in its message, before
 // anything else starts.
 func TestAgentUnreachableAPIServer(t *testing.T) {
+	skipIfShort(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -442,6 +446,14 @@ func TestAgentUnreachableAPIServer(t *testing.T) {
 	}
 	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("took %v to give up; the probe is bounded by --apiserver-timeout=3s", d)
+	}
+}
+
+// skipIfShort skips the tests that build the binary and run a control plane under
+// go test -short (make unit).
+func skipIfShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: integration test builds the agent and runs kube-apiserver and etcd")
 	}
 }
 
