@@ -1,0 +1,209 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+// podLab is one pod the way a CNI makes it: a network namespace holding the pod's end
+// of a veth pair, the host end in the test's own namespace, and a host route (/32) to
+// the pod's IP through the host end. The host end also has the subnet's .1 address,
+// so the node reaches the pod from it; the connected /24 that comes with that address
+// is what a longest-prefix lookup would (wrongly) answer for a pod without its route.
+type podLab struct {
+	ns        string
+	hostIf    string
+	hostIP    string // the node's address on the host end
+	podIP     string
+	strayIP   string // in the subnet, no host route: must not resolve
+	hostIndex int
+}
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newPodLab(t *testing.T) *podLab {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace, a veth pair and a host route, and loads eBPF programs (CAP_NET_ADMIN, CAP_BPF)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip command (iproute2) to build the pod's network namespace")
+	}
+	id := os.Getpid() % 100000
+	subnet := fmt.Sprintf("10.251.%d", id%250+1)
+	l := &podLab{
+		ns:      fmt.Sprintf("npr-pods-%d", id),
+		hostIf:  fmt.Sprintf("npr%d", id),
+		hostIP:  subnet + ".1",
+		podIP:   subnet + ".2",
+		strayIP: subnet + ".3",
+	}
+	run(t, "ip", "netns", "add", l.ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.ns).Run() })
+	run(t, "ip", "link", "add", l.hostIf, "type", "veth", "peer", "name", "eth0", "netns", l.ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", l.hostIf).Run() })
+	run(t, "ip", "addr", "add", l.hostIP+"/24", "dev", l.hostIf)
+	run(t, "ip", "link", "set", l.hostIf, "up")
+	run(t, "ip", "route", "add", l.podIP+"/32", "dev", l.hostIf, "scope", "link")
+	run(t, "ip", "-n", l.ns, "link", "set", "lo", "up")
+	run(t, "ip", "-n", l.ns, "addr", "add", l.podIP+"/24", "dev", "eth0")
+	run(t, "ip", "-n", l.ns, "link", "set", "eth0", "up")
+	link, err := net.InterfaceByName(l.hostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.hostIndex = link.Index
+	return l
+}
+
+// serve accepts TCP connections on the pod's IP and port and echoes them.
+func (l *podLab) serve(t *testing.T, port int) {
+	t.Helper()
+	lnc := make(chan net.Listener, 1)
+	errc := make(chan error, 1)
+	go func() {
+		// The thread enters the pod's namespace and is discarded afterwards (the
+		// goroutine exits locked); the listening socket stays in the namespace.
+		runtime.LockOSThread()
+		h, err := netns.GetFromName(l.ns)
+		if err == nil {
+			err = netns.Set(h)
+			h.Close()
+		}
+		if err != nil {
+			errc <- err
+			return
+		}
+		ln, err := net.Listen("tcp4", fmt.Sprintf("%s:%d", l.podIP, port))
+		if err != nil {
+			errc <- err
+			return
+		}
+		lnc <- ln
+	}()
+	var ln net.Listener
+	select {
+	case err := <-errc:
+		t.Fatalf("listen in %s: %v", l.ns, err)
+	case ln = <-lnc:
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+}
+
+// reach dials the pod from the node and exchanges one message.
+func (l *podLab) reach(port int) error {
+	c, err := net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", l.podIP, port), 400*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(400 * time.Millisecond))
+	msg := []byte("npagent")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	_, err = io.ReadFull(c, buf)
+	return err
+}
+
+// TestRouteResolver: the route resolver finds the pod's veth by its host route, and
+// refuses an address of the same subnet that has no host route.
+func TestRouteResolver(t *testing.T) {
+	l := newPodLab(t)
+	r := NewRouteResolver()
+	got, err := r.Resolve(netip.MustParseAddr(l.podIP))
+	if err != nil || got != l.hostIndex {
+		t.Errorf("Resolve(%s) = %d, %v; want %d (%s)", l.podIP, got, err, l.hostIndex, l.hostIf)
+	}
+	if got, err := r.Resolve(netip.MustParseAddr(l.strayIP)); !errors.Is(err, ErrInterfaceNotFound) {
+		t.Errorf("Resolve(%s) = %d, %v; want ErrInterfaceNotFound (only a connected /24 covers it)", l.strayIP, got, err)
+	}
+}
+
+// TestEBPFEnforcement programs a PolicyEndpoint written to a real apiserver into the
+// kernel dataplane, through the route resolver, and checks real TCP connections.
+func TestEBPFEnforcement(t *testing.T) {
+	l := newPodLab(t)
+	l.serve(t, 8080)
+	l.serve(t, 8081)
+	for _, port := range []int{8080, 8081} {
+		if err := l.reach(port); err != nil {
+			t.Fatalf("before any policy, port %d: %v", port, err)
+		}
+	}
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-test-%d", os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(pin) })
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
+	if err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			t.Skipf("kernel lacks a needed eBPF feature: %v", err)
+		}
+		t.Fatalf("OpenEBPF: %v", err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+
+	cp := testenv.Start(t)
+	const node = "192.0.2.20"
+	createNamespace(t, cp, "ebpf")
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: NewRouteResolver
+	pe := ingressPE("ebpf", "web", []v1alpha1.PodEndpoint{pod(node, l.podIP)}, l.hostIP+"/32", 8080)
+	create(t, cp, pe)
+	eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	if got := dp.Pods(); len(got) != 1 || got[0] != l.hostIndex {
+		t.Fatalf("dataplane pods = %v, want the veth %s (%d)", got, l.hostIf, l.hostIndex)
+	}
+	if err := l.reach(8080); err != nil {
+		t.Errorf("allowed port 8080: %v", err)
+	}
+	if err := l.reach(8081); err == nil {
+		t.Errorf("port 8081 reachable: the policy is not enforced")
+	}
+
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Spec.Ingress[0].Ports = append(pe.Spec.Ingress[0].Ports, v1alpha1.Port{Port: ptr[int32](8081)})
+	})
+	eventually(t, 20*time.Second, "record for the update", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 2 })
+	if err := l.reach(8081); err != nil {
+		t.Errorf("port 8081 after the update allowed it: %v", err)
+	}
+
+	remove(t, cp, pe)
+	eventually(t, 20*time.Second, "pod state removed", func() bool { return len(dp.Pods()) == 0 })
+	if err := l.reach(8081); err != nil {
+		t.Errorf("after delete the pod must be open again: %v", err)
+	}
+}
