@@ -61,6 +61,7 @@ type summary struct {
 	Recreates       int     `json:"recreates"`
 	Deletes         int     `json:"deletes"` // deletes of recreates and of --cleanup
 	Conflicts       int     `json:"conflicts"`
+	Retries         int     `json:"retries"` // writes retried while the apiserver was unreachable
 	Errors          int     `json:"errors"`
 	Objects         int     `json:"objects"`
 	Seconds         float64 `json:"seconds"`
@@ -296,16 +297,19 @@ func (d *driver) spec(i, variant int) v1alpha1.PolicyEndpointSpec {
 }
 
 func (d *driver) create(ctx context.Context, i int, op string) bool {
-	ann, end := d.stamp(ctx, op, i)
-	pe := &v1alpha1.PolicyEndpoint{
-		ObjectMeta: metav1.ObjectMeta{Name: d.name(i), Namespace: d.opts.namespace, Annotations: ann},
-		Spec:       d.spec(i, 0),
-	}
-	err := d.c.Create(ctx, pe)
-	end(err)
+	err := d.retry(ctx, func() error {
+		ann, end := d.stamp(ctx, op, i)
+		pe := &v1alpha1.PolicyEndpoint{
+			ObjectMeta: metav1.ObjectMeta{Name: d.name(i), Namespace: d.opts.namespace, Annotations: ann},
+			Spec:       d.spec(i, 0),
+		}
+		err := d.c.Create(ctx, pe)
+		end(err)
+		return err
+	})
 	if err != nil {
 		d.sum.Errors++
-		d.log.Error("create PolicyEndpoint", "name", d.opts.namespace+"/"+pe.Name, "err", err)
+		d.log.Error("create PolicyEndpoint", "name", d.opts.namespace+"/"+d.name(i), "err", err)
 		return false
 	}
 	d.sum.TriggersWritten++
@@ -315,13 +319,35 @@ func (d *driver) create(ctx context.Context, i int, op string) bool {
 	return true
 }
 
+// retry runs write until it succeeds, fails for a reason a retry cannot fix, or
+// the apiserver has been unreachable for a minute (the demo restarts it: writes
+// during the restart wait for it). Each try stamps a new trigger: a write that
+// failed never happened.
+func (d *driver) retry(ctx context.Context, write func() error) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := write()
+		if err == nil || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) ||
+			apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		d.sum.Retries++
+		d.log.Warn("write failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // update changes the object's spec under a new trigger; a conflict (someone else
 // wrote it) is retried on a fresh copy.
 func (d *driver) update(ctx context.Context, i, variant int) {
 	key := client.ObjectKey{Namespace: d.opts.namespace, Name: d.name(i)}
 	for try := 0; try < 3; try++ {
 		var pe v1alpha1.PolicyEndpoint
-		if err := d.c.Get(ctx, key, &pe); err != nil {
+		if err := d.retry(ctx, func() error { return d.c.Get(ctx, key, &pe) }); err != nil {
 			if apierrors.IsNotFound(err) { // a recreate lost its create: make it again
 				d.create(ctx, i, "create")
 				return
@@ -330,16 +356,19 @@ func (d *driver) update(ctx context.Context, i, variant int) {
 			d.log.Error("get PolicyEndpoint", "name", key.String(), "err", err)
 			return
 		}
-		ann, end := d.stamp(ctx, "update", i)
-		if pe.Annotations == nil {
-			pe.Annotations = map[string]string{}
-		}
-		for k, v := range ann {
-			pe.Annotations[k] = v
-		}
 		pe.Spec = d.spec(i, variant)
-		err := d.c.Update(ctx, &pe)
-		end(err)
+		err := d.retry(ctx, func() error {
+			ann, end := d.stamp(ctx, "update", i)
+			if pe.Annotations == nil {
+				pe.Annotations = map[string]string{}
+			}
+			for k, v := range ann {
+				pe.Annotations[k] = v
+			}
+			err := d.c.Update(ctx, &pe)
+			end(err)
+			return err
+		})
 		switch {
 		case err == nil:
 			d.sum.TriggersWritten++
@@ -367,7 +396,7 @@ func (d *driver) recreate(ctx context.Context, i int) {
 
 func (d *driver) delete(ctx context.Context, i int) bool {
 	pe := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: d.name(i), Namespace: d.opts.namespace}}
-	if err := d.c.Delete(ctx, pe); err != nil && !apierrors.IsNotFound(err) {
+	if err := d.retry(ctx, func() error { return d.c.Delete(ctx, pe) }); err != nil && !apierrors.IsNotFound(err) {
 		d.sum.Errors++
 		d.log.Error("delete PolicyEndpoint", "name", d.opts.namespace+"/"+pe.Name, "err", err)
 		return false

@@ -1,0 +1,447 @@
+// Command verify is the demo's last step: it follows the chain from the churn
+// driver's writes through npagent to Prometheus and Jaeger, prints a summary, and
+// exits non-zero when a link is broken.
+//
+// It reads the churn driver's JSON summary (triggers written), waits until npagent
+// has nothing pending, reads npagent's own /metrics (triggers reported, suppressed
+// by reason), waits until Prometheus holds as many latency observations as npagent
+// reported, queries the p50 and p99 and the exemplars of
+// npagent_policy_programming_latency_seconds, fetches the trace of one exemplar from
+// Jaeger and prints its span tree.
+//
+// Checks (each failure is printed, and the exit status is 1):
+//   - npagent reported at least one trigger;
+//   - Prometheus's histogram_count equals npagent's reported count (the OTLP chain
+//     lost and duplicated nothing);
+//   - reported + the accepted-then-dropped reasons (deleted, overflow,
+//     no_local_pods) never exceed the triggers written (no trigger counted twice);
+//   - redelivered > 0 (the relist and resyncs happened and were suppressed);
+//   - an exemplar names a trace Jaeger has, whose spans include policy.program
+//     with its delivery, queue and commit children.
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	latencyMetric    = "npagent_policy_programming_latency_seconds"
+	suppressedMetric = "npagent_policy_programming_suppressed_total"
+	pendingMetric    = "npagent_seen_pending"
+)
+
+func main() {
+	prom := flag.String("prometheus", "", "Prometheus base URL (required)")
+	jaeger := flag.String("jaeger", "", "Jaeger query base URL (required)")
+	agent := flag.String("agent", "", "npagent HTTP base URL (required)")
+	churnFile := flag.String("churn-summary", "", "the churn driver's JSON summary (required)")
+	timeout := flag.Duration("timeout", 90*time.Second, "how long to wait for each stage to settle")
+	flag.Parse()
+	if *prom == "" || *jaeger == "" || *agent == "" || *churnFile == "" {
+		fmt.Fprintln(os.Stderr, "verify: --prometheus, --jaeger, --agent and --churn-summary are required")
+		os.Exit(2)
+	}
+	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, http: &http.Client{Timeout: 10 * time.Second}}
+	if err := v.run(*churnFile); err != nil {
+		fmt.Fprintf(os.Stderr, "verify: %v\n", err)
+		os.Exit(1)
+	}
+	if len(v.failures) > 0 {
+		fmt.Println("\nCHAIN BROKEN:")
+		for _, f := range v.failures {
+			fmt.Println("  -", f)
+		}
+		os.Exit(1)
+	}
+	fmt.Println("\nchain intact: every check passed")
+}
+
+type verifier struct {
+	prom, jaeger, agent string
+	timeout             time.Duration
+	http                *http.Client
+	failures            []string
+}
+
+func (v *verifier) fail(format string, args ...any) {
+	v.failures = append(v.failures, fmt.Sprintf(format, args...))
+}
+
+type churnSummary struct {
+	TriggersWritten int `json:"triggers_written"`
+	Creates         int `json:"creates"`
+	Updates         int `json:"updates"`
+	Recreates       int `json:"recreates"`
+	Retries         int `json:"retries"`
+	Errors          int `json:"errors"`
+	Objects         int `json:"objects"`
+}
+
+func (v *verifier) run(churnFile string) error {
+	raw, err := os.ReadFile(churnFile)
+	if err != nil {
+		return fmt.Errorf("churn summary: %w", err)
+	}
+	var churn churnSummary
+	if err := json.Unmarshal(raw, &churn); err != nil {
+		return fmt.Errorf("churn summary %s: %w", churnFile, err)
+	}
+
+	// 1. npagent settles: nothing pending.
+	var agentMetrics string
+	err = v.poll("npagent to have no pending trigger", func() (bool, error) {
+		agentMetrics, err = v.get(v.agent + "/metrics")
+		if err != nil {
+			return false, err
+		}
+		return sampleSum(agentMetrics, pendingMetric) == 0, nil
+	})
+	if err != nil {
+		v.fail("npagent still has %v pending triggers: %v", sampleSum(agentMetrics, pendingMetric), err)
+	}
+	reported := sampleSum(agentMetrics, latencyMetric+"_count")
+	suppressed := map[string]float64{}
+	for _, reason := range []string{"redelivered", "stale", "before_start", "invalid_annotation", "no_local_pods", "deleted", "overflow"} {
+		suppressed[reason] = sampleSum(agentMetrics, suppressedMetric, `reason="`+reason+`"`)
+	}
+
+	// 2. Prometheus holds what npagent reported.
+	var promCount float64
+	err = v.poll("Prometheus histogram_count to equal npagent's reported count", func() (bool, error) {
+		promCount, err = v.query("sum(histogram_count(" + latencyMetric + "))")
+		return err == nil && promCount == reported, err
+	})
+	if err != nil {
+		v.fail("Prometheus histogram_count = %v, npagent reported %v: %v", promCount, reported, err)
+	}
+	p50, err50 := v.query("histogram_quantile(0.5, sum(" + latencyMetric + "))")
+	p99, err99 := v.query("histogram_quantile(0.99, sum(" + latencyMetric + "))")
+	if err := errors.Join(err50, err99); err != nil {
+		v.fail("latency quantiles: %v", err)
+	}
+	promSuppressed, err := v.queryVector("sum by (reason) (" + suppressedMetric + ")")
+	if err != nil {
+		v.fail("suppressed counter in Prometheus: %v", err)
+	}
+
+	// 3. Exemplars and one trace.
+	exemplars, err := v.exemplars()
+	if err != nil {
+		v.fail("exemplars: %v", err)
+	}
+
+	fmt.Println()
+	fmt.Println("=== npagent demo summary ===")
+	fmt.Printf("triggers written by the churn driver: %d (creates %d, updates %d, recreates %d; %d writes retried while the apiserver restarted, %d failed)\n",
+		churn.TriggersWritten, churn.Creates, churn.Updates, churn.Recreates, churn.Retries, churn.Errors)
+	fmt.Printf("triggers reported by npagent:        %.0f (Prometheus histogram_count: %.0f)\n", reported, promCount)
+	fmt.Printf("suppressed by npagent (its /metrics): redelivered %.0f, stale %.0f, before_start %.0f, deleted %.0f, overflow %.0f, no_local_pods %.0f, invalid_annotation %.0f\n",
+		suppressed["redelivered"], suppressed["stale"], suppressed["before_start"], suppressed["deleted"],
+		suppressed["overflow"], suppressed["no_local_pods"], suppressed["invalid_annotation"])
+	fmt.Printf("suppressed in Prometheus by reason:   %s\n", formatVector(promSuppressed))
+	fmt.Printf("programming latency p50 %s, p99 %s\n", seconds(p50), seconds(p99))
+	accounted := reported + suppressed["deleted"] + suppressed["overflow"] + suppressed["no_local_pods"]
+	fmt.Printf("accounting: reported + deleted + overflow + no_local_pods = %.0f of %d written", accounted, churn.TriggersWritten)
+	if unseen := float64(churn.TriggersWritten) - accounted; unseen > 0 {
+		fmt.Printf(" (%.0f never reached the agent as an event: versions overwritten while its watch was down, which a relist cannot show)", unseen)
+	}
+	fmt.Println()
+	fmt.Printf("exemplars in Prometheus: %d\n", len(exemplars))
+
+	if reported == 0 {
+		v.fail("npagent reported no trigger")
+	}
+	if accounted > float64(churn.TriggersWritten) {
+		v.fail("npagent accounted for %.0f triggers but only %d were written: a trigger was counted twice", accounted, churn.TriggersWritten)
+	}
+	if suppressed["redelivered"] == 0 {
+		v.fail("no re-delivery was suppressed, although the apiserver restarted (relist) and informers resync")
+	}
+	if len(exemplars) == 0 {
+		v.fail("Prometheus has no exemplar for %s", latencyMetric)
+		return nil
+	}
+	// The slowest exemplar is the most interesting trace to show.
+	ex := slices.MaxFunc(exemplars, func(a, b exemplar) int { return cmp.Compare(a.value, b.value) })
+	fmt.Printf("\ntrace of the slowest exemplar (%s, trace_id %s):\n", seconds(ex.value), ex.traceID)
+	if err := v.printTrace(ex.traceID); err != nil {
+		v.fail("trace %s from Jaeger: %v", ex.traceID, err)
+	}
+	return nil
+}
+
+// poll calls cond every 500ms until it returns true or v.timeout passes.
+func (v *verifier) poll(what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(v.timeout)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		last = err
+		if time.Now().After(deadline) {
+			if last != nil {
+				return fmt.Errorf("timed out after %v waiting for %s (last error: %v)", v.timeout, what, last)
+			}
+			return fmt.Errorf("timed out after %v waiting for %s", v.timeout, what)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func (v *verifier) get(u string) (string, error) {
+	resp, err := v.http.Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("GET %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s: %.200s", u, resp.Status, body)
+	}
+	return string(body), nil
+}
+
+type promVector []struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`
+}
+
+func (v *verifier) queryVector(q string) (promVector, error) {
+	body, err := v.get(v.prom + "/api/v1/query?query=" + url.QueryEscape(q))
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Status string `json:"status"`
+		Data   struct {
+			Result promVector `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return nil, fmt.Errorf("query %s: %w", q, err)
+	}
+	return r.Data.Result, nil
+}
+
+// query returns the single value of an instant query (0 with an error when empty).
+func (v *verifier) query(q string) (float64, error) {
+	vec, err := v.queryVector(q)
+	if err != nil {
+		return 0, err
+	}
+	if len(vec) == 0 {
+		return 0, fmt.Errorf("query %s: empty result", q)
+	}
+	s, _ := vec[0].Value[1].(string)
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("query %s: value %q: %w", q, s, err)
+	}
+	return f, nil
+}
+
+type exemplar struct {
+	traceID string
+	value   float64
+}
+
+func (v *verifier) exemplars() ([]exemplar, error) {
+	now := time.Now()
+	q := url.Values{
+		"query": {latencyMetric},
+		"start": {strconv.FormatInt(now.Add(-time.Hour).Unix(), 10)},
+		"end":   {strconv.FormatInt(now.Unix(), 10)},
+	}
+	body, err := v.get(v.prom + "/api/v1/query_exemplars?" + q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Data []struct {
+			Exemplars []struct {
+				Labels map[string]string `json:"labels"`
+				Value  string            `json:"value"`
+			} `json:"exemplars"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return nil, fmt.Errorf("query_exemplars: %w", err)
+	}
+	var out []exemplar
+	for _, series := range r.Data {
+		for _, e := range series.Exemplars {
+			f, _ := strconv.ParseFloat(e.Value, 64)
+			if id := e.Labels["trace_id"]; id != "" {
+				out = append(out, exemplar{traceID: id, value: f})
+			}
+		}
+	}
+	return out, nil
+}
+
+type jaegerSpan struct {
+	SpanID        string `json:"spanID"`
+	OperationName string `json:"operationName"`
+	References    []struct {
+		RefType string `json:"refType"`
+		SpanID  string `json:"spanID"`
+	} `json:"references"`
+	StartTime int64  `json:"startTime"` // µs
+	Duration  int64  `json:"duration"`  // µs
+	ProcessID string `json:"processID"`
+	Tags      []struct {
+		Key   string `json:"key"`
+		Value any    `json:"value"`
+	} `json:"tags"`
+}
+
+// printTrace fetches a trace from Jaeger (waiting for it to arrive) and prints its
+// span tree, each span with its offset from the trace start and its duration.
+func (v *verifier) printTrace(traceID string) error {
+	var trace struct {
+		Spans     []jaegerSpan `json:"spans"`
+		Processes map[string]struct {
+			ServiceName string `json:"serviceName"`
+		} `json:"processes"`
+	}
+	err := v.poll("Jaeger to hold trace "+traceID, func() (bool, error) {
+		body, err := v.get(v.jaeger + "/api/traces/" + traceID)
+		if err != nil {
+			return false, err
+		}
+		var r struct {
+			Data []json.RawMessage `json:"data"`
+		}
+		if err := json.Unmarshal([]byte(body), &r); err != nil || len(r.Data) == 0 {
+			return false, err
+		}
+		return json.Unmarshal(r.Data[0], &trace) == nil && hasSpan(trace.Spans, "commit"), nil
+	})
+	if err != nil {
+		return err
+	}
+	byID := map[string]bool{}
+	children := map[string][]jaegerSpan{}
+	for _, s := range trace.Spans {
+		byID[s.SpanID] = true
+	}
+	var roots []jaegerSpan
+	var start int64 = 1<<63 - 1
+	for _, s := range trace.Spans {
+		start = min(start, s.StartTime)
+		parent := ""
+		for _, r := range s.References {
+			if r.RefType == "CHILD_OF" {
+				parent = r.SpanID
+			}
+		}
+		if parent == "" || !byID[parent] {
+			roots = append(roots, s)
+		} else {
+			children[parent] = append(children[parent], s)
+		}
+	}
+	byStart := func(a, b jaegerSpan) int { return cmp.Compare(a.StartTime, b.StartTime) }
+	w := bufio.NewWriter(os.Stdout)
+	var walk func(s jaegerSpan, prefix string, last bool, depth int)
+	walk = func(s jaegerSpan, prefix string, last bool, depth int) {
+		branch, next := "├─ ", "│  "
+		if last {
+			branch, next = "└─ ", "   "
+		}
+		if depth == 0 {
+			branch, next = "", ""
+		}
+		fmt.Fprintf(w, "  %s%s%s/%s  +%s  %s%s\n", prefix, branch, trace.Processes[s.ProcessID].ServiceName, s.OperationName,
+			time.Duration(s.StartTime-start)*time.Microsecond, time.Duration(s.Duration)*time.Microsecond, spanNote(s))
+		kids := children[s.SpanID]
+		slices.SortFunc(kids, byStart)
+		for i, k := range kids {
+			walk(k, prefix+next, i == len(kids)-1, depth+1)
+		}
+	}
+	slices.SortFunc(roots, byStart)
+	for _, r := range roots {
+		walk(r, "", true, 0)
+	}
+	w.Flush()
+	for _, want := range []string{"policy.program", "delivery", "queue", "commit"} {
+		if !hasSpan(trace.Spans, want) {
+			v.fail("trace %s has no %s span", traceID, want)
+		}
+	}
+	return nil
+}
+
+// spanNote shows the few attributes that make a span recognisable.
+func spanNote(s jaegerSpan) string {
+	var parts []string
+	for _, t := range s.Tags {
+		switch t.Key {
+		case "k8s.node.name", "npagent.policy.name", "npagent.commit.attempts", "npagent.commit.pods", "churn.operation", "error":
+			parts = append(parts, fmt.Sprintf("%s=%v", t.Key, t.Value))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "  [" + strings.Join(parts, " ") + "]"
+}
+
+func hasSpan(spans []jaegerSpan, name string) bool {
+	return slices.ContainsFunc(spans, func(s jaegerSpan) bool { return s.OperationName == name })
+}
+
+// sampleSum sums the samples of name whose line contains every label, in a
+// Prometheus text exposition.
+func sampleSum(exposition, name string, labels ...string) float64 {
+	var sum float64
+	for line := range strings.SplitSeq(exposition, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		f := strings.Fields(line)
+		if x, err := strconv.ParseFloat(f[len(f)-1], 64); ok && err == nil {
+			sum += x
+		}
+	}
+	return sum
+}
+
+func formatVector(vec promVector) string {
+	var parts []string
+	for _, s := range vec {
+		parts = append(parts, fmt.Sprintf("%s=%v", s.Metric["reason"], s.Value[1]))
+	}
+	slices.Sort(parts)
+	if len(parts) == 0 {
+		return "(none)"
+	}
+	return strings.Join(parts, " ")
+}
+
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(10 * time.Microsecond).String()
+}
