@@ -20,6 +20,6 @@
 // annotation names it: npagent's span for the change then joins that trace. Without
 // it the traceparent carries random ids, marked sampled.
 //
-// At the end it prints one JSON object on stdout: the triggers it wrote (creates +
+// At the end it prints one JSON object on stdout (and to --summary-file): the triggers it wrote (creates +
 // updates + recreates that succeeded), per operation, and the write errors.
 package main

@@ -50,6 +50,7 @@ type options struct {
 	triggerKey       string
 	traceParentKey   string
 	cleanup          bool
+	summaryFile      string
 	seed             uint64
 }
 
@@ -81,8 +82,13 @@ func main() {
 		os.Exit(2)
 	}
 	sum, err := churn(ctx, opts, log)
-	if err := json.NewEncoder(os.Stdout).Encode(sum); err != nil {
-		fmt.Fprintf(os.Stderr, "churn: %v\n", err)
+	out, _ := json.Marshal(sum)
+	fmt.Println(string(out))
+	if opts.summaryFile != "" {
+		if werr := os.WriteFile(opts.summaryFile, append(out, '\n'), 0o644); werr != nil {
+			fmt.Fprintf(os.Stderr, "churn: --summary-file: %v\n", werr)
+			os.Exit(1)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "churn: %v\n", err)
@@ -107,6 +113,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.triggerKey, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "trigger time annotation")
 	fs.StringVar(&o.traceParentKey, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "traceparent annotation; empty: none")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "delete the objects at the end")
+	fs.StringVar(&o.summaryFile, "summary-file", "", "also write the JSON summary to this file")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the choice of objects; 0: random")
 	if err := fs.Parse(args); err != nil {
 		return o, err
