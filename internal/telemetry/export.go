@@ -68,7 +68,10 @@ func (g *spanGate) ForceFlush(ctx context.Context) error { return g.next.ForceFl
 
 // gatedExporter releases the gate's slots for the spans it is handed, and counts
 // the spans of batches whose export failed (after the exporter's own retries) as
-// dropped: they will not arrive.
+// dropped: they will not arrive. The error is logged once per transition and not
+// returned: the batch processor would hand it to the global otel error handler,
+// which logs every failed batch — a line per second for as long as a collector
+// is down.
 type gatedExporter struct {
 	sdktrace.SpanExporter
 	inFlight *atomic.Int64
@@ -83,12 +86,14 @@ func (e *gatedExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOn
 		e.failed.Add(uint64(len(spans)))
 	}
 	e.health.observe(err)
-	return err
+	return nil
 }
 
 // countingMetricExporter counts failed metric exports. With cumulative
 // temporality a failed round loses no observation, only freshness: the next
-// successful round carries the totals.
+// successful round carries the totals. Like gatedExporter it logs once per
+// transition and returns nil, keeping the periodic reader from logging each
+// failed round through the global error handler.
 type countingMetricExporter struct {
 	sdkmetric.Exporter
 	failed *atomic.Uint64
@@ -101,5 +106,5 @@ func (e *countingMetricExporter) Export(ctx context.Context, rm *metricdata.Reso
 		e.failed.Add(1)
 	}
 	e.health.observe(err)
-	return err
+	return nil
 }
