@@ -1,0 +1,11 @@
+// Package deploy holds the manifests that run npagent in a cluster: rbac.yaml (a
+// namespace, a service account allowed to get, list and watch PolicyEndpoints and
+// ClusterPolicyEndpoints, nothing else) and daemonset.yaml (one agent per node on
+// the host network with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN, the host's bpffs
+// and state directory, NODE_NAME and NODE_IP from the downward API, OTLP export to
+// a collector service). Apply the CRDs in config/crd first.
+//
+// The package has no code: its test applies the manifests to a real kube-apiserver
+// and checks, by impersonating the service account, that the RBAC grants exactly
+// what the agent needs.
+package deploy
