@@ -63,7 +63,7 @@ func newOTLPSink(t *testing.T) *otlpSink {
 		s.mu.Unlock()
 		writeOTLP(w, &coltracepb.ExportTraceServiceResponse{})
 	})
-	mux.HandleFunc("POST /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+	metrics := func(w http.ResponseWriter, r *http.Request) {
 		var req colmetricspb.ExportMetricsServiceRequest
 		if !decodeOTLP(t, w, r, &req) {
 			return
@@ -83,7 +83,10 @@ func newOTLPSink(t *testing.T) *otlpSink {
 		}
 		s.mu.Unlock()
 		writeOTLP(w, &colmetricspb.ExportMetricsServiceResponse{})
-	})
+	}
+	mux.HandleFunc("POST /v1/metrics", metrics)
+	// Where Prometheus's OTLP receiver listens, for otel-collector/backends.yaml.
+	mux.HandleFunc("POST /api/v1/otlp/v1/metrics", metrics)
 	s.srv = httptest.NewServer(mux)
 	t.Cleanup(s.srv.Close)
 	return s
@@ -142,9 +145,10 @@ type collector struct {
 	t        *testing.T
 	bin      string
 	config   string
+	env      []string // extra environment, KEY=VALUE
 	grpcAddr string
 	cmd      *exec.Cmd
-	logs     *bytes.Buffer
+	logs     *lockedBuffer
 }
 
 func startCollector(t *testing.T, sinkURL string) *collector {
@@ -188,8 +192,9 @@ service:
 
 func (c *collector) start() {
 	c.t.Helper()
-	c.logs = &bytes.Buffer{}
+	c.logs = &lockedBuffer{}
 	c.cmd = exec.Command(c.bin, "--config", c.config)
+	c.cmd.Env = append(os.Environ(), c.env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
 	if err := c.cmd.Start(); err != nil {
 		c.t.Fatalf("starting collector: %v", err)
@@ -203,7 +208,7 @@ func (c *collector) start() {
 		}
 		if time.Now().After(deadline) {
 			c.stop()
-			c.t.Fatalf("collector did not listen on %s within 30s; its output:\n%s", c.grpcAddr, c.logs)
+			c.t.Fatalf("collector did not listen on %s within 30s; its output:\n%s", c.grpcAddr, c.logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
