@@ -28,12 +28,24 @@ type lpmKey6 struct {
 // podState is struct pod_state in policy.c, the value of the per-pod map. Dir holds
 // per direction the active generation (low 32 bits) and flags (high 32 bits) in one
 // word the datapath reads with a single load; updating the whole value is the atomic
-// switch. Hash is the content hash per direction; only user space reads it (it lets a
-// restarted agent skip unchanged commits).
+// switch. That holds because the kernel map never rewrites a value a program may be
+// reading: it is an LPM trie, whose update publishes a new node and frees the old one
+// only after an RCU grace period (see npa_pod_state in policy.c for why not a hash or
+// an array). Hash is the content hash per direction; only user space reads it (it lets
+// a restarted agent skip unchanged commits).
 type podState struct {
 	Dir  [2]uint64
 	Hash [2]uint64
 }
+
+// podKey is struct pod_key in policy.c, the key of the per-pod map: an exact /32 match
+// on the ifindex.
+type podKey struct {
+	Prefixlen uint32
+	Ifindex   uint32
+}
+
+func podKeyOf(ifindex uint32) podKey { return podKey{Prefixlen: 32, Ifindex: ifindex} }
 
 func dirWord(gen, flags uint32) uint64 { return uint64(flags)<<32 | uint64(gen) }
 func wordGen(w uint64) uint32          { return uint32(w) }

@@ -1,8 +1,10 @@
 package bpfmaps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type pod_key -type ct_key policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -35,6 +37,9 @@ type EBPFOptions struct {
 	// ConntrackTimeout is how long replies of a connection pass after its last packet.
 	// Default 5 minutes.
 	ConntrackTimeout time.Duration
+	// Logger receives OpenEBPF's one-time notices (a pinned map migrated from an older
+	// layout). Default slog.Default().
+	Logger *slog.Logger
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -59,7 +64,10 @@ const bpfFSMagic = 0xcafe4a11
 // previous process pinned: maps, links (switched to the newly loaded programs) and each
 // pod's generations and content hashes, so enforcement survives an agent restart and an
 // unchanged re-commit writes nothing. Entries of generations a crashed commit left
-// behind are deleted. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
+// behind are deleted. Pod states an older build pinned in its hash map (npa_pods) are
+// moved into this build's pod-state trie and the hash is unpinned, with one log line;
+// a pinned map of a layout it cannot migrate is an error naming the map. Needs CAP_BPF
+// to load and CAP_NET_ADMIN to attach.
 func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	if opts.PinPath == "" {
 		opts.PinPath = DefaultPinPath
@@ -69,6 +77,9 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	}
 	if opts.ConntrackTimeout <= 0 {
 		opts.ConntrackTimeout = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
 	}
 	limits := opts.Limits.withDefaults()
 	if err := ensureBPFFS(opts.PinPath); err != nil {
@@ -82,7 +93,7 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}
 	for name, n := range map[string]int{
-		policyMapNpaPods: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
+		policyMapNpaPodState: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
 		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
 	} {
@@ -98,6 +109,15 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 			return nil, fmt.Errorf("open ebpf dataplane: pinned maps under %s do not match this build or its capacities (remove them to start over): %w", opts.PinPath, err)
 		}
 		return nil, fmt.Errorf("open ebpf dataplane: load: %w", permissionHint(err, "CAP_BPF"))
+	}
+	moved, found, err := e.migrateLegacyPods()
+	if err != nil {
+		e.objs.Close()
+		return nil, fmt.Errorf("open ebpf dataplane: migrate pinned pod states: %w", err)
+	}
+	if found {
+		opts.Logger.Info("ebpf dataplane: migrated pinned pod states from the hash map of an older build to the LPM-trie pod-state map and unpinned the hash",
+			"pin_path", opts.PinPath, "from", legacyPodMap, "to", policyMapNpaPodState, "pods", moved)
 	}
 	e.core = newCore(limits, (*ebpfMaps)(&e.objs))
 	if err := e.adopt(); err != nil {
@@ -266,15 +286,59 @@ func (e *EBPF) detach(ifindex int) error {
 	return nil
 }
 
+// legacyPodMap is the pin name of the pod-state map of builds before npa_pod_state: a
+// hash map from ifindex (u32) to struct pod_state. Its replaced elements could be reused
+// under a reading program (see npa_pod_state in policy.c); its content is still valid.
+const legacyPodMap = "npa_pods"
+
+// migrateLegacyPods moves the pod states an older build pinned in legacyPodMap into
+// npa_pod_state, then unpins the old map. It runs before adopt switches the pinned links
+// to this build's programs: until then the old programs keep enforcing from the old map
+// (their reference keeps it alive), afterwards the new ones find the same states in the
+// trie, so enforcement does not lapse. Repeating it is harmless: if the process dies
+// before the unpin, the next start copies the same states again (no commit can run in
+// between). found reports whether there was an old map.
+func (e *EBPF) migrateLegacyPods() (moved int, found bool, err error) {
+	path := filepath.Join(e.pinPath, legacyPodMap)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, true, fmt.Errorf("load pinned map %s: %w", path, err)
+	}
+	defer old.Close()
+	if old.Type() != ebpf.Hash || old.KeySize() != 4 || int(old.ValueSize()) != binary.Size(podState{}) {
+		return 0, true, fmt.Errorf("pinned map %s: a %v with %d-byte keys and %d-byte values is no pod-state layout this build can migrate (remove it to start over)",
+			path, old.Type(), old.KeySize(), old.ValueSize())
+	}
+	var ifindex uint32
+	var st podState
+	it := old.Iterate()
+	for it.Next(&ifindex, &st) {
+		if err := e.objs.NpaPodState.Put(podKeyOf(ifindex), &st); err != nil {
+			return moved, true, fmt.Errorf("copy state of interface %d from %s: %w", ifindex, path, capacityErr(err))
+		}
+		moved++
+	}
+	if err := it.Err(); err != nil {
+		return moved, true, fmt.Errorf("iterate %s: %w", path, err)
+	}
+	if err := old.Unpin(); err != nil {
+		return moved, true, fmt.Errorf("unpin %s: %w", path, err)
+	}
+	return moved, true, nil
+}
+
 // adopt rebuilds the core's records from the pinned maps and links. Entries of
 // inactive generations (a commit interrupted between write and cleanup) are deleted;
 // pods whose interface is gone (their tcx links are defunct) are removed.
 func (e *EBPF) adopt() error {
-	var ifindex uint32
+	var key podKey
 	var st podState
-	it := e.objs.NpaPods.Iterate()
-	for it.Next(&ifindex, &st) {
-		e.pods[ifindex] = &podRecord{state: st}
+	it := e.objs.NpaPodState.Iterate()
+	for it.Next(&key, &st) {
+		e.pods[key.Ifindex] = &podRecord{state: st}
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("iterate pods: %w", err)
@@ -327,7 +391,7 @@ func (e *EBPF) adopt() error {
 	}
 	for idx := range gone {
 		if e.pods[idx] != nil {
-			if err := e.objs.NpaPods.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := e.objs.NpaPodState.Delete(podKeyOf(idx)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("delete state of vanished interface %d: %w", idx, err)
 			}
 			delete(e.pods, idx)
@@ -440,11 +504,11 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 }
 
 func (m *ebpfMaps) putPod(ifindex uint32, st *podState) error {
-	return capacityErr(m.NpaPods.Put(ifindex, st))
+	return capacityErr(m.NpaPodState.Put(podKeyOf(ifindex), st))
 }
 
 func (m *ebpfMaps) deletePod(ifindex uint32) error {
-	if err := m.NpaPods.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := m.NpaPodState.Delete(podKeyOf(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err
 	}
 	return nil

@@ -19,6 +19,16 @@ func TestLayoutsMatchC(t *testing.T) {
 		{portEntry{}, policyPortRule{}},
 		{ruleValue{}, policyRuleValue{}},
 		{podState{}, policyPodState{}},
+		{podKey{}, policyPodKey{}},
+	}
+	// The commit's switch relies on the pod-state map freeing a replaced value only
+	// after an RCU grace period, which LPM tries do and hash maps do not (policy.c).
+	spec, err := loadPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := spec.Maps[policyMapNpaPodState]; ms.Type != ebpf.LPMTrie || ms.KeySize != uint32(reflect.TypeOf(podKey{}).Size()) {
+		t.Errorf("pod-state map is a %v with %d-byte keys, want an LPM trie keyed by pod_key", ms.Type, ms.KeySize)
 	}
 	for _, p := range pairs {
 		a, b := reflect.TypeOf(p.ours), reflect.TypeOf(p.generated)

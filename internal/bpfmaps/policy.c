@@ -82,6 +82,12 @@ struct pod_state {
 	__u64 hash[2]; // content hashes, for user space only
 };
 
+// Key of npa_pod_state: an LPM trie used as an exact-match map (every key is a /32).
+struct pod_key {
+	__u32 prefixlen; // always 32
+	__u32 ifindex;
+};
+
 struct ct_key {
 	__u32 ifindex;
 	__u8 dir; // the direction whose policy allowed the connection
@@ -98,13 +104,26 @@ struct ct_value {
 };
 
 // Capacities are set by the loader; these are placeholders.
+
+// The pod-state map is an LPM trie, not a hash, because of how each frees a replaced
+// value. A program holds the pointer bpf_map_lookup_elem returned until it loads the
+// state word. The trie never writes a published node: an update links in a new node
+// and frees the old one with bpf_mem_cache_free_rcu, so it is reused only after an RCU
+// grace period, and a program (which runs under rcu_read_lock) reads either the old
+// state or the new one, whole. A hash map reuses a replaced element at once: a
+// preallocated one makes it the CPU's spare for the next update, a BPF_F_NO_PREALLOC
+// one (kernels >= 6.1, bpf_mem_alloc) frees it with bpf_mem_cache_free to a per-CPU
+// list the next allocation takes from; either way the next update on that CPU can
+// memcpy another pod's state into memory a program is reading. An array updated in
+// place is no better: the syscall copies the value with memcpy, not one 8-byte store.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct pod_key);
 	__type(value, struct pod_state);
 	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_NO_PREALLOC); // required for tries
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} npa_pods SEC(".maps");
+} npa_pod_state SEC(".maps");
 
 #define TRIE(name, keytype)                                                            \
 	struct {                                                                       \
@@ -251,7 +270,8 @@ static __always_inline const struct rule_value *lookup(const int dir, __u32 ifin
 
 static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
 {
-	struct pod_state *st = bpf_map_lookup_elem(&npa_pods, &ifindex);
+	struct pod_key key = {.prefixlen = 32, .ifindex = ifindex};
+	struct pod_state *st = bpf_map_lookup_elem(&npa_pod_state, &key);
 	if (!st) {
 		*found = 0;
 		return 0;

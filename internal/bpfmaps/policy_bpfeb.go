@@ -46,6 +46,12 @@ type policyLpmKey6 struct {
 	Addr      [16]uint8
 }
 
+type policyPodKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+}
+
 type policyPodState struct {
 	_    structs.HostLayout
 	Dir  [2]uint64
@@ -77,7 +83,7 @@ const (
 	policyMapNpaEgV6     = "npa_eg_v6"
 	policyMapNpaInV4     = "npa_in_v4"
 	policyMapNpaInV6     = "npa_in_v6"
-	policyMapNpaPods     = "npa_pods"
+	policyMapNpaPodState = "npa_pod_state"
 	policyProgFromPod    = "from_pod"
 	policyProgToPod      = "to_pod"
 	policyVarCtTimeoutNs = "ct_timeout_ns"
@@ -133,12 +139,12 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaCt   *ebpf.MapSpec `ebpf:"npa_ct"`
-	NpaEgV4 *ebpf.MapSpec `ebpf:"npa_eg_v4"`
-	NpaEgV6 *ebpf.MapSpec `ebpf:"npa_eg_v6"`
-	NpaInV4 *ebpf.MapSpec `ebpf:"npa_in_v4"`
-	NpaInV6 *ebpf.MapSpec `ebpf:"npa_in_v6"`
-	NpaPods *ebpf.MapSpec `ebpf:"npa_pods"`
+	NpaCt       *ebpf.MapSpec `ebpf:"npa_ct"`
+	NpaEgV4     *ebpf.MapSpec `ebpf:"npa_eg_v4"`
+	NpaEgV6     *ebpf.MapSpec `ebpf:"npa_eg_v6"`
+	NpaInV4     *ebpf.MapSpec `ebpf:"npa_in_v4"`
+	NpaInV6     *ebpf.MapSpec `ebpf:"npa_in_v6"`
+	NpaPodState *ebpf.MapSpec `ebpf:"npa_pod_state"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -168,12 +174,12 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaCt   *ebpf.Map `ebpf:"npa_ct"`
-	NpaEgV4 *ebpf.Map `ebpf:"npa_eg_v4"`
-	NpaEgV6 *ebpf.Map `ebpf:"npa_eg_v6"`
-	NpaInV4 *ebpf.Map `ebpf:"npa_in_v4"`
-	NpaInV6 *ebpf.Map `ebpf:"npa_in_v6"`
-	NpaPods *ebpf.Map `ebpf:"npa_pods"`
+	NpaCt       *ebpf.Map `ebpf:"npa_ct"`
+	NpaEgV4     *ebpf.Map `ebpf:"npa_eg_v4"`
+	NpaEgV6     *ebpf.Map `ebpf:"npa_eg_v6"`
+	NpaInV4     *ebpf.Map `ebpf:"npa_in_v4"`
+	NpaInV6     *ebpf.Map `ebpf:"npa_in_v6"`
+	NpaPodState *ebpf.Map `ebpf:"npa_pod_state"`
 }
 
 func (m *policyMaps) Close() error {
@@ -183,7 +189,7 @@ func (m *policyMaps) Close() error {
 		m.NpaEgV6,
 		m.NpaInV4,
 		m.NpaInV6,
-		m.NpaPods,
+		m.NpaPodState,
 	)
 }
 
