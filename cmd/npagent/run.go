@@ -171,11 +171,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cancelHTTP()
 
-	st := seenSet.Stats()
+	st, cs := seenSet.Stats(), ctrl.Stats()
 	log.Info("npagent stopped", "uptime", time.Since(start).Round(time.Millisecond),
 		"reported", st.Reported, "accepted", st.Accepted, "pending", st.Pending,
 		"redelivered", st.Suppressed[seen.Redelivered], "persists", st.Persists,
-		"controller", fmt.Sprintf("%+v", ctrl.Stats()))
+		"syncs", cs.Syncs, "commits", cs.Commits, "commits_skipped", cs.CommitsSkipped,
+		"commit_failures", cs.CommitFailures, "entries_written", cs.EntriesWritten,
+		"objects", cs.Objects, "pods", cs.Pods)
 
 	switch {
 	case httpErr != nil:
@@ -261,7 +263,8 @@ func openSeenSet(cfg config, start time.Time, log *slog.Logger) (*seen.Set, erro
 		log.Warn("seen-set state ignored; starting empty (triggers older than this start count as before_start)",
 			"state_file", cfg.StateFile, "err", restoreErr)
 	} else if st := s.Stats(); cfg.StateFile != "" {
-		log.Info("seen-set restored", "state_file", cfg.StateFile, "objects", st.Objects, "pending", st.Pending)
+		// A missing file is a first start: nothing restored, no error.
+		log.Info("seen-set state loaded", "state_file", cfg.StateFile, "objects", st.Objects, "pending", st.Pending)
 	}
 	return s, nil
 }

@@ -46,12 +46,16 @@ func main() {
 }
 
 func run(log *slog.Logger) error {
-	apiserver := flag.String("apiserver", "", "kube-apiserver binary (required)")
-	etcd := flag.String("etcd", "", "etcd binary (required)")
-	crdDir := flag.String("crd-dir", "config/crd", "directory of the CRD manifests to install")
-	kubeconfig := flag.String("kubeconfig", "", "where to write the admin kubeconfig (required)")
-	certDir := flag.String("cert-dir", "", "directory for the apiserver's certificates (default: a temp dir)")
-	flag.Parse()
+	// A FlagSet of its own: controller-runtime registers --kubeconfig on the global one.
+	fs := flag.NewFlagSet("controlplane", flag.ExitOnError)
+	apiserver := fs.String("apiserver", "", "kube-apiserver binary (required)")
+	etcd := fs.String("etcd", "", "etcd binary (required)")
+	crdDir := fs.String("crd-dir", "config/crd", "directory of the CRD manifests to install")
+	kubeconfig := fs.String("kubeconfig", "", "where to write the admin kubeconfig (required)")
+	certDir := fs.String("cert-dir", "", "directory for the apiserver's certificates (default: a temp dir)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
 	if *apiserver == "" || *etcd == "" || *kubeconfig == "" {
 		return errors.New("--apiserver, --etcd and --kubeconfig are required")
 	}
