@@ -62,14 +62,14 @@ func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint {
 
 // offlineController builds a Controller whose informers never run: benchmarks feed its
 // caches and handlers directly. The REST config points nowhere; New dials nothing.
-func offlineController(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) *Controller {
-	b.Helper()
+func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver InterfaceResolver, sink Sink) *Controller {
+	tb.Helper()
 	set, _ := seen.New(time.Now().Add(-time.Hour))
 	c, err := New(&rest.Config{Host: "https://127.0.0.1:1"}, Config{
-		NodeIP: netip.MustParseAddr(benchNode), Dataplane: dp, Seen: set, Resolver: resolver, Logger: testLogger(b),
+		NodeIP: netip.MustParseAddr(benchNode), Dataplane: dp, Seen: set, Resolver: resolver, Sink: sink, Logger: testLogger(tb),
 	})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return c
 }
@@ -80,7 +80,7 @@ func offlineController(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceRes
 // cost of decoding each object of a list.
 func BenchmarkRedelivery(b *testing.B) {
 	const objects = 10000
-	c := offlineController(b, bpfmaps.NewMemory(), newLookupTableResolver())
+	c := offlineController(b, bpfmaps.NewMemory(), newLookupTableResolver(), nil)
 	pes := make([]*v1alpha1.PolicyEndpoint, objects)
 	store := c.informers[KindPolicyEndpoint].GetIndexer()
 	h := c.handler(KindPolicyEndpoint)
@@ -204,7 +204,7 @@ func benchSync(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) {
 		}
 		resolver = r
 	}
-	c := offlineController(b, dp, resolver)
+	c := offlineController(b, dp, resolver, nil)
 	store := c.informers[KindPolicyEndpoint].GetIndexer()
 	pes := make([]*v1alpha1.PolicyEndpoint, objects)
 	for i := range pes {

@@ -475,6 +475,17 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 		return outcomeRetry
 	}
 
+	if res.pods == 0 {
+		// Every affected pod had neither a policy nor committed state (pods the
+		// object left before their interface ever appeared): nothing of this node's
+		// dataplane was touched, so there is no latency to report.
+		c.mu.Lock()
+		st.dirty, st.waitingRV, st.failed = nil, "", nil
+		c.mu.Unlock()
+		c.cfg.Seen.NoLocalWork(uid, v.trigger)
+		c.stats.noLocalWork.Add(1)
+		return outcomeDone
+	}
 	c.mu.Lock()
 	st.dirty = nil
 	st.waitingRV = ""

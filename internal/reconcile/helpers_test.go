@@ -151,6 +151,7 @@ type agent struct {
 	seen *seen.Set
 	sink *recordingSink
 	dp   bpfmaps.Dataplane
+	stop func() // cancels Run and waits for it; also run at cleanup
 }
 
 type agentOptions struct {
@@ -158,6 +159,7 @@ type agentOptions struct {
 	dp       bpfmaps.Dataplane
 	resolver InterfaceResolver
 	resync   time.Duration
+	state    string // seen-set state file; "" for none
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -171,7 +173,11 @@ func testLogger(t testing.TB) *slog.Logger {
 // waits for its caches to sync.
 func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 	t.Helper()
-	set, err := seen.New(time.Now())
+	var opts []seen.Option
+	if o.state != "" {
+		opts = append(opts, seen.WithStatePath(o.state))
+	}
+	set, err := seen.New(time.Now(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,17 +202,24 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
+	var once sync.Once
+	a.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return 30s after its context ended")
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return 30s after its context ended")
-		}
-	})
+			if err := set.Persist(); err != nil {
+				t.Errorf("persist seen-set: %v", err)
+			}
+		})
+	}
+	t.Cleanup(a.stop)
 	eventually(t, 30*time.Second, "caches synced", a.c.HasSynced)
 	return a
 }

@@ -43,6 +43,7 @@ func TestIntegration(t *testing.T) {
 	t.Run("bad input", func(t *testing.T) { testBadInput(t, cp) })
 	t.Run("two nodes", func(t *testing.T) { testTwoNodes(t, cp) })
 	t.Run("resync", func(t *testing.T) { testResync(t, cp) })
+	t.Run("agent restart", func(t *testing.T) { testAgentRestart(t, cp) })
 }
 
 // testLifecycle: create, update, merge with a second PE and a CPE, delete.
@@ -136,9 +137,14 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	remove(t, cp, deny)
 	eventually(t, 20*time.Second, "every pod removed", func() bool { return len(mem.Pods()) == 0 })
 
-	// Every genuine write's trigger was reported exactly once.
+	// Every genuine write's trigger was reported exactly once: web's create and
+	// update, metrics' and the CPE's creates. Deletes report nothing.
 	if n := len(a.sink.recordsFor(string(web.UID))); n != 2 {
 		t.Errorf("web: %d records, want 2", n)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := a.sink.recordCount(); n != 4 {
+		t.Errorf("%d records in all, want 4", n)
 	}
 	if st := a.seen.Stats(); st.Pending != 0 {
 		t.Errorf("seen-set still holds %d pending triggers after every delete", st.Pending)
@@ -398,4 +404,41 @@ func TestRelist(t *testing.T) {
 		recs := a.sink.recordsFor(string(pes[0].UID))
 		return len(recs) == 2 && recs[1].Trigger.Equal(trigger)
 	})
+}
+
+// testAgentRestart: a new agent process with the previous one's seen-set state and
+// (pinned, here in-memory) dataplane lists every object again: nothing is reported and
+// nothing written; a change made while it was down is reported once.
+func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
+	const node = "192.0.2.12"
+	createNamespace(t, cp, "restart")
+	state := t.TempDir() + "/seen.state"
+	mem := bpfmaps.NewMemory()
+	resolver := newLookupTableResolver("10.1.12.1", 121)
+	first := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state})
+	kept := ingressPE("restart", "kept", []v1alpha1.PodEndpoint{pod(node, "10.1.12.1")}, "10.2.0.0/16", 80)
+	changed := ingressPE("restart", "changed", []v1alpha1.PodEndpoint{pod(node, "10.1.12.1")}, "10.3.0.0/16", 80)
+	create(t, cp, kept)
+	create(t, cp, changed)
+	eventually(t, 20*time.Second, "both reported", func() bool { return first.sink.recordCount() == 2 })
+	first.stop()
+
+	downtime := update(t, cp, changed, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](81) })
+	second := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state})
+	eventually(t, 20*time.Second, "the change made during the downtime reported", func() bool {
+		return len(second.sink.recordsFor(string(changed.UID))) == 1
+	})
+	if r := second.sink.recordsFor(string(changed.UID))[0]; !r.Trigger.Equal(downtime) {
+		t.Errorf("reported trigger %v, want the downtime change %v", r.Trigger, downtime)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(second.sink.recordsFor(string(kept.UID))); n != 0 {
+		t.Errorf("the unchanged object was reported %d times after the restart", n)
+	}
+	if s := second.c.Stats(); s.Delivered(KindPolicyEndpoint, CauseAdd) < 2 {
+		t.Errorf("initial list not counted as adds: %+v", s.Deliveries)
+	}
+	if !mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 81) || mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+		t.Errorf("the downtime change is not in force")
+	}
 }
