@@ -457,6 +457,56 @@ func skipIfShort(t *testing.T) {
 	}
 }
 
+// TestAgentEBPFWithoutPrivilegesNamesCapabilities runs the binary as an
+// unprivileged user with the eBPF dataplane: it must exit 1 and say which
+// capabilities it lacks.
+func TestAgentEBPFWithoutPrivilegesNamesCapabilities(t *testing.T) {
+	skipIfShort(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start the agent as an unprivileged user (uid 65534)")
+	}
+	// A directory the unprivileged user can read and execute from.
+	dir, err := os.MkdirTemp("", "npagent-nopriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "npagent")
+	raw, err := os.ReadFile(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	writeKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:1", TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+	if err := os.Chmod(kubeconfig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	pinPath := fmt.Sprintf("/sys/fs/bpf/npagent-nopriv-%d", os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(pinPath) })
+	cmd := exec.Command(bin, "--kubeconfig="+kubeconfig, "--node-ip=10.0.0.1", "--node-name=n",
+		"--dataplane=ebpf", "--bpffs-path="+pinPath, "--state-file=", "--metrics-addr=127.0.0.1:0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("agent started the eBPF dataplane as uid 65534:\n%s", out)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code = %d, want 1:\n%s", code, out)
+	}
+	for _, want := range []string{"CAP_BPF", "CAP_NET_ADMIN", pinPath} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output does not name %s:\n%s", want, out)
+		}
+	}
+}
+
 func sizeOf(fi os.FileInfo) int64 {
 	if fi == nil {
 		return -1

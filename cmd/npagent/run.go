@@ -64,10 +64,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if err := probeAPIServer(ctx, restConfig, cfg.APIServerTimeout); err != nil {
-		return err
-	}
-
+	// The dataplane before the apiserver: a missing privilege is a local, certain
+	// failure, worth reporting before a network one.
 	dp, err := openDataplane(cfg, log)
 	if err != nil {
 		return err
@@ -77,6 +75,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("close dataplane", "dataplane", cfg.Dataplane, "err", err)
 		}
 	}()
+	if err := probeAPIServer(ctx, restConfig, cfg.APIServerTimeout); err != nil {
+		return err
+	}
 
 	seenSet, err := openSeenSet(cfg, start, log)
 	if err != nil {
@@ -240,9 +241,9 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath})
 	if err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("open eBPF dataplane at %s: %w (needs CAP_BPF and CAP_NET_ADMIN, and CAP_SYS_ADMIN to mount bpffs; run privileged, or --dataplane=memory for no enforcement)", cfg.BPFFSPath, err)
+			return nil, fmt.Errorf("--dataplane=ebpf: %w (needs CAP_BPF and CAP_NET_ADMIN, and CAP_SYS_ADMIN for bpffs at %s; run privileged, or --dataplane=memory for no enforcement)", err, cfg.BPFFSPath)
 		}
-		return nil, fmt.Errorf("open eBPF dataplane at %s: %w", cfg.BPFFSPath, err)
+		return nil, fmt.Errorf("--dataplane=ebpf (bpffs at %s): %w", cfg.BPFFSPath, err)
 	}
 	log.Info("eBPF dataplane open", "bpffs_path", cfg.BPFFSPath, "pods", len(dp.Pods()))
 	return dp, nil
