@@ -102,6 +102,11 @@ type Controller struct {
 	commitMu   sync.Mutex
 	programmed map[netip.Addr]int // local pod → ifindex holding its committed state
 
+	// initialKeys are the keys of the initial list not synced yet; nil once all were.
+	// Then the dataplane's leftovers are collected (see collectGarbage).
+	initialMu   sync.Mutex
+	initialKeys map[objectKey]struct{}
+
 	stats counters
 }
 
@@ -218,6 +223,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	pruned := c.pruneSeen()
 	c.log.Info("informer caches synced", "objects", len(c.informers[KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)
+	c.initialMu.Lock()
+	c.initialKeys = map[objectKey]struct{}{}
+	for kind, inf := range c.informers {
+		for _, k := range inf.GetStore().ListKeys() {
+			ns, name, _ := cache.SplitMetaNamespaceKey(k)
+			c.initialKeys[objectKey{kind: Kind(kind), namespace: ns, name: name}] = struct{}{}
+		}
+	}
+	c.initialMu.Unlock()
+	c.initialSynced(objectKey{})
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for c.processNext(ctx) {
@@ -273,7 +288,68 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.sink.Delivered(key.kind.String(), CauseRequeue.String())
 		c.queue.AddRateLimited(key)
 	}
+	c.initialSynced(key)
 	return true
+}
+
+// initialSynced notes that key was synced once; after the last key of the initial list,
+// it collects the dataplane's leftovers.
+func (c *Controller) initialSynced(key objectKey) {
+	c.initialMu.Lock()
+	if c.initialKeys == nil {
+		c.initialMu.Unlock()
+		return
+	}
+	delete(c.initialKeys, key)
+	done := len(c.initialKeys) == 0
+	if done {
+		c.initialKeys = nil
+	}
+	c.initialMu.Unlock()
+	if done {
+		c.collectGarbage()
+	}
+}
+
+// collectGarbage removes pod state the dataplane holds (pinned by a previous process)
+// for interfaces no current object wants: pods whose every policy was deleted while
+// the agent was down, or that are gone. It runs once, after every object of the initial
+// list was synced. An interface is kept if a sync committed it, or if it is what a pod
+// some object still selects resolves to (its commit may have failed and be retried:
+// its old enforcement stays meanwhile).
+func (c *Controller) collectGarbage() {
+	c.mu.Lock()
+	selected := make([]netip.Addr, 0, len(c.podIndex))
+	for pod := range c.podIndex {
+		selected = append(selected, pod)
+	}
+	c.mu.Unlock()
+
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	wanted := map[int]bool{}
+	for _, ifindex := range c.programmed {
+		wanted[ifindex] = true
+	}
+	for _, pod := range selected {
+		if ifindex, err := c.cfg.Resolver.Resolve(pod); err == nil {
+			wanted[ifindex] = true
+		}
+	}
+	removed := 0
+	for _, ifindex := range c.cfg.Dataplane.Pods() {
+		if wanted[ifindex] {
+			continue
+		}
+		if _, err := c.cfg.Dataplane.Remove(ifindex); err != nil {
+			c.stats.commitFailures.Add(1)
+			c.log.Warn("remove leftover pod state", "ifindex", ifindex, "err", err)
+			continue
+		}
+		c.stats.removes.Add(1)
+		removed++
+	}
+	c.log.Info("initial sync done", "leftoverPodsRemoved", removed)
 }
 
 type outcome uint8

@@ -414,17 +414,29 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	createNamespace(t, cp, "restart")
 	state := t.TempDir() + "/seen.state"
 	mem := bpfmaps.NewMemory()
-	resolver := newLookupTableResolver("10.1.12.1", 121)
+	resolver := newLookupTableResolver("10.1.12.1", 121, "10.1.12.2", 122)
 	first := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state})
 	kept := ingressPE("restart", "kept", []v1alpha1.PodEndpoint{pod(node, "10.1.12.1")}, "10.2.0.0/16", 80)
 	changed := ingressPE("restart", "changed", []v1alpha1.PodEndpoint{pod(node, "10.1.12.1")}, "10.3.0.0/16", 80)
+	// gone selects a pod of its own: when it is deleted while the agent is down, only
+	// the initial sync's garbage collection can clear that pod's pinned state.
+	gone := ingressPE("restart", "gone", []v1alpha1.PodEndpoint{pod(node, "10.1.12.2")}, "10.4.0.0/16", 80)
 	create(t, cp, kept)
 	create(t, cp, changed)
-	eventually(t, 20*time.Second, "both reported", func() bool { return first.sink.recordCount() == 2 })
+	create(t, cp, gone)
+	eventually(t, 20*time.Second, "all three reported", func() bool { return first.sink.recordCount() == 3 })
 	first.stop()
 
 	downtime := update(t, cp, changed, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](81) })
+	remove(t, cp, gone)
 	second := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state})
+	// The restored entry of the object deleted during the downtime is pruned once the
+	// caches sync: the seen-set tracks no more objects than the caches hold.
+	live := 0
+	for _, inf := range second.c.informers {
+		live += len(inf.GetStore().ListKeys())
+	}
+	eventually(t, 10*time.Second, "deleted objects pruned from the seen-set", func() bool { return second.seen.Stats().Objects <= live })
 	eventually(t, 20*time.Second, "the change made during the downtime reported", func() bool {
 		return len(second.sink.recordsFor(string(changed.UID))) == 1
 	})
@@ -441,4 +453,8 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	if !mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 81) || mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
 		t.Errorf("the downtime change is not in force")
 	}
+	eventually(t, 20*time.Second, "the state of the pod only the deleted object selected removed", func() bool {
+		pods := mem.Pods()
+		return len(pods) == 1 && pods[0] == 121
+	})
 }
