@@ -192,20 +192,24 @@ func BenchmarkVerdict10k(b *testing.B) {
 	}
 }
 
-// BenchmarkVerdictManyPods: the program's cost per packet when the pod-state map holds
-// its default capacity of 4096 pods, so the state read walks a full trie. The packet
-// misses the pod's 10-entry trie, so the state is read twice (before and after the miss).
+// BenchmarkVerdictManyPods: the program's cost per packet when the pod-state maps hold
+// their default capacity of 4096 pods. The denied packet misses the pod's 10-entry trie,
+// so the state is read twice (before and after the miss).
 func BenchmarkVerdictManyPods(b *testing.B) {
 	e := openTestEBPF(b, EBPFOptions{})
 	ifindex := dummyInterface(b)
 	if _, err := e.Commit(ifindex, widePolicy(10, 80)); err != nil {
 		b.Fatal(err)
 	}
-	// Other pods' states go straight into the map, under the ifindexes that follow:
-	// only the trie's shape matters here, not their interfaces or entries.
-	st := e.pods[uint32(ifindex)].state
+	// Other pods' states go straight into the maps, under the ifindexes that follow:
+	// only how full the maps are matters here, not their interfaces or entries.
 	for i := 1; i < 4096; i++ {
-		if err := e.objs.NpaPodState.Put(podKeyOf(uint32(ifindex+i)), &st); err != nil {
+		other := uint32(ifindex + i)
+		st := e.pods[uint32(ifindex)].state
+		for d, w := range st.Dir {
+			st.Dir[d] = dirWord(other, wordGen(w), wordFlags(w))
+		}
+		if err := e.states.put(other, &st); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -47,9 +47,12 @@ const (
 	flagBaseline    uint32 = 1 << 2
 	flagNamespaced  uint32 = 1 << 3 // namespaced entries exist (only with flagIsolated)
 	knownDirFlags          = flagIsolated | flagAdmin | flagBaseline | flagNamespaced
-	maxGeneration   uint32 = 1<<30 - 1
+	maxGeneration   uint32 = 1<<(32-flagBits) - 1 // a generation and the flags share 32 bits of a state word
 	allPortsEndPort uint16 = 65535
 )
+
+// Every flag must fit below a state word's generation (a compile error otherwise).
+const _ uint32 = 1<<flagBits - 1 - knownDirFlags
 
 // portEntry is struct port_rule in policy.c. Port 0 only appears in an all-ports entry
 // [0, 65535]; port-less packets are looked up with port 0, so only such entries match

@@ -25,31 +25,28 @@ type lpmKey6 struct {
 	Addr      [16]byte
 }
 
-// podState is struct pod_state in policy.c, the value of the per-pod map. Dir holds
-// per direction the active generation (low 32 bits) and flags (high 32 bits) in one
-// word the datapath reads with a single load; updating the whole value is the atomic
-// switch. That holds because the kernel map never rewrites a value a program may be
-// reading: it is an LPM trie, whose update publishes a new node and frees the old one
-// only after an RCU grace period (see npa_pod_state in policy.c for why not a hash or
-// an array). Hash is the content hash per direction; only user space reads it (it lets
-// a restarted agent skip unchanged commits).
+// podState is struct pod_state in policy.c, a pod's slot in the state array. Dir holds
+// per direction one word (see dirWord) the datapath reads with a single load; a commit
+// switches a direction with one atomic store of its word (policy.c explains why that
+// is safe under a reading program and a hash map was not). Hash is the content hash per
+// direction; only user space reads it (it lets a restarted agent skip unchanged
+// commits).
 type podState struct {
 	Dir  [2]uint64
 	Hash [2]uint64
 }
 
-// podKey is struct pod_key in policy.c, the key of the per-pod map: an exact /32 match
-// on the ifindex.
-type podKey struct {
-	Prefixlen uint32
-	Ifindex   uint32
+// flagBits is how many low bits of a state word hold the direction's flags.
+const flagBits = 4
+
+// dirWord is a direction's state word: the owner's ifindex in the high 32 bits (the
+// datapath ignores a word another pod owns), generation<<flagBits | flags in the low 32.
+func dirWord(owner, gen, flags uint32) uint64 {
+	return uint64(owner)<<32 | uint64(gen<<flagBits|flags)
 }
-
-func podKeyOf(ifindex uint32) podKey { return podKey{Prefixlen: 32, Ifindex: ifindex} }
-
-func dirWord(gen, flags uint32) uint64 { return uint64(flags)<<32 | uint64(gen) }
-func wordGen(w uint64) uint32          { return uint32(w) }
-func wordFlags(w uint64) uint32        { return uint32(w >> 32) }
+func wordOwner(w uint64) uint32 { return uint32(w >> 32) }
+func wordGen(w uint64) uint32   { return uint32(w) >> flagBits }
+func wordFlags(w uint64) uint32 { return uint32(w) & (1<<flagBits - 1) }
 func entryTag(gen uint32, t tier) uint32 {
 	return gen<<2 | uint32(t)
 }
@@ -184,7 +181,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 		}
 		gen := nextGeneration(wordGen(newState.Dir[d]))
-		newState.Dir[d] = dirWord(gen, comp.Flags)
+		newState.Dir[d] = dirWord(idx, gen, comp.Flags)
 		n4 := 0
 		for i := range comp.Entries {
 			if comp.Entries[i].Prefix.Addr().Is4() {

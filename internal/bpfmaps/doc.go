@@ -7,30 +7,35 @@
 //   - Semantics: DirectionPolicy.Verdict is the reference. Both backends — EBPF in the
 //     kernel and the in-memory backend (Memory) — decide every packet as Verdict does;
 //     property tests check the compiled entries and the kernel program against it.
-//   - Atomic commits: per pod, a packet is decided by the old policy or the new one,
-//     never by a mix. New entries are written under a fresh generation, one update of
-//     the pod's state switches to it, then the old generation is deleted (shortest
-//     prefixes first, so an in-flight lookup finds the old answer or nothing, and
-//     retries on the new generation). One update of the pod's state switches both
-//     directions; no per-pod maps are created (see BENCHMARKS.md for the map-in-map
-//     comparison).
-//   - The switch is safe under a reading program: the pod-state map is an LPM trie
-//     used as an exact-match map, because a trie update publishes a new node and frees
-//     the replaced one only after an RCU grace period, so a program (which runs under
-//     rcu_read_lock) reads the pod's old state or its new one, never memory already
-//     reused. A hash map would not do: it hands a replaced element to the next update
-//     at once, preallocated or not (BPF_F_NO_PREALLOC uses bpf_mem_alloc since Linux
-//     6.1, which also reuses immediately), and an array is updated with memcpy, not one
-//     atomic store. The cost is a trie walk instead of a hash lookup per state read.
+//   - Atomic commits: per pod and direction, a packet is decided by the old policy or
+//     the new one, never by a mix. New entries are written under a fresh generation,
+//     one atomic store of the direction's state word switches to it, then the old
+//     generation is deleted (shortest prefixes first, so an in-flight lookup finds the
+//     old answer or nothing, and retries on the new generation). No per-pod maps are
+//     created (see BENCHMARKS.md for the map-in-map comparison).
+//   - The switch is safe under a reading program. A pod's state words live in a slot
+//     of an array this process maps into its memory; a hash maps the pod's ifindex to
+//     its slot for the pod's life. The store is a CPU atomic store and the program's
+//     read one aligned 8-byte load, so it sees the old word or the new one; array
+//     memory is never reused for anything else. A word names its owner's ifindex, so a
+//     program that read the slot mapping of a pod being removed (hash elements are
+//     reused at once) never decides a packet by another pod's word. Keeping the state
+//     as a hash value, as earlier builds did, was not safe: a hash map hands a replaced
+//     element to the next update at once, preallocated or not (BPF_F_NO_PREALLOC uses
+//     bpf_mem_alloc since Linux 6.1, which reuses immediately), so a program could read
+//     another pod's state; updating an array through the syscall is a memcpy, not one
+//     store. An LPM trie (replaced nodes freed after an RCU grace period) would be safe
+//     but costs 2-3 times the hash lookup per state read with 4096 pods.
 //   - Cheap no-ops: a commit whose content hash equals the committed one writes
 //     nothing (CommitResult.Skipped).
 //   - All or nothing: a commit rejected for invalid content (ErrInvalidPolicy, naming
 //     the direction, rule and field) or capacity (ErrCapacity) leaves nothing visible.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
-//     what a previous process pinned, so enforcement never lapses. Pod states an older
-//     build pinned in its hash map (npa_pods) are moved into the trie before the links
-//     switch to the new programs, and the move is logged; a pinned map this build
-//     cannot adopt or migrate stops OpenEBPF with an error naming it.
+//     what a previous process pinned, so enforcement never lapses, and repairs what a
+//     process that died mid-commit left. Pod states an older build pinned in its hash
+//     map (npa_pods) are moved into the state array before the links switch to the new
+//     programs, and the move is logged; a pinned map this build cannot adopt or
+//     migrate stops OpenEBPF with an error naming it.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.

@@ -1,7 +1,6 @@
 package bpfmaps
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type pod_key -type ct_key policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -43,11 +42,13 @@ type EBPFOptions struct {
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
-// interface, LPM tries of generation-tagged entries, and a per-pod state map whose
-// single update is a commit's switch. Maps and links are pinned under PinPath.
+// interface, LPM tries of generation-tagged entries, and per pod a state word per
+// direction whose single atomic store is a commit's switch. Maps and links are pinned
+// under PinPath.
 type EBPF struct {
 	*core
 	objs    policyObjects
+	states  *podStates // guarded by core.mu
 	pinPath string
 	links   map[uint32]*podLinks // guarded by core.mu
 	closed  atomic.Bool
@@ -65,7 +66,7 @@ const bpfFSMagic = 0xcafe4a11
 // pod's generations and content hashes, so enforcement survives an agent restart and an
 // unchanged re-commit writes nothing. Entries of generations a crashed commit left
 // behind are deleted. Pod states an older build pinned in its hash map (npa_pods) are
-// moved into this build's pod-state trie and the hash is unpinned, with one log line;
+// moved into this build's pod-state array and the hash is unpinned, with one log line;
 // a pinned map of a layout it cannot migrate is an error naming the map. Needs CAP_BPF
 // to load and CAP_NET_ADMIN to attach.
 func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
@@ -93,7 +94,7 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}
 	for name, n := range map[string]int{
-		policyMapNpaPodState: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
+		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
 		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
 	} {
@@ -110,17 +111,24 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 		}
 		return nil, fmt.Errorf("open ebpf dataplane: load: %w", permissionHint(err, "CAP_BPF"))
 	}
+	e.states, err = openPodStates(e.objs.NpaPodSlot, e.objs.NpaSlotState)
+	if err != nil {
+		e.objs.Close()
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
 	moved, found, err := e.migrateLegacyPods()
 	if err != nil {
+		e.states.close()
 		e.objs.Close()
 		return nil, fmt.Errorf("open ebpf dataplane: migrate pinned pod states: %w", err)
 	}
 	if found {
-		opts.Logger.Info("ebpf dataplane: migrated pinned pod states from the hash map of an older build to the LPM-trie pod-state map and unpinned the hash",
-			"pin_path", opts.PinPath, "from", legacyPodMap, "to", policyMapNpaPodState, "pods", moved)
+		opts.Logger.Info("ebpf dataplane: migrated pinned pod states from the hash map of an older build to the pod-state array and unpinned the hash",
+			"pin_path", opts.PinPath, "from", legacyPodMap, "to", policyMapNpaSlotState, "pods", moved)
 	}
-	e.core = newCore(limits, (*ebpfMaps)(&e.objs))
+	e.core = newCore(limits, &ebpfMaps{policyObjects: &e.objs, states: e.states})
 	if err := e.adopt(); err != nil {
+		e.states.close()
 		e.objs.Close()
 		return nil, fmt.Errorf("open ebpf dataplane: adopt pinned state: %w", err)
 	}
@@ -209,6 +217,7 @@ func (e *EBPF) Close() error {
 		}
 	}
 	e.links = nil
+	e.states.close()
 	errs = append(errs, e.objs.Close())
 	return errors.Join(errs...)
 }
@@ -286,18 +295,20 @@ func (e *EBPF) detach(ifindex int) error {
 	return nil
 }
 
-// legacyPodMap is the pin name of the pod-state map of builds before npa_pod_state: a
-// hash map from ifindex (u32) to struct pod_state. Its replaced elements could be reused
-// under a reading program (see npa_pod_state in policy.c); its content is still valid.
+// legacyPodMap is the pin name of the pod-state map of builds before the state array:
+// a hash map from ifindex (u32) to struct pod_state with the generation in the low 32
+// bits of a word and the flags in the high 32. A program could read an element of it
+// the next update had reused (see policy.c); its content is still valid.
 const legacyPodMap = "npa_pods"
 
-// migrateLegacyPods moves the pod states an older build pinned in legacyPodMap into
-// npa_pod_state, then unpins the old map. It runs before adopt switches the pinned links
+// migrateLegacyPods moves the pod states an older build pinned in legacyPodMap into the
+// state array, then unpins the old map. It runs before adopt switches the pinned links
 // to this build's programs: until then the old programs keep enforcing from the old map
-// (their reference keeps it alive), afterwards the new ones find the same states in the
-// trie, so enforcement does not lapse. Repeating it is harmless: if the process dies
-// before the unpin, the next start copies the same states again (no commit can run in
-// between). found reports whether there was an old map.
+// (their reference keeps it alive), afterwards the new ones find the same states, so
+// enforcement does not lapse. The array ends up holding exactly the old map's pods.
+// Repeating it is harmless: if the process dies before the unpin, the next start
+// copies the same states again (no commit can run in between). found reports whether
+// there was an old map.
 func (e *EBPF) migrateLegacyPods() (moved int, found bool, err error) {
 	path := filepath.Join(e.pinPath, legacyPodMap)
 	old, err := ebpf.LoadPinnedMap(path, nil)
@@ -308,21 +319,41 @@ func (e *EBPF) migrateLegacyPods() (moved int, found bool, err error) {
 		return 0, true, fmt.Errorf("load pinned map %s: %w", path, err)
 	}
 	defer old.Close()
-	if old.Type() != ebpf.Hash || old.KeySize() != 4 || int(old.ValueSize()) != binary.Size(podState{}) {
+	if old.Type() != ebpf.Hash || old.KeySize() != 4 || int(old.ValueSize()) != podStateSize {
 		return 0, true, fmt.Errorf("pinned map %s: a %v with %d-byte keys and %d-byte values is no pod-state layout this build can migrate (remove it to start over)",
 			path, old.Type(), old.KeySize(), old.ValueSize())
 	}
 	var ifindex uint32
 	var st podState
+	states := map[uint32]podState{}
 	it := old.Iterate()
 	for it.Next(&ifindex, &st) {
-		if err := e.objs.NpaPodState.Put(podKeyOf(ifindex), &st); err != nil {
-			return moved, true, fmt.Errorf("copy state of interface %d from %s: %w", ifindex, path, capacityErr(err))
+		for d, w := range st.Dir {
+			gen, flags := uint32(w), uint32(w>>32)
+			if gen > maxGeneration || flags&^knownDirFlags != 0 {
+				return 0, true, fmt.Errorf("pinned map %s: interface %d: %s word %#x does not fit this build's state word (remove the pins to start over)", path, ifindex, Direction(d), w)
+			}
+			st.Dir[d] = dirWord(ifindex, gen, flags)
 		}
-		moved++
+		states[ifindex] = st
 	}
 	if err := it.Err(); err != nil {
-		return moved, true, fmt.Errorf("iterate %s: %w", path, err)
+		return 0, true, fmt.Errorf("iterate %s: %w", path, err)
+	}
+	// The old map is the newer truth: an array left by a run of this build before an
+	// older build ran again may hold pods that build has removed since.
+	for ifindex := range e.states.all() {
+		if _, ok := states[ifindex]; !ok {
+			if err := e.states.delete(ifindex); err != nil {
+				return 0, true, err
+			}
+		}
+	}
+	for ifindex, st := range states {
+		if err := e.states.put(ifindex, &st); err != nil {
+			return moved, true, fmt.Errorf("copy state of interface %d from %s: %w", ifindex, path, err)
+		}
+		moved++
 	}
 	if err := old.Unpin(); err != nil {
 		return moved, true, fmt.Errorf("unpin %s: %w", path, err)
@@ -334,14 +365,8 @@ func (e *EBPF) migrateLegacyPods() (moved int, found bool, err error) {
 // inactive generations (a commit interrupted between write and cleanup) are deleted;
 // pods whose interface is gone (their tcx links are defunct) are removed.
 func (e *EBPF) adopt() error {
-	var key podKey
-	var st podState
-	it := e.objs.NpaPodState.Iterate()
-	for it.Next(&key, &st) {
-		e.pods[key.Ifindex] = &podRecord{state: st}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("iterate pods: %w", err)
+	for ifindex, st := range e.states.all() {
+		e.pods[ifindex] = &podRecord{state: st}
 	}
 
 	// Links: switch each to this process's programs.
@@ -391,7 +416,7 @@ func (e *EBPF) adopt() error {
 	}
 	for idx := range gone {
 		if e.pods[idx] != nil {
-			if err := e.objs.NpaPodState.Delete(podKeyOf(idx)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := e.states.delete(idx); err != nil {
 				return fmt.Errorf("delete state of vanished interface %d: %w", idx, err)
 			}
 			delete(e.pods, idx)
@@ -439,7 +464,10 @@ func (e *EBPF) adopt() error {
 }
 
 // ebpfMaps is the store over the kernel maps.
-type ebpfMaps policyObjects
+type ebpfMaps struct {
+	*policyObjects
+	states *podStates
+}
 
 func (m *ebpfMaps) tries(d Direction) (v4, v6 *ebpf.Map) {
 	if d == Ingress {
@@ -503,15 +531,8 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 	return nil
 }
 
-func (m *ebpfMaps) putPod(ifindex uint32, st *podState) error {
-	return capacityErr(m.NpaPodState.Put(podKeyOf(ifindex), st))
-}
+func (m *ebpfMaps) putPod(ifindex uint32, st *podState) error { return m.states.put(ifindex, st) }
 
-func (m *ebpfMaps) deletePod(ifindex uint32) error {
-	if err := m.NpaPodState.Delete(podKeyOf(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
-	}
-	return nil
-}
+func (m *ebpfMaps) deletePod(ifindex uint32) error { return m.states.delete(ifindex) }
 
 var _ Dataplane = (*EBPF)(nil)

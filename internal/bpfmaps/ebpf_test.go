@@ -19,16 +19,20 @@ func TestLayoutsMatchC(t *testing.T) {
 		{portEntry{}, policyPortRule{}},
 		{ruleValue{}, policyRuleValue{}},
 		{podState{}, policyPodState{}},
-		{podKey{}, policyPodKey{}},
 	}
-	// The commit's switch relies on the pod-state map freeing a replaced value only
-	// after an RCU grace period, which LPM tries do and hash maps do not (policy.c).
+	// The commit's switch relies on the state words living in an array user space maps
+	// into memory and stores into atomically (policy.c), found through an ifindex → slot
+	// hash.
 	spec, err := loadPolicy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ms := spec.Maps[policyMapNpaPodState]; ms.Type != ebpf.LPMTrie || ms.KeySize != uint32(reflect.TypeOf(podKey{}).Size()) {
-		t.Errorf("pod-state map is a %v with %d-byte keys, want an LPM trie keyed by pod_key", ms.Type, ms.KeySize)
+	const mmapable = 1 << 10 // BPF_F_MMAPABLE
+	if ms := spec.Maps[policyMapNpaSlotState]; ms.Type != ebpf.Array || ms.Flags&mmapable == 0 || int(ms.ValueSize) != podStateSize {
+		t.Errorf("state map is a %v with flags %#x and %d-byte values, want an mmapable array of %d-byte pod_state", ms.Type, ms.Flags, ms.ValueSize, podStateSize)
+	}
+	if ms := spec.Maps[policyMapNpaPodSlot]; ms.Type != ebpf.Hash || ms.KeySize != 4 || ms.ValueSize != 4 {
+		t.Errorf("slot map is a %v with %d-byte keys and %d-byte values, want a hash from u32 to u32", ms.Type, ms.KeySize, ms.ValueSize)
 	}
 	for _, p := range pairs {
 		a, b := reflect.TypeOf(p.ours), reflect.TypeOf(p.generated)

@@ -75,17 +75,15 @@ struct rule_value {
 	struct port_rule rules[MAX_PORT_RULES];
 };
 
-struct pod_state {
-	// Per direction: generation in the low 32 bits, FLAG_* in the high 32 bits, read
-	// with one load. Replacing the whole value is the commit's atomic switch.
-	__u64 dir[2];
-	__u64 hash[2]; // content hashes, for user space only
-};
+// A direction's state word: the owner's ifindex in the high 32 bits, the active
+// generation << 4 | FLAG_* in the low 32.
+#define WORD_OWNER(w) ((__u32)((w) >> 32))
+#define WORD_GEN(w) ((__u32)(w) >> 4)
+#define WORD_FLAGS(w) ((__u32)(w) & 0xf)
 
-// Key of npa_pod_state: an LPM trie used as an exact-match map (every key is a /32).
-struct pod_key {
-	__u32 prefixlen; // always 32
-	__u32 ifindex;
+struct pod_state {
+	__u64 dir[2]; // state word per direction
+	__u64 hash[2]; // content hashes, for user space only
 };
 
 struct ct_key {
@@ -105,25 +103,49 @@ struct ct_value {
 
 // Capacities are set by the loader; these are placeholders.
 
-// The pod-state map is an LPM trie, not a hash, because of how each frees a replaced
-// value. A program holds the pointer bpf_map_lookup_elem returned until it loads the
-// state word. The trie never writes a published node: an update links in a new node
-// and frees the old one with bpf_mem_cache_free_rcu, so it is reused only after an RCU
-// grace period, and a program (which runs under rcu_read_lock) reads either the old
-// state or the new one, whole. A hash map reuses a replaced element at once: a
-// preallocated one makes it the CPU's spare for the next update, a BPF_F_NO_PREALLOC
-// one (kernels >= 6.1, bpf_mem_alloc) frees it with bpf_mem_cache_free to a per-CPU
-// list the next allocation takes from; either way the next update on that CPU can
-// memcpy another pod's state into memory a program is reading. An array updated in
-// place is no better: the syscall copies the value with memcpy, not one 8-byte store.
+// A pod's state lives in a slot of npa_slot_state, an array user space maps into its
+// memory; npa_pod_slot maps the pod's ifindex to its slot, which stays the same for the
+// pod's life. A commit's switch is one atomic 8-byte store of the direction's word
+// through that mapping, and a program reads the word with one aligned 8-byte load, so
+// it sees the old word or the new one. Array memory is never freed or reused for
+// anything but this slot.
+//
+// Why not keep the state in a hash map: a program holds the pointer
+// bpf_map_lookup_elem returned until it loads the word, and a hash map hands a
+// replaced or deleted element to a later update at once — a preallocated one makes it
+// the CPU's spare for the next replace, a BPF_F_NO_PREALLOC one (bpf_mem_alloc, Linux
+// >= 6.1) frees it with bpf_mem_cache_free to a per-CPU list the next allocation takes
+// from — so another pod's state could be memcpy'd into memory a program is reading.
+// Nor an array updated with the update syscall: it copies the value with memcpy, not one
+// store. An LPM trie would be safe (replaced nodes are freed after an RCU grace period)
+// but its lookup costs a helper call and a walk per state read, measured 2-3 times the
+// hash lookup with 4096 pods.
+//
+// npa_pod_slot is a hash too, but only ever inserted into and deleted from, never
+// updated: its element can be reused only after the pod's removal. The owner in the
+// word covers that case. A program that read a stale slot number finds a word of the
+// removed pod (its last policy decides, as for a packet just before the removal), a
+// word of another pod or none (the packet is unmanaged, as after the removal).
+//
+// Ordering: user space writes a generation's entries (syscalls) before the word that
+// names them, and the program looks them up after reading the word. x86-64 keeps both
+// orders (TSO); a weakly ordered CPU would need a load-acquire of the word.
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct pod_key);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);   // ifindex
+	__type(value, __u32); // slot in npa_slot_state
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} npa_pod_slot SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
 	__type(value, struct pod_state);
 	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_NO_PREALLOC); // required for tries
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} npa_pod_state SEC(".maps");
+} npa_slot_state SEC(".maps");
 
 #define TRIE(name, keytype)                                                            \
 	struct {                                                                       \
@@ -268,16 +290,25 @@ static __always_inline const struct rule_value *lookup(const int dir, __u32 ifin
 	return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v6 : (void *)&npa_eg_v6, &k);
 }
 
+// read_word returns the pod's state word of a direction; *found is 0 if npagent does
+// not manage the pod (now).
 static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
 {
-	struct pod_key key = {.prefixlen = 32, .ifindex = ifindex};
-	struct pod_state *st = bpf_map_lookup_elem(&npa_pod_state, &key);
-	if (!st) {
-		*found = 0;
+	*found = 0;
+	__u32 *slot = bpf_map_lookup_elem(&npa_pod_slot, &ifindex);
+	if (!slot)
 		return 0;
-	}
+	// If the pod was removed since the lookup, the element may hold another pod's
+	// slot or a torn value by now: the owner check below rejects the word it leads to.
+	__u32 s = *(volatile __u32 *)slot;
+	struct pod_state *st = bpf_map_lookup_elem(&npa_slot_state, &s);
+	if (!st)
+		return 0;
+	__u64 word = *(volatile __u64 *)&st->dir[dir];
+	if (WORD_OWNER(word) != ifindex)
+		return 0;
 	*found = 1;
-	return *(volatile __u64 *)&st->dir[dir];
+	return word;
 }
 
 enum { ALLOW = 1, DENY = 2, STALE = 3 };
@@ -289,13 +320,13 @@ static __always_inline int missed(const int dir, __u32 ifindex, __u64 word)
 {
 	int found;
 	__u64 now = read_word(dir, ifindex, &found);
-	return !found || (__u32)now != (__u32)word;
+	return !found || WORD_GEN(now) != WORD_GEN(word);
 }
 
 static __always_inline int evaluate(const int dir, __u32 ifindex, __u64 word, const struct packet *p,
 				    const __u8 *peer, __u16 port)
 {
-	__u32 gen = (__u32)word, flags = (__u32)(word >> 32);
+	__u32 gen = WORD_GEN(word), flags = WORD_FLAGS(word);
 	const struct rule_value *v;
 
 	if (flags & FLAG_ADMIN) {

@@ -46,12 +46,6 @@ type policyLpmKey6 struct {
 	Addr      [16]uint8
 }
 
-type policyPodKey struct {
-	_         structs.HostLayout
-	Prefixlen uint32
-	Ifindex   uint32
-}
-
 type policyPodState struct {
 	_    structs.HostLayout
 	Dir  [2]uint64
@@ -78,15 +72,16 @@ type policyRuleValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapNpaCt       = "npa_ct"
-	policyMapNpaEgV4     = "npa_eg_v4"
-	policyMapNpaEgV6     = "npa_eg_v6"
-	policyMapNpaInV4     = "npa_in_v4"
-	policyMapNpaInV6     = "npa_in_v6"
-	policyMapNpaPodState = "npa_pod_state"
-	policyProgFromPod    = "from_pod"
-	policyProgToPod      = "to_pod"
-	policyVarCtTimeoutNs = "ct_timeout_ns"
+	policyMapNpaCt        = "npa_ct"
+	policyMapNpaEgV4      = "npa_eg_v4"
+	policyMapNpaEgV6      = "npa_eg_v6"
+	policyMapNpaInV4      = "npa_in_v4"
+	policyMapNpaInV6      = "npa_in_v6"
+	policyMapNpaPodSlot   = "npa_pod_slot"
+	policyMapNpaSlotState = "npa_slot_state"
+	policyProgFromPod     = "from_pod"
+	policyProgToPod       = "to_pod"
+	policyVarCtTimeoutNs  = "ct_timeout_ns"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -139,12 +134,13 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaCt       *ebpf.MapSpec `ebpf:"npa_ct"`
-	NpaEgV4     *ebpf.MapSpec `ebpf:"npa_eg_v4"`
-	NpaEgV6     *ebpf.MapSpec `ebpf:"npa_eg_v6"`
-	NpaInV4     *ebpf.MapSpec `ebpf:"npa_in_v4"`
-	NpaInV6     *ebpf.MapSpec `ebpf:"npa_in_v6"`
-	NpaPodState *ebpf.MapSpec `ebpf:"npa_pod_state"`
+	NpaCt        *ebpf.MapSpec `ebpf:"npa_ct"`
+	NpaEgV4      *ebpf.MapSpec `ebpf:"npa_eg_v4"`
+	NpaEgV6      *ebpf.MapSpec `ebpf:"npa_eg_v6"`
+	NpaInV4      *ebpf.MapSpec `ebpf:"npa_in_v4"`
+	NpaInV6      *ebpf.MapSpec `ebpf:"npa_in_v6"`
+	NpaPodSlot   *ebpf.MapSpec `ebpf:"npa_pod_slot"`
+	NpaSlotState *ebpf.MapSpec `ebpf:"npa_slot_state"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -174,12 +170,13 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaCt       *ebpf.Map `ebpf:"npa_ct"`
-	NpaEgV4     *ebpf.Map `ebpf:"npa_eg_v4"`
-	NpaEgV6     *ebpf.Map `ebpf:"npa_eg_v6"`
-	NpaInV4     *ebpf.Map `ebpf:"npa_in_v4"`
-	NpaInV6     *ebpf.Map `ebpf:"npa_in_v6"`
-	NpaPodState *ebpf.Map `ebpf:"npa_pod_state"`
+	NpaCt        *ebpf.Map `ebpf:"npa_ct"`
+	NpaEgV4      *ebpf.Map `ebpf:"npa_eg_v4"`
+	NpaEgV6      *ebpf.Map `ebpf:"npa_eg_v6"`
+	NpaInV4      *ebpf.Map `ebpf:"npa_in_v4"`
+	NpaInV6      *ebpf.Map `ebpf:"npa_in_v6"`
+	NpaPodSlot   *ebpf.Map `ebpf:"npa_pod_slot"`
+	NpaSlotState *ebpf.Map `ebpf:"npa_slot_state"`
 }
 
 func (m *policyMaps) Close() error {
@@ -189,7 +186,8 @@ func (m *policyMaps) Close() error {
 		m.NpaEgV6,
 		m.NpaInV4,
 		m.NpaInV6,
-		m.NpaPodState,
+		m.NpaPodSlot,
+		m.NpaSlotState,
 	)
 }
 

@@ -2,7 +2,7 @@ package bpfmaps
 
 import (
 	"bytes"
-	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -157,16 +157,18 @@ func pinnedProgram(t *testing.T, path string) *ebpf.Program {
 }
 
 // TestOpenMigratesLegacyPodMap: pod states an older build pinned in its hash map
-// (npa_pods: ifindex → pod_state) move into the pod-state trie. The pod is adopted with
-// its generations and hashes (an unchanged re-commit is skipped), the kernel decides by
-// them, the pinned links run the new program, the hash is unpinned and the move is
-// logged. "interrupted" is a migration that died before the unpin: the trie already
-// holds the states and the hash is still pinned.
+// (npa_pods: ifindex → pod_state, generation in the low half of a word, flags in the
+// high half) move into the state array. The pod is adopted with its generations and
+// hashes (an unchanged re-commit is skipped), the kernel decides by them, the pinned
+// links run the new program, the hash is unpinned and the move is logged. "array-left"
+// has this build's maps beside the hash: a migration that died before the unpin, or a
+// run of this build before an older build ran again (then they hold a pod the older
+// build removed since, which must not come back).
 func TestOpenMigratesLegacyPodMap(t *testing.T) {
 	for _, c := range []struct {
-		name     string
-		keepTrie bool
-	}{{"older-build", false}, {"interrupted", true}} {
+		name      string
+		keepArray bool
+	}{{"older-build", false}, {"array-left", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			requireKernel(t)
 			pin := testPinPath(t)
@@ -183,15 +185,28 @@ func TestOpenMigratesLegacyPodMap(t *testing.T) {
 				t.Fatal(err)
 			}
 			state := prev.pods[uint32(ifindex)].state
-			if err := prev.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if !c.keepTrie {
-				if err := os.Remove(filepath.Join(pin, policyMapNpaPodState)); err != nil {
+			if c.keepArray {
+				removed := uint32(ifindex) + 1000
+				st := podState{Dir: [2]uint64{dirWord(removed, 1, 0), dirWord(removed, 1, 0)}}
+				if err := prev.states.put(removed, &st); err != nil {
 					t.Fatal(err)
 				}
 			}
-			pinLegacyPodMap(t, pin, map[uint32]podState{uint32(ifindex): state})
+			if err := prev.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if !c.keepArray {
+				for _, name := range []string{policyMapNpaPodSlot, policyMapNpaSlotState} {
+					if err := os.Remove(filepath.Join(pin, name)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			legacy := state
+			for d, w := range state.Dir {
+				legacy.Dir[d] = uint64(wordFlags(w))<<32 | uint64(wordGen(w))
+			}
+			pinLegacyPodMap(t, pin, map[uint32]podState{uint32(ifindex): legacy})
 
 			var logs bytes.Buffer
 			e := openTestEBPF(t, EBPFOptions{PinPath: pin, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -263,10 +278,10 @@ func TestOpenRejectsUnknownLegacyPodMap(t *testing.T) {
 	}
 }
 
-// pinLegacyPodMap pins, under pin, the pod-state hash map of builds before the trie.
+// pinLegacyPodMap pins, under pin, the pod-state hash map of builds before the array.
 func pinLegacyPodMap(t *testing.T, pin string, states map[uint32]podState) {
 	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(binary.Size(podState{})), MaxEntries: 4096})
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(podStateSize), MaxEntries: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,5 +293,83 @@ func pinLegacyPodMap(t *testing.T, pin string, states map[uint32]podState) {
 	}
 	if err := m.Pin(filepath.Join(pin, legacyPodMap)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDatapathChecksStateOwner: a program that reaches a slot whose words another pod
+// owns (the slot mapping it read was deleted and its element reused) treats the packet
+// as unmanaged instead of deciding it by that pod's policy.
+func TestDatapathChecksStateOwner(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	denyAll := PodPolicy{Ingress: DirectionPolicy{Isolated: true}}
+	if _, err := e.Commit(ifindex, denyAll); err != nil {
+		t.Fatal(err)
+	}
+	pkt := packet{peer: netip.MustParseAddr("10.1.0.9"), proto: ProtocolTCP, port: 80}
+	if e.kernelVerdict(t, ifindex, Ingress, pkt) {
+		t.Fatal("deny-all policy let a packet in")
+	}
+	slot := e.states.slots[uint32(ifindex)]
+	own := e.states.word(slot, int(Ingress)).Load()
+	e.states.word(slot, int(Ingress)).Store(dirWord(uint32(ifindex)+1, wordGen(own), wordFlags(own)))
+	if !e.kernelVerdict(t, ifindex, Ingress, pkt) {
+		t.Fatal("the program decided a packet by a state word another pod owns")
+	}
+	e.states.word(slot, int(Ingress)).Store(own)
+	if e.kernelVerdict(t, ifindex, Ingress, pkt) {
+		t.Fatal("deny-all policy let a packet in after its word was restored")
+	}
+}
+
+// TestOpenRepairsPodSlots: what a process that died half-way through a first commit or
+// a removal leaves is repaired at the next start. A slot filled but not yet mapped is
+// cleared and reused; a mapping to a slot its pod does not own is deleted.
+func TestOpenRepairsPodSlots(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	kept, mismapped := dummyInterface(t), dummyInterface(t)
+	prev, err := OpenEBPF(EBPFOptions{PinPath: pin, Limits: Limits{Pods: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true}}
+	for _, i := range []int{kept, mismapped} {
+		if _, err := prev.Commit(i, pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A first commit that died after filling its slot, before mapping it.
+	orphan := prev.states.free[len(prev.states.free)-1]
+	prev.states.write(orphan, &podState{Dir: [2]uint64{dirWord(999, 1, 0), dirWord(999, 1, 0)}})
+	// A mapping whose slot holds another pod's words.
+	if err := prev.objs.NpaPodSlot.Update(uint32(mismapped), prev.states.slots[uint32(kept)], ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	if err := prev.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin, Limits: Limits{Pods: 4}})
+	if got := e.Pods(); len(got) != 1 || got[0] != kept {
+		t.Fatalf("adopted pods %v, want [%d]", got, kept)
+	}
+	if st := e.states.read(orphan); st != (podState{}) {
+		t.Fatalf("orphan slot %d not cleared: %+v", orphan, st)
+	}
+	if len(e.states.free) != 3 {
+		t.Fatalf("%d free slots, want 3 of 4", len(e.states.free))
+	}
+	var slot uint32
+	if err := e.objs.NpaPodSlot.Lookup(uint32(mismapped), &slot); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("mismapped interface %d still has a slot mapping (%d, %v)", mismapped, slot, err)
+	}
+	// The interface whose state was dropped is committed afresh and enforced.
+	if _, err := e.Commit(mismapped, pol); err != nil {
+		t.Fatal(err)
+	}
+	pkt := packet{peer: netip.MustParseAddr("10.1.0.9"), proto: ProtocolTCP, port: 80}
+	if e.kernelVerdict(t, mismapped, Ingress, pkt) || e.kernelVerdict(t, kept, Ingress, pkt) {
+		t.Fatal("a deny-all pod let a packet in after the repair")
 	}
 }
