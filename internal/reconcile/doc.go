@@ -40,7 +40,10 @@
 //   - Objects are keyed by uid in the seen-set: delete and recreate under one name
 //     is two objects; the old one's pods are re-committed without it.
 //   - After the caches sync, seen-set entries of objects no longer in either cache
-//     are pruned.
+//     are pruned. After every object of the initial list was synced once, pod state
+//     the dataplane still holds (pinned by the previous process) for interfaces no
+//     current object wants is removed: policies deleted while the agent was down do
+//     not stay enforced.
 //
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
 // pod are two pods (and would fight over one interface); commits are serialized in
