@@ -84,25 +84,38 @@ func (p *podStates) word(slot uint32, d int) *atomic.Uint64 {
 }
 
 // hash is direction d's content hash of a slot; only user space reads it.
-func (p *podStates) hash(slot uint32, d int) *uint64 {
-	return (*uint64)(unsafe.Pointer(&p.mem[int(slot)*podStateSize+16+8*d]))
+func (p *podStates) hash(slot uint32, d int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*podStateSize+16+8*d]))
 }
 
 func (p *podStates) read(slot uint32) podState {
 	var st podState
 	for d := range 2 {
 		st.Dir[d] = p.word(slot, d).Load()
-		st.Hash[d] = *p.hash(slot, d)
+		st.Hash[d] = p.hash(slot, d).Load()
 	}
 	return st
 }
 
-// write stores the hashes, then each direction's word with one atomic store: a
-// program reads a direction's old word or its new one.
+// unknownHash stands for "content unknown": it matches no policy's hash (but with
+// probability 2^-64), so the next commit rewrites the direction.
+const unknownHash = 0
+
+// write switches a slot's state. Per direction, the word is stored with one atomic
+// store, so a program reads the old word or the new one. The word and its hash cannot
+// change together, so the hash is first set to unknownHash and set to the new hash
+// after the word: a process that dies in between leaves a hash that matches no
+// content, never one that does not describe the word (a restarted agent would skip
+// a commit on it). The stores are sequentially consistent, so they reach the shared
+// memory in this order.
 func (p *podStates) write(slot uint32, st *podState) {
 	for d := range 2 {
-		*p.hash(slot, d) = st.Hash[d]
+		if p.word(slot, d).Load() == st.Dir[d] && p.hash(slot, d).Load() == st.Hash[d] {
+			continue
+		}
+		p.hash(slot, d).Store(unknownHash)
 		p.word(slot, d).Store(st.Dir[d])
+		p.hash(slot, d).Store(st.Hash[d])
 	}
 }
 

@@ -322,9 +322,11 @@ func TestDatapathChecksStateOwner(t *testing.T) {
 	}
 }
 
-// TestOpenRepairsPodSlots: what a process that died half-way through a first commit or
-// a removal leaves is repaired at the next start. A slot filled but not yet mapped is
-// cleared and reused; a mapping to a slot its pod does not own is deleted.
+// TestOpenRepairsPodSlots: what a process that died half-way through a commit or a
+// removal leaves is repaired at the next start. A slot filled but not yet mapped is
+// cleared and reused; a mapping to a slot its pod does not own is deleted; a direction
+// whose hash was left unknown (a switch cut between its word and its hash) is
+// rewritten by the next commit, not skipped.
 func TestOpenRepairsPodSlots(t *testing.T) {
 	requireKernel(t)
 	pin := testPinPath(t)
@@ -342,6 +344,8 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 	// A first commit that died after filling its slot, before mapping it.
 	orphan := prev.states.free[len(prev.states.free)-1]
 	prev.states.write(orphan, &podState{Dir: [2]uint64{dirWord(999, 1, 0), dirWord(999, 1, 0)}})
+	// A switch of kept's ingress cut after its word was stored.
+	prev.states.hash(prev.states.slots[uint32(kept)], int(Ingress)).Store(unknownHash)
 	// A mapping whose slot holds another pod's words.
 	if err := prev.objs.NpaPodSlot.Update(uint32(mismapped), prev.states.slots[uint32(kept)], ebpf.UpdateExist); err != nil {
 		t.Fatal(err)
@@ -364,9 +368,17 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 	if err := e.objs.NpaPodSlot.Lookup(uint32(mismapped), &slot); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("mismapped interface %d still has a slot mapping (%d, %v)", mismapped, slot, err)
 	}
-	// The interface whose state was dropped is committed afresh and enforced.
+	// The interface whose state was dropped is committed afresh and enforced; the
+	// unknown hash is rewritten.
 	if _, err := e.Commit(mismapped, pol); err != nil {
 		t.Fatal(err)
+	}
+	res, err := e.Commit(kept, pol)
+	if err != nil || res.Skipped {
+		t.Fatalf("commit over an unknown hash: %+v %v, want a rewrite", res, err)
+	}
+	if res, err := e.Commit(kept, pol); err != nil || !res.Skipped {
+		t.Fatalf("second commit of the same policy: %+v %v, want skipped", res, err)
 	}
 	pkt := packet{peer: netip.MustParseAddr("10.1.0.9"), proto: ProtocolTCP, port: 80}
 	if e.kernelVerdict(t, mismapped, Ingress, pkt) || e.kernelVerdict(t, kept, Ingress, pkt) {
