@@ -1,8 +1,11 @@
 package seen
 
 import (
+	"encoding/binary"
+	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -127,23 +130,48 @@ type Stats struct {
 	Persists      uint64             // successful state writes (each one fsync'd rename)
 }
 
+// numShards splits the set so a state write, which encodes one shard at a
+// time, blocks Observe only on the shard being encoded, and so handlers and
+// workers on different objects rarely contend. A power of two.
+const numShards = 32
+
 // Set is the consume-once seen-set. It is safe for concurrent use.
 type Set struct {
-	cfg config
+	cfg   config
+	guard int64 // triggers ≤ guard of guarded or unknown uids are before_start; fixed by New
+	seed  maphash.Seed
 
-	mu     sync.Mutex
-	byUUID map[[16]byte]entry
-	byName map[string]entry
-	guard  int64 // triggers ≤ guard of guarded or unknown uids are before_start
-	// changeSeq counts state changes; durableSeq (under writeMu) is the newest
-	// changeSeq a successful write covered.
-	changeSeq    uint64
-	pendingCount int
-	stats        Stats
+	shards [numShards]shard
+	// changeSeq counts state changes, taken inside the changed shard's lock;
+	// durableSeq (under writeMu) is the newest one a successful write covered.
+	changeSeq     atomic.Uint64
+	persists      atomic.Uint64
+	persistErrors atomic.Uint64
 
 	writeMu    sync.Mutex
 	durableSeq uint64
 	encodeBuf  []byte
+}
+
+type shard struct {
+	mu           sync.Mutex
+	byUUID       map[[16]byte]entry
+	byName       map[string]entry
+	pendingCount int
+	stats        Stats    // counters only; Objects, Pending and the persist counters are filled by Set.Stats
+	_            [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+func (s *Set) shardOf(k key) *shard {
+	var h uint64
+	if k.isUUID {
+		// Kubernetes UIDs are random (v4), but fold all 16 bytes so that
+		// sequential test uids spread too.
+		h = (binary.LittleEndian.Uint64(k.id[:8]) ^ binary.LittleEndian.Uint64(k.id[8:])) * 0x9e3779b97f4a7c15
+	} else {
+		h = maphash.String(s.seed, k.name)
+	}
+	return &s.shards[h>>(64-5)] // top 5 bits: numShards = 32
 }
 
 // New builds a Set whose before_start guard uses start (normally the process
@@ -158,10 +186,10 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	s = &Set{
-		cfg:    cfg,
-		byUUID: make(map[[16]byte]entry),
-		byName: make(map[string]entry),
+	s = &Set{cfg: cfg, seed: maphash.MakeSeed()}
+	for i := range s.shards {
+		s.shards[i].byUUID = make(map[[16]byte]entry)
+		s.shards[i].byName = make(map[string]entry)
 	}
 	s.guard = noTime + 1
 	if g, ok := unixNano(start); ok {
@@ -178,54 +206,55 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 		return s, nil
 	}
 	for _, r := range st.entries {
-		e := r.entry
+		k := makeKey(r.uid)
+		sh, e := s.shardOf(k), r.entry
 		if e.pend != nil {
 			n := len(e.pend.triggers)
 			for len(e.pend.triggers) > cfg.maxPending { // a smaller bound than the last run's
 				mid := len(e.pend.triggers) / 2
 				e.pend.triggers = slices.Delete(e.pend.triggers, mid, mid+1)
-				s.stats.Suppressed[Overflow]++
+				sh.stats.Suppressed[Overflow]++
 			}
-			s.stats.Restored += uint64(n)
-			s.pendingCount += len(e.pend.triggers)
+			sh.stats.Restored += uint64(n)
+			sh.pendingCount += len(e.pend.triggers)
 		}
-		s.put(makeKey(r.uid), e)
+		sh.put(k, e)
 	}
 	s.guard = min(s.guard, st.watermark)
 	return s, nil
 }
 
-func (s *Set) get(k key) (entry, bool) {
+func (sh *shard) get(k key) (entry, bool) {
 	if k.isUUID {
-		e, ok := s.byUUID[k.id]
+		e, ok := sh.byUUID[k.id]
 		return e, ok
 	}
-	e, ok := s.byName[k.name]
+	e, ok := sh.byName[k.name]
 	return e, ok
 }
 
-func (s *Set) put(k key, e entry) {
+func (sh *shard) put(k key, e entry) {
 	if k.isUUID {
-		s.byUUID[k.id] = e
+		sh.byUUID[k.id] = e
 	} else {
-		s.byName[k.name] = e
+		sh.byName[k.name] = e
 	}
 }
 
 // store puts e, or removes the uid when e holds nothing worth keeping.
-func (s *Set) store(k key, e entry) {
+func (sh *shard) store(k key, e entry) {
 	if e.consumed == noTime && e.pend == nil {
-		s.del(k)
+		sh.del(k)
 		return
 	}
-	s.put(k, e)
+	sh.put(k, e)
 }
 
-func (s *Set) del(k key) {
+func (sh *shard) del(k key) {
 	if k.isUUID {
-		delete(s.byUUID, k.id)
+		delete(sh.byUUID, k.id)
 	} else {
-		delete(s.byName, k.name)
+		delete(sh.byName, k.name)
 	}
 }
 
@@ -249,23 +278,24 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 	t, valid := unixNano(trigger)
 	k := makeKey(uid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if !valid {
-		s.stats.Suppressed[InvalidAnnotation]++
+		sh.stats.Suppressed[InvalidAnnotation]++
 		return InvalidAnnotation
 	}
-	e, found := s.get(k)
+	e, found := sh.get(k)
 	if found {
 		switch {
 		case t == e.consumed:
-			s.stats.Suppressed[Redelivered]++
+			sh.stats.Suppressed[Redelivered]++
 			return Redelivered
 		case t < e.consumed:
-			s.stats.Suppressed[Stale]++
+			sh.stats.Suppressed[Stale]++
 			return Stale
 		case e.pend != nil && e.pend.contains(t):
-			s.stats.Suppressed[Redelivered]++
+			sh.stats.Suppressed[Redelivered]++
 			return Redelivered
 		}
 	}
@@ -280,9 +310,9 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		if e.pend != nil && e.pend.idle(e.consumed) {
 			e.pend = nil
 		}
-		s.put(k, e)
-		s.changeSeq++
-		s.stats.Suppressed[BeforeStart]++
+		sh.put(k, e)
+		s.changeSeq.Add(1)
+		sh.stats.Suppressed[BeforeStart]++
 		return BeforeStart
 	}
 	if !found {
@@ -306,28 +336,29 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		return 0
 	})
 	p.triggers = slices.Insert(p.triggers, i, pt)
-	s.stats.Accepted++
-	s.pendingCount++
+	sh.stats.Accepted++
+	sh.pendingCount++
 	if len(p.triggers) > s.cfg.maxPending {
 		// Keep the oldest (the longest latency, the tail the histogram is
 		// for) and the newest (the one the next commit reports last).
 		mid := len(p.triggers) / 2
 		p.triggers = slices.Delete(p.triggers, mid, mid+1)
-		s.stats.Suppressed[Overflow]++
-		s.pendingCount--
+		sh.stats.Suppressed[Overflow]++
+		sh.pendingCount--
 	}
 	e.flags &^= flagGuarded
-	s.put(k, e)
-	s.changeSeq++
+	sh.put(k, e)
+	s.changeSeq.Add(1)
 	return Accepted
 }
 
 // ObserveInvalid counts an event whose annotation could not be parsed
 // (invalid_annotation). The uid is not tracked because of it.
 func (s *Set) ObserveInvalid(uid string) {
-	s.mu.Lock()
-	s.stats.Suppressed[InvalidAnnotation]++
-	s.mu.Unlock()
+	sh := s.shardOf(makeKey(uid))
+	sh.mu.Lock()
+	sh.stats.Suppressed[InvalidAnnotation]++
+	sh.mu.Unlock()
 }
 
 // Committed tells the set that this node's dataplane now holds the object
@@ -354,8 +385,9 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 		return nil, nil
 	}
 	k := makeKey(uid)
-	s.mu.Lock()
-	e, found := s.get(k)
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	e, found := sh.get(k)
 	if !found {
 		e = entry{consumed: noTime, flags: flagGuarded}
 	}
@@ -380,8 +412,8 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 			}
 			e.consumed = max(e.consumed, p.triggers[n-1].trigger)
 			p.triggers = slices.Delete(p.triggers, 0, n)
-			s.pendingCount -= n
-			s.stats.Reported += uint64(n)
+			sh.pendingCount -= n
+			sh.stats.Reported += uint64(n)
 		}
 		for i := range p.triggers {
 			p.triggers[i].failures = 0
@@ -401,10 +433,9 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	s.store(k, e)
-	s.changeSeq++
-	seq := s.changeSeq
-	s.mu.Unlock()
+	sh.store(k, e)
+	seq := s.changeSeq.Add(1)
+	sh.mu.Unlock()
 
 	if len(reports) == 0 || s.cfg.statePath == "" {
 		return reports, nil
@@ -416,9 +447,10 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 // triggers are kept and each counts one more attempt.
 func (s *Set) Failed(uid string) {
 	k := makeKey(uid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, found := s.get(k)
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, found := sh.get(k)
 	if !found || e.pend == nil {
 		return
 	}
@@ -437,9 +469,10 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 		return
 	}
 	k := makeKey(uid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, found := s.get(k)
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, found := sh.get(k)
 	if !found {
 		e = entry{consumed: noTime, flags: flagGuarded}
 	}
@@ -449,8 +482,8 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 			n++
 		}
 		p.triggers = slices.Delete(p.triggers, 0, n)
-		s.pendingCount -= n
-		s.stats.Suppressed[NoLocalPods] += uint64(n)
+		sh.pendingCount -= n
+		sh.stats.Suppressed[NoLocalPods] += uint64(n)
 	}
 	// A guarded uid's triggers ≤ guard stay the guard's business, so their
 	// events count before_start rather than redelivered.
@@ -460,8 +493,8 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	s.store(k, e)
-	s.changeSeq++
+	sh.store(k, e)
+	s.changeSeq.Add(1)
 }
 
 // Forget tells the set the object was deleted: its pending triggers are
@@ -469,24 +502,25 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 // deletion: a uid observed after Forget is a new object to the set.
 func (s *Set) Forget(uid string) {
 	k := makeKey(uid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, found := s.get(k)
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, found := sh.get(k)
 	if !found {
 		return
 	}
-	s.dropPending(e)
-	s.del(k)
-	s.changeSeq++
+	sh.dropPending(e)
+	sh.del(k)
+	s.changeSeq.Add(1)
 }
 
-func (s *Set) dropPending(e entry) {
+func (sh *shard) dropPending(e entry) {
 	if e.pend == nil {
 		return
 	}
 	n := len(e.pend.triggers)
-	s.pendingCount -= n
-	s.stats.Suppressed[Deleted] += uint64(n)
+	sh.pendingCount -= n
+	sh.stats.Suppressed[Deleted] += uint64(n)
 }
 
 // Prune drops the entries (restored or otherwise) whose uid keep rejects,
@@ -495,25 +529,28 @@ func (s *Set) dropPending(e entry) {
 // agent was down do not keep memory forever. keep runs under the set's lock:
 // it must not call back into the Set.
 func (s *Set) Prune(keep func(uid string) bool) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	dropped := 0
-	for id, e := range s.byUUID {
-		if !keep(formatUUID(id)) {
-			s.dropPending(e)
-			delete(s.byUUID, id)
-			dropped++
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for id, e := range sh.byUUID {
+			if !keep(formatUUID(id)) {
+				sh.dropPending(e)
+				delete(sh.byUUID, id)
+				dropped++
+			}
 		}
-	}
-	for name, e := range s.byName {
-		if !keep(name) {
-			s.dropPending(e)
-			delete(s.byName, name)
-			dropped++
+		for name, e := range sh.byName {
+			if !keep(name) {
+				sh.dropPending(e)
+				delete(sh.byName, name)
+				dropped++
+			}
 		}
+		sh.mu.Unlock()
 	}
 	if dropped > 0 {
-		s.changeSeq++
+		s.changeSeq.Add(1)
 	}
 	return dropped
 }
@@ -521,9 +558,10 @@ func (s *Set) Prune(keep func(uid string) bool) int {
 // Pending reports whether uid has pending triggers, and the newest one.
 func (s *Set) Pending(uid string) (newest time.Time, ok bool) {
 	k := makeKey(uid)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, found := s.get(k)
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, found := sh.get(k)
 	if !found || e.pend == nil || len(e.pend.triggers) == 0 {
 		return time.Time{}, false
 	}
@@ -532,11 +570,22 @@ func (s *Set) Pending(uid string) (newest time.Time, ok bool) {
 
 // Stats returns a snapshot of the set's size and counters.
 func (s *Set) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.Objects = len(s.byUUID) + len(s.byName)
-	st.Pending = s.pendingCount
+	var st Stats
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Objects += len(sh.byUUID) + len(sh.byName)
+		st.Pending += sh.pendingCount
+		st.Accepted += sh.stats.Accepted
+		st.Restored += sh.stats.Restored
+		st.Reported += sh.stats.Reported
+		for r := range st.Suppressed {
+			st.Suppressed[r] += sh.stats.Suppressed[r]
+		}
+		sh.mu.Unlock()
+	}
+	st.Persists = s.persists.Load()
+	st.PersistErrors = s.persistErrors.Load()
 	return st
 }
 

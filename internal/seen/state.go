@@ -61,7 +61,8 @@ type restoredState struct {
 	entries   []restoredEntry
 }
 
-// appendState encodes the set's persistent state after buf. s.mu is held.
+// appendState encodes the set's persistent state after buf, locking each
+// shard in turn.
 func (s *Set) appendState(buf []byte) []byte {
 	start := len(buf)
 	buf = append(buf, stateMagic...)
@@ -73,18 +74,28 @@ func (s *Set) appendState(buf []byte) []byte {
 		watermark = max(watermark, now)
 	}
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(watermark))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(s.byUUID)+len(s.byName)))
-	for id, e := range s.byUUID {
-		buf = appendEntryHead(buf, entryKindID, e)
-		buf = append(buf, id[:]...)
-		buf = appendEntryTail(buf, e)
+	buf = binary.LittleEndian.AppendUint64(buf, 0) // count, patched below
+	count := 0
+	// One shard locked at a time: each uid's entry is consistent, which is
+	// all a restore needs (entries are independent).
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		count += len(sh.byUUID) + len(sh.byName)
+		for id, e := range sh.byUUID {
+			buf = appendEntryHead(buf, entryKindID, e)
+			buf = append(buf, id[:]...)
+			buf = appendEntryTail(buf, e)
+		}
+		for name, e := range sh.byName {
+			buf = appendEntryHead(buf, entryKindStr, e)
+			buf = binary.AppendUvarint(buf, uint64(len(name)))
+			buf = append(buf, name...)
+			buf = appendEntryTail(buf, e)
+		}
+		sh.mu.Unlock()
 	}
-	for name, e := range s.byName {
-		buf = appendEntryHead(buf, entryKindStr, e)
-		buf = binary.AppendUvarint(buf, uint64(len(name)))
-		buf = append(buf, name...)
-		buf = appendEntryTail(buf, e)
-	}
+	binary.LittleEndian.PutUint64(buf[start+16:], uint64(count))
 	return binary.LittleEndian.AppendUint32(buf, crc32.Checksum(buf[start:], castagnoli))
 }
 
@@ -270,22 +281,16 @@ func (s *Set) persistThrough(seq uint64, force bool) error {
 	if !force && s.durableSeq >= seq {
 		return nil
 	}
-	s.mu.Lock()
-	snapSeq := s.changeSeq
+	// Every change numbered ≤ snapSeq finished inside its shard's lock
+	// before this load, so the encoding, which takes each lock after it,
+	// includes them all.
+	snapSeq := s.changeSeq.Load()
 	s.encodeBuf = s.appendState(s.encodeBuf[:0])
-	s.mu.Unlock()
-
-	err := writeFileAtomic(s.cfg.statePath, s.encodeBuf)
-	s.mu.Lock()
-	if err != nil {
-		s.stats.PersistErrors++
-	} else {
-		s.stats.Persists++
-	}
-	s.mu.Unlock()
-	if err != nil {
+	if err := writeFileAtomic(s.cfg.statePath, s.encodeBuf); err != nil {
+		s.persistErrors.Add(1)
 		return err
 	}
+	s.persists.Add(1)
 	s.durableSeq = snapSeq
 	return nil
 }
