@@ -92,8 +92,10 @@
 //
 // # Cost
 //
-// Observe on a re-delivered trigger takes one mutex and one map lookup and
-// allocates nothing. UUID uids are stored as 16-byte keys (others in a
+// The set is split into 32 shards by uid, each with its own mutex. Observe
+// on a re-delivered trigger takes one shard's mutex and one map lookup and
+// allocates nothing; a state write encodes one shard at a time, so it holds
+// up only the events of the shard it is encoding. UUID uids are stored as 16-byte keys (others in a
 // string-keyed map), times as int64 Unix nanoseconds: an object with nothing
 // pending costs one map slot, about 63 bytes at 100,000 objects. A state write
 // is O(tracked objects) (26 bytes per object on disk); commits that queue

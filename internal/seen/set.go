@@ -526,7 +526,7 @@ func (sh *shard) dropPending(e entry) {
 // Prune drops the entries (restored or otherwise) whose uid keep rejects,
 // counting their pending triggers deleted, and returns how many it dropped.
 // Call it once after the informer caches sync, so objects deleted while the
-// agent was down do not keep memory forever. keep runs under the set's lock:
+// agent was down do not keep memory forever. keep runs under a shard's lock:
 // it must not call back into the Set.
 func (s *Set) Prune(keep func(uid string) bool) int {
 	dropped := 0
