@@ -140,13 +140,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// The controller stops on runCtx: the signal context, or a failed HTTP server.
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
-	var httpErr error
+	httpFailed := make(chan error, 1)
 	go func() {
 		select {
 		case err := <-serveErr:
 			if !errors.Is(err, http.ErrServerClosed) {
-				httpErr = fmt.Errorf("http server on %s: %w", ln.Addr(), err)
 				log.Error("http server failed; stopping", "addr", ln.Addr().String(), "err", err)
+				httpFailed <- fmt.Errorf("http server on %s: %w", ln.Addr(), err)
 			}
 			cancelRun()
 		case <-runCtx.Done():
@@ -180,10 +180,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"commit_failures", cs.CommitFailures, "entries_written", cs.EntriesWritten,
 		"objects", cs.Objects, "pods", cs.Pods)
 
-	switch {
-	case httpErr != nil:
-		return httpErr
-	case runErr != nil && ctx.Err() == nil:
+	select {
+	case err := <-httpFailed:
+		return err
+	default:
+	}
+	if ctx.Err() == nil { // nobody asked the agent to stop
+		if runErr == nil {
+			runErr = errors.New("stopped without a signal")
+		}
 		return fmt.Errorf("reconcile: %w", runErr)
 	}
 	return nil
