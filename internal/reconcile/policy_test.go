@@ -17,10 +17,7 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-var (
-	testNode  = netip.MustParseAddr("192.0.2.10")
-	otherNode = netip.MustParseAddr("192.0.2.11")
-)
+var testNode = netip.MustParseAddr("192.0.2.10")
 
 func pod(hostIP, podIP string) v1alpha1.PodEndpoint {
 	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "ns"}
