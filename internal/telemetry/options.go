@@ -26,7 +26,6 @@ type config struct {
 	traceExporters []sdktrace.SpanExporter
 	metricReaders  []sdkmetric.Reader
 	logger         *slog.Logger
-	prometheusReg  bool
 }
 
 // Option configures New. Options are sealed: only this package can make them.
@@ -43,7 +42,6 @@ func defaultConfig() config {
 		meterInterval: envDurationMillis("OTEL_METRIC_EXPORT_INTERVAL", defaultMeterInterval),
 		spanQueueSize: envInt("OTEL_BSP_MAX_QUEUE_SIZE", defaultSpanQueueSize),
 		logger:        slog.New(slog.DiscardHandler),
-		prometheusReg: true,
 	}
 }
 
@@ -130,10 +128,6 @@ func WithLogger(l *slog.Logger) Option {
 		}
 	}
 }
-
-// withoutPrometheus leaves out the Prometheus registry; for benchmarks that
-// compare the cost of the hot paths alone.
-func withoutPrometheus() Option { return func(c *config) { c.prometheusReg = false } }
 
 // otlpTraces and otlpMetrics resolve WithOTLP against the environment.
 func (c *config) otlpTraces() bool {

@@ -37,7 +37,7 @@ type Telemetry struct {
 	tp     *sdktrace.TracerProvider
 	mp     *sdkmetric.MeterProvider
 	tracer trace.Tracer
-	prom   *prometheus.Registry // nil when left out
+	prom   *prometheus.Registry
 
 	latency            metric.Float64Histogram
 	suppressed         metric.Int64Counter
@@ -180,16 +180,14 @@ func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) er
 			sdkmetric.NewView(sdkmetric.Instrument{Name: CommitDurationName}, exponential),
 		),
 	}
-	if t.cfg.prometheusReg {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		exp, err := otelprom.New(otelprom.WithRegisterer(reg))
-		if err != nil {
-			return fmt.Errorf("telemetry: prometheus exporter: %w", err)
-		}
-		t.prom = reg
-		mpOpts = append(mpOpts, sdkmetric.WithReader(exp))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promExporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
+	t.prom = reg
+	mpOpts = append(mpOpts, sdkmetric.WithReader(promExporter))
 	if t.cfg.otlpMetrics() {
 		// Cumulative whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
 		// says: Prometheus's OTLP endpoint rejects delta, and cumulative makes a
@@ -293,9 +291,6 @@ func (t *Telemetry) buildInstruments() error {
 // exposition (negotiated through the Accept header); the text formats show its
 // count and sum alone.
 func (t *Telemetry) MetricsHandler() http.Handler {
-	if t.prom == nil {
-		return http.NotFoundHandler()
-	}
 	return promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
 

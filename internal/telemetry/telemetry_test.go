@@ -80,7 +80,7 @@ func TestReportSpanTree(t *testing.T) {
 	}
 	for k, v := range want {
 		if got[k] != v {
-			t.Errorf("root attribute %s = %v, want %v", k, got[k].Emit(), v.Emit())
+			t.Errorf("root attribute %s = %v, want %v", k, got[k].String(), v.String())
 		}
 	}
 
@@ -115,7 +115,7 @@ func TestReportSpanTree(t *testing.T) {
 			t.Errorf("commit %d span %v..%v, want %v..%v", i+1, c.StartTime, c.EndTime, a.Start, a.End)
 		}
 		if attrMap(c.Attributes)[AttemptKey] != attribute.IntValue(i+1) {
-			t.Errorf("commit %d: attempt attribute %v", i+1, attrMap(c.Attributes)[AttemptKey].Emit())
+			t.Errorf("commit %d: attempt attribute %v", i+1, attrMap(c.Attributes)[AttemptKey].String())
 		}
 		if c.Parent.SpanID() != root.SpanContext.SpanID() {
 			t.Errorf("commit %d span is not a child of the root", i+1)
@@ -182,7 +182,7 @@ func TestReportClusterScopedOmitsNamespace(t *testing.T) {
 		}
 		a := attrMap(s.Attributes)
 		if _, ok := a["k8s.namespace.name"]; ok {
-			t.Errorf("cluster-scoped root span has k8s.namespace.name %v", a["k8s.namespace.name"].Emit())
+			t.Errorf("cluster-scoped root span has k8s.namespace.name %v", a["k8s.namespace.name"].String())
 		}
 		if _, ok := a[PolicyRefKey]; ok {
 			t.Errorf("root span without policyRef has %s", PolicyRefKey)
