@@ -161,9 +161,24 @@ func threadCPU(b *testing.B) time.Duration {
 // on the batch processor's goroutine is not in the CPU figure; with the no-op
 // exporter it is small (batching only).
 func BenchmarkReconcileTelemetryOnVsOff(b *testing.B) {
+	// keep-all is the default: every trigger traced. fast-10pct traces every
+	// trigger slower than 1 s and one in ten of the faster ones (the 80 ms
+	// triggers here): the histogram still counts all of them.
+	for _, bc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"keep-all", nil},
+		{"fast-10pct", []Option{WithSampling(time.Second, 0.1)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) { benchOnVsOff(b, bc.opts...) })
+	}
+}
+
+func benchOnVsOff(b *testing.B, opts ...Option) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	tel := newBenchTelemetry(b)
+	tel := newBenchTelemetry(b, opts...)
 	w := newReconcileWork()
 	r := record(time.Now(), "pe-bench", 80*time.Millisecond)
 	const chunk = 64
