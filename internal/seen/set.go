@@ -162,16 +162,18 @@ type shard struct {
 	_            [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
-func (s *Set) shardOf(k key) *shard {
-	var h uint64
+func (s *Set) shardOf(k *key) *shard {
 	if k.isUUID {
 		// Kubernetes UIDs are random (v4), but fold all 16 bytes so that
 		// sequential test uids spread too.
-		h = (binary.LittleEndian.Uint64(k.id[:8]) ^ binary.LittleEndian.Uint64(k.id[8:])) * 0x9e3779b97f4a7c15
-	} else {
-		h = maphash.String(s.seed, k.name)
+		h := (binary.LittleEndian.Uint64(k.id[:8]) ^ binary.LittleEndian.Uint64(k.id[8:])) * 0x9e3779b97f4a7c15
+		return &s.shards[h>>(64-5)] // top 5 bits: numShards = 32
 	}
-	return &s.shards[h>>(64-5)] // top 5 bits: numShards = 32
+	return s.shardOfName(k.name)
+}
+
+func (s *Set) shardOfName(name string) *shard {
+	return &s.shards[maphash.String(s.seed, name)>>(64-5)]
 }
 
 // New builds a Set whose before_start guard uses start (normally the process
@@ -207,7 +209,7 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 	}
 	for _, r := range st.entries {
 		k := makeKey(r.uid)
-		sh, e := s.shardOf(k), r.entry
+		sh, e := s.shardOf(&k), r.entry
 		if e.pend != nil {
 			n := len(e.pend.triggers)
 			for len(e.pend.triggers) > cfg.maxPending { // a smaller bound than the last run's
@@ -218,13 +220,13 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 			sh.stats.Restored += uint64(n)
 			sh.pendingCount += len(e.pend.triggers)
 		}
-		sh.put(k, e)
+		sh.put(&k, e)
 	}
 	s.guard = min(s.guard, st.watermark)
 	return s, nil
 }
 
-func (sh *shard) get(k key) (entry, bool) {
+func (sh *shard) get(k *key) (entry, bool) {
 	if k.isUUID {
 		e, ok := sh.byUUID[k.id]
 		return e, ok
@@ -233,7 +235,7 @@ func (sh *shard) get(k key) (entry, bool) {
 	return e, ok
 }
 
-func (sh *shard) put(k key, e entry) {
+func (sh *shard) put(k *key, e entry) {
 	if k.isUUID {
 		sh.byUUID[k.id] = e
 	} else {
@@ -242,7 +244,7 @@ func (sh *shard) put(k key, e entry) {
 }
 
 // store puts e, or removes the uid when e holds nothing worth keeping.
-func (sh *shard) store(k key, e entry) {
+func (sh *shard) store(k *key, e entry) {
 	if e.consumed == noTime && e.pend == nil {
 		sh.del(k)
 		return
@@ -250,7 +252,7 @@ func (sh *shard) store(k key, e entry) {
 	sh.put(k, e)
 }
 
-func (sh *shard) del(k key) {
+func (sh *shard) del(k *key) {
 	if k.isUUID {
 		delete(sh.byUUID, k.id)
 	} else {
@@ -278,14 +280,14 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 	t, valid := unixNano(trigger)
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if !valid {
 		sh.stats.Suppressed[InvalidAnnotation]++
 		return InvalidAnnotation
 	}
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if found {
 		switch {
 		case t == e.consumed:
@@ -310,7 +312,7 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		if e.pend != nil && e.pend.idle(e.consumed) {
 			e.pend = nil
 		}
-		sh.put(k, e)
+		sh.put(&k, e)
 		s.changeSeq.Add(1)
 		sh.stats.Suppressed[BeforeStart]++
 		return BeforeStart
@@ -347,7 +349,7 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		sh.pendingCount--
 	}
 	e.flags &^= flagGuarded
-	sh.put(k, e)
+	sh.put(&k, e)
 	s.changeSeq.Add(1)
 	return Accepted
 }
@@ -355,7 +357,8 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 // ObserveInvalid counts an event whose annotation could not be parsed
 // (invalid_annotation). The uid is not tracked because of it.
 func (s *Set) ObserveInvalid(uid string) {
-	sh := s.shardOf(makeKey(uid))
+	k := makeKey(uid)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	sh.stats.Suppressed[InvalidAnnotation]++
 	sh.mu.Unlock()
@@ -385,9 +388,9 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 		return nil, nil
 	}
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if !found {
 		e = entry{consumed: noTime, flags: flagGuarded}
 	}
@@ -433,7 +436,7 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	sh.store(k, e)
+	sh.store(&k, e)
 	seq := s.changeSeq.Add(1)
 	sh.mu.Unlock()
 
@@ -447,10 +450,10 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 // triggers are kept and each counts one more attempt.
 func (s *Set) Failed(uid string) {
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if !found || e.pend == nil {
 		return
 	}
@@ -469,10 +472,10 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 		return
 	}
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if !found {
 		e = entry{consumed: noTime, flags: flagGuarded}
 	}
@@ -493,7 +496,7 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}
-	sh.store(k, e)
+	sh.store(&k, e)
 	s.changeSeq.Add(1)
 }
 
@@ -502,15 +505,15 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 // deletion: a uid observed after Forget is a new object to the set.
 func (s *Set) Forget(uid string) {
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if !found {
 		return
 	}
 	sh.dropPending(e)
-	sh.del(k)
+	sh.del(&k)
 	s.changeSeq.Add(1)
 }
 
@@ -558,10 +561,10 @@ func (s *Set) Prune(keep func(uid string) bool) int {
 // Pending reports whether uid has pending triggers, and the newest one.
 func (s *Set) Pending(uid string) (newest time.Time, ok bool) {
 	k := makeKey(uid)
-	sh := s.shardOf(k)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, found := sh.get(k)
+	e, found := sh.get(&k)
 	if !found || e.pend == nil || len(e.pend.triggers) == 0 {
 		return time.Time{}, false
 	}

@@ -57,11 +57,15 @@ const (
 // unixNano converts t to Unix nanoseconds, reporting false when t (the zero
 // time, for one) does not fit or would collide with noTime.
 func unixNano(t time.Time) (int64, bool) {
-	// Fast path for the years 1679 to 2261; the exact bounds only matter
-	// at the edges.
+	// Inlined fast path for the years 1679 to 2261; the exact bounds only
+	// matter at the edges.
 	if sec := t.Unix(); sec > minNanoSec && sec < maxNanoSec {
 		return t.UnixNano(), true
 	}
+	return unixNanoEdge(t)
+}
+
+func unixNanoEdge(t time.Time) (int64, bool) {
 	if t.Before(minNano) || t.After(maxNano) {
 		return 0, false
 	}

@@ -33,18 +33,26 @@ var hexNibble = func() (t [256]byte) {
 
 const hexDigits = "0123456789abcdef"
 
-func makeKey(uid string) key {
-	if id, ok := parseUUID(uid); ok {
-		return key{id: id, isUUID: true}
+func makeKey(uid string) (k key) {
+	if parseUUIDInto(&k.id, uid) {
+		k.isUUID = true
+	} else {
+		k.name = uid
 	}
-	return key{name: uid}
+	return k
 }
 
 // parseUUID accepts only the canonical lowercase form, so formatUUID gives
 // back the very same string.
 func parseUUID(s string) (id [16]byte, ok bool) {
+	ok = parseUUIDInto(&id, s)
+	return id, ok
+}
+
+// parseUUIDInto is parseUUID writing into id, which holds garbage on false.
+func parseUUIDInto(id *[16]byte, s string) bool {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
-		return id, false
+		return false
 	}
 	// Unrolled with constant offsets so the compiler drops every bounds
 	// check: this is on the re-delivery hot path.
@@ -65,7 +73,7 @@ func parseUUID(s string) (id [16]byte, ok bool) {
 	id[13], bad = hexByte(s[30], s[31], bad)
 	id[14], bad = hexByte(s[32], s[33], bad)
 	id[15], bad = hexByte(s[34], s[35], bad)
-	return id, bad <= 0x0f
+	return bad <= 0x0f
 }
 
 // hexByte decodes two hex digits, or-ing their table values into bad, whose
