@@ -25,7 +25,7 @@
 //     bpf_mem_alloc since Linux 6.1, which reuses immediately), so a program could read
 //     another pod's state; updating an array through the syscall is a memcpy, not one
 //     store. An LPM trie (replaced nodes freed after an RCU grace period) would be safe
-//     but costs 2-3 times the hash lookup per state read with 4096 pods.
+//     but, with 4096 pods, up to twice the per-packet cost (BENCHMARKS.md).
 //   - Cheap no-ops: a commit whose content hash equals the committed one writes
 //     nothing (CommitResult.Skipped).
 //   - All or nothing: a commit rejected for invalid content (ErrInvalidPolicy, naming

@@ -118,8 +118,8 @@ struct ct_value {
 // from — so another pod's state could be memcpy'd into memory a program is reading.
 // Nor an array updated with the update syscall: it copies the value with memcpy, not one
 // store. An LPM trie would be safe (replaced nodes are freed after an RCU grace period)
-// but its lookup costs a helper call and a walk per state read, measured 2-3 times the
-// hash lookup with 4096 pods.
+// but costs a helper call and a trie walk per state read where a hash lookup is inlined:
+// with 4096 pods, up to twice the per-packet cost (BENCHMARKS.md).
 //
 // npa_pod_slot is a hash too, but only ever inserted into and deleted from, never
 // updated: its element can be reused only after the pod's removal. The owner in the
