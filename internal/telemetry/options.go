@@ -45,15 +45,18 @@ func defaultConfig() config {
 	}
 }
 
-// WithNodeName sets k8s.node.name on the resource and on every root span.
-// Default: unset (the attribute is omitted).
+// WithNodeName sets k8s.node.name on the resource (over OTEL_RESOURCE_ATTRIBUTES)
+// and on every root span. Default: unset (omitted from spans; the resource keeps
+// whatever OTEL_RESOURCE_ATTRIBUTES says).
 func WithNodeName(name string) Option { return func(c *config) { c.nodeName = name } }
 
-// WithServiceVersion sets service.version on the resource. Default: unset.
+// WithServiceVersion sets service.version on the resource (over
+// OTEL_RESOURCE_ATTRIBUTES). Default: unset.
 func WithServiceVersion(v string) Option { return func(c *config) { c.serviceVersion = v } }
 
-// WithInstanceID sets service.instance.id on the resource. Default: a random UUID
-// per process (unless OTEL_RESOURCE_ATTRIBUTES sets one).
+// WithInstanceID sets service.instance.id on the resource, over
+// OTEL_RESOURCE_ATTRIBUTES. Default: OTEL_RESOURCE_ATTRIBUTES's value if it has
+// one, else a random UUID per process.
 func WithInstanceID(id string) Option { return func(c *config) { c.instanceID = id } }
 
 // WithOTLP turns the OTLP gRPC exporters for traces and metrics on or off.

@@ -97,39 +97,43 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 	return t, nil
 }
 
-// buildResource merges, lowest precedence first: the SDK's defaults, what npagent
-// knows (service, instance, node, host), and OTEL_RESOURCE_ATTRIBUTES /
-// OTEL_SERVICE_NAME, so an operator can override any of them.
+// buildResource merges, lowest precedence first: the SDK's defaults; npagent's
+// own defaults (service.name, a random service.instance.id, host.name);
+// OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; and what the options set
+// (node name, service version, instance ID). So an operator can override the
+// defaults from the environment, and, as the OTel specification asks, attributes
+// the program sets explicitly win over the environment.
 func buildResource(ctx context.Context, cfg *config) (*resource.Resource, error) {
-	instanceID := cfg.instanceID
-	if instanceID == "" {
-		instanceID = uuid.NewString()
-	}
-	kvs := []attribute.KeyValue{
+	defaults := []attribute.KeyValue{
 		semconv.ServiceName(ServiceName),
-		semconv.ServiceInstanceID(instanceID),
-	}
-	if cfg.serviceVersion != "" {
-		kvs = append(kvs, semconv.ServiceVersion(cfg.serviceVersion))
-	}
-	if cfg.nodeName != "" {
-		kvs = append(kvs, semconv.K8SNodeName(cfg.nodeName))
+		semconv.ServiceInstanceID(uuid.NewString()),
 	}
 	if host, err := os.Hostname(); err == nil {
-		kvs = append(kvs, semconv.HostName(host))
+		defaults = append(defaults, semconv.HostName(host))
 	}
-	own := resource.NewWithAttributes(semconv.SchemaURL, kvs...)
+	var explicit []attribute.KeyValue
+	if cfg.instanceID != "" {
+		explicit = append(explicit, semconv.ServiceInstanceID(cfg.instanceID))
+	}
+	if cfg.serviceVersion != "" {
+		explicit = append(explicit, semconv.ServiceVersion(cfg.serviceVersion))
+	}
+	if cfg.nodeName != "" {
+		explicit = append(explicit, semconv.K8SNodeName(cfg.nodeName))
+	}
 	fromEnv, err := resource.New(ctx, resource.WithFromEnv())
 	if err != nil {
 		return nil, fmt.Errorf("telemetry resource: OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	res, err := resource.Merge(resource.Default(), own)
-	if err != nil {
-		return nil, fmt.Errorf("telemetry resource: merge defaults: %w", err)
-	}
-	res, err = resource.Merge(res, fromEnv)
-	if err != nil {
-		return nil, fmt.Errorf("telemetry resource: merge environment: %w", err)
+	res := resource.Default()
+	for _, layer := range []*resource.Resource{
+		resource.NewWithAttributes(semconv.SchemaURL, defaults...),
+		fromEnv,
+		resource.NewWithAttributes(semconv.SchemaURL, explicit...),
+	} {
+		if res, err = resource.Merge(res, layer); err != nil {
+			return nil, fmt.Errorf("telemetry resource: merge: %w", err)
+		}
 	}
 	return res, nil
 }
