@@ -12,20 +12,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// podStateSize is the size of struct pod_state, and of a slot in the state array (array
-// values are laid out on 8-byte boundaries; 32 is one already).
-var podStateSize = binary.Size(podState{})
+// podStateSize is the size of struct pod_state; slotStride is the distance between
+// slots in the mapped array, whose values the kernel lays out on 8-byte boundaries.
+var (
+	podStateSize = binary.Size(podState{})
+	slotStride   = (podStateSize + 7) / 8 * 8
+)
 
 // podStates is the kernel's pod state: npa_pod_slot (ifindex → slot) and npa_slot_state
 // (the slots), the latter mapped into this process's memory so that a direction's word
 // is switched with one atomic store (policy.c says why). Not safe for concurrent use:
 // the core's mutex guards it.
 type podStates struct {
-	slotMap  *ebpf.Map
-	stateMap *ebpf.Map
-	mem      []byte            // npa_slot_state, shared with the kernel
-	slots    map[uint32]uint32 // ifindex → slot, as in slotMap
-	free     []uint32          // slots no pod holds
+	slotMap *ebpf.Map
+	mem     []byte            // npa_slot_state, shared with the kernel
+	slots   map[uint32]uint32 // ifindex → slot, as in slotMap
+	free    []uint32          // slots no pod holds
 }
 
 // openPodStates maps the state array and loads the slot map: a mapping is kept if its
@@ -34,12 +36,12 @@ type podStates struct {
 // commit or a removal left when the process died half-way.
 func openPodStates(slotMap, stateMap *ebpf.Map) (*podStates, error) {
 	n := stateMap.MaxEntries()
-	size := (int(n)*podStateSize + os.Getpagesize() - 1) / os.Getpagesize() * os.Getpagesize()
+	size := (int(n)*slotStride + os.Getpagesize() - 1) / os.Getpagesize() * os.Getpagesize()
 	mem, err := unix.Mmap(stateMap.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map pod-state array into memory: %w", err)
 	}
-	p := &podStates{slotMap: slotMap, stateMap: stateMap, mem: mem, slots: map[uint32]uint32{}}
+	p := &podStates{slotMap: slotMap, mem: mem, slots: map[uint32]uint32{}}
 	var ifindex, slot uint32
 	var drop []uint32
 	held := make([]bool, n)
@@ -80,12 +82,12 @@ func (p *podStates) close() {
 
 // word is direction d's state word of a slot, in the shared memory.
 func (p *podStates) word(slot uint32, d int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*podStateSize+8*d]))
+	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*slotStride+8*d]))
 }
 
 // hash is direction d's content hash of a slot; only user space reads it.
 func (p *podStates) hash(slot uint32, d int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*podStateSize+16+8*d]))
+	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*slotStride+16+8*d]))
 }
 
 func (p *podStates) read(slot uint32) podState {
