@@ -15,6 +15,7 @@ import (
 // flood the log.
 type exportHealth struct {
 	signal  string
+	effect  string // what a failure costs, for the log line
 	logger  *slog.Logger
 	failing atomic.Bool
 }
@@ -22,7 +23,7 @@ type exportHealth struct {
 func (h *exportHealth) observe(err error) {
 	if err != nil {
 		if h.failing.CompareAndSwap(false, true) {
-			h.logger.Warn("telemetry export failing; dropping and counting", "signal", h.signal, "err", err)
+			h.logger.Warn("telemetry export failing", "signal", h.signal, "effect", h.effect, "err", err)
 		}
 		return
 	}

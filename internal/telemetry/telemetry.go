@@ -158,7 +158,7 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 	queue := t.cfg.spanQueueSize
 	for _, exp := range exporters {
 		inFlight := new(atomic.Int64)
-		health := &exportHealth{signal: "traces", logger: t.cfg.logger}
+		health := &exportHealth{signal: "traces", effect: "spans dropped and counted", logger: t.cfg.logger}
 		bsp := sdktrace.NewBatchSpanProcessor(
 			&gatedExporter{SpanExporter: exp, inFlight: inFlight, failed: &t.spansFailed, health: health},
 			sdktrace.WithMaxQueueSize(queue),
@@ -200,7 +200,7 @@ func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) er
 		if err != nil {
 			return fmt.Errorf("telemetry: otlp metric exporter: %w", err)
 		}
-		health := &exportHealth{signal: "metrics", logger: t.cfg.logger}
+		health := &exportHealth{signal: "metrics", effect: "cumulative totals sent on recovery", logger: t.cfg.logger}
 		mpOpts = append(mpOpts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(
 			&countingMetricExporter{Exporter: exp, failed: &t.metricExportsFailed, health: health},
 			sdkmetric.WithInterval(t.cfg.meterInterval),
