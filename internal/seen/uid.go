@@ -34,7 +34,7 @@ var hexNibble = func() (t [256]byte) {
 const hexDigits = "0123456789abcdef"
 
 func makeKey(uid string) (k key) {
-	if parseUUIDInto(&k.id, uid) {
+	if parseUUID(&k.id, uid) {
 		k.isUUID = true
 	} else {
 		k.name = uid
@@ -42,15 +42,10 @@ func makeKey(uid string) (k key) {
 	return k
 }
 
-// parseUUID accepts only the canonical lowercase form, so formatUUID gives
-// back the very same string.
-func parseUUID(s string) (id [16]byte, ok bool) {
-	ok = parseUUIDInto(&id, s)
-	return id, ok
-}
-
-// parseUUIDInto is parseUUID writing into id, which holds garbage on false.
-func parseUUIDInto(id *[16]byte, s string) bool {
+// parseUUID decodes s into id if s is a UUID in canonical lowercase form
+// (only that form, so formatUUID gives back the very same string). On false
+// id holds garbage.
+func parseUUID(id *[16]byte, s string) bool {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return false
 	}
