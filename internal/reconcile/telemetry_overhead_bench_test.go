@@ -3,17 +3,20 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
-
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
@@ -21,73 +24,351 @@ import (
 	"github.com/npagent/npagent/internal/telemetry"
 )
 
-// BenchmarkReconcileTelemetry is issue 5's comparison on the real loop: the whole
-// reconcile of one genuine update with telemetry off, on (every trigger traced, the
-// default) and sampled (WithSampling(100ms, 0.1): the sub-millisecond triggers here
-// are "fast", so one in ten is traced; every one is still a histogram point).
+// Issue 5 asks for the whole reconcile to be at most 5 % slower with telemetry on than
+// off. The two benchmarks here measure it on the real loop. One op is one new trigger
+// going the production path: the new object version enters the informer cache, the
+// update handler observes its trigger (seen.Observe) and enqueues the key, a worker
+// step (processNext) syncs it — compile, merge the pod's 10 objects, commit to the
+// dataplane — then seen.Committed persists the seen-set (write temp, fsync, rename,
+// fsync dir; the state file lives in b.TempDir()) before the trigger goes to the
+// Sink. Only the apiserver and the informer's watch decoding are left out; they cost
+// the same with telemetry on or off.
 //
-// One op is one new trigger going the production path: the new object version enters
-// the informer cache, the update handler observes its trigger (seen.Observe) and
-// enqueues the key, a worker step (processNext) syncs it — compile, merge the pod's 10
-// objects, commit to the dataplane — then seen.Committed persists the seen-set (write
-// temp, fsync, rename, fsync dir; the state file lives in b.TempDir()) before the
-// trigger is handed to the Sink. Only the apiserver and the informer's watch decoding
-// are left out; they cost the same with telemetry on or off.
+// The telemetry settings compared:
 //
-// Sub-benchmarks are named dataplane=…/telemetry=… so benchstat -col /telemetry puts
-// the three side by side. Besides ns/op (wall, which includes the fsync waits) each
-// reports cpu-ns/op: this process's user+system CPU per op, all goroutines included
-// (the batch span processor's too), which other processes' load does not inflate.
+//   - off: no Sink (the loop's discard sink), as the agent runs without telemetry;
+//   - on: telemetry.New with OTLP off and the default sampling (every trigger traced),
+//     spans going through the real bounded queue and batch span processor to an
+//     exporter that counts and discards them; metrics aggregated for the Prometheus
+//     registry New always builds;
+//   - sampled: the same with WithSampling(100ms, 0.1). The sub-millisecond triggers
+//     here are "fast", so one in ten is traced; every one is a histogram point.
+
+// overheadVariant is one telemetry setting.
+type overheadVariant struct {
+	name string
+	on   bool
+	opts []telemetry.Option
+}
+
+var overheadVariants = []overheadVariant{
+	{name: "off"},
+	{name: "on", on: true},
+	{name: "sampled", on: true, opts: []telemetry.Option{telemetry.WithSampling(100*time.Millisecond, 0.1)}},
+}
+
+// BenchmarkReconcileTelemetry runs each setting as its own sub-benchmark, named
+// dataplane=…/telemetry=… so that benchstat -col /telemetry puts them side by side.
+// Besides ns/op (wall, which includes the fsync waits) each reports cpu-ns/op: this
+// process's user+system CPU per op, every goroutine included (the batch span
+// processor's too), which other processes' load inflates less than wall time.
 func BenchmarkReconcileTelemetry(b *testing.B) {
 	b.Run("dataplane=memory", func(b *testing.B) {
-		benchTelemetryVariants(b, bpfmaps.NewMemory(), nil)
+		dp := bpfmaps.NewMemory()
+		for _, v := range overheadVariants {
+			b.Run("telemetry="+v.name, func(b *testing.B) {
+				benchOverheadAlone(b, newOverheadRig(b, v, dp, madeUpInterfaces(0, overheadPods), false))
+			})
+		}
 	})
 	b.Run("dataplane=ebpf", func(b *testing.B) {
-		if os.Geteuid() != 0 {
-			b.Skip("needs root to load eBPF programs, pin maps under /sys/fs/bpf and create veth interfaces")
+		dp := openOverheadEBPF(b)
+		ifaces := overheadInterfaces(b, "s", overheadPods)
+		for _, v := range overheadVariants {
+			b.Run("telemetry="+v.name, func(b *testing.B) {
+				benchOverheadAlone(b, newOverheadRig(b, v, dp, ifaces, false))
+			})
 		}
-		pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-telemetry-bench-%d", os.Getpid()))
-		b.Cleanup(func() { _ = os.RemoveAll(pin) })
-		dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
-		if err != nil {
-			b.Skipf("eBPF dataplane unavailable: %v", err)
-		}
-		b.Cleanup(func() { _ = dp.Close() })
-		benchTelemetryVariants(b, dp, benchInterfaces(b, 10))
 	})
 }
 
-// benchTelemetryVariants runs the three telemetry settings on one dataplane. The
-// dataplane (and the eBPF programs and veths behind it) is shared; each variant gets
-// its own controller, seen-set state file and Telemetry.
-func benchTelemetryVariants(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) {
-	b.Run("telemetry=off", func(b *testing.B) {
-		benchTelemetrySync(b, dp, resolver, nil, nil)
+func benchOverheadAlone(b *testing.B, r *overheadRig) {
+	r.begin(b)
+	cpuStart := cpuTime()
+	b.ReportAllocs()
+	for b.Loop() {
+		r.update(b)
+	}
+	b.ReportMetric(float64((cpuTime()-cpuStart).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	r.check(b)
+}
+
+// BenchmarkTelemetryOverheadPaired is the same comparison made robust against a
+// shared, noisy machine: the three settings run in one loop, each with its own
+// controller, seen-set file and pods on one shared dataplane, taking turns in chunks
+// of overheadChunk updates (the first in turn rotates every round), so load, disk
+// contention and drift hit all three alike. One op is one round: a chunk of each
+// setting; ns/op and the allocations are per round. Per setting it reports:
+//
+//   - X-ns/update and X-cpu-ns/update: mean wall and process CPU time per update;
+//   - X/off and cpu-X/off: the ratios of those means to off (issue 5's figure);
+//   - median-X/off: the ratio of the median chunk wall times, which a single fsync
+//     stall of the shared disk does not sway;
+//   - X-sink-ns/update and X-sink-median-ns/update: wall time spent inside the Sink's
+//     methods (Delivered, CommitDone, Report) during one update, mean and median:
+//     telemetry's own work on the reconcile path, measured directly rather than as
+//     the difference of two noisy totals. It is taken with time.Now (vDSO, no system
+//     call: a clock system call would flush the TLB under PTI and inflate the code
+//     it brackets). It leaves out the batch span processor's goroutine and the extra
+//     garbage collection the spans cause; the process CPU ratio includes both.
+func BenchmarkTelemetryOverheadPaired(b *testing.B) {
+	b.Run("dataplane=memory", func(b *testing.B) {
+		dp := bpfmaps.NewMemory()
+		var rigs []*overheadRig
+		for i, v := range overheadVariants {
+			rigs = append(rigs, newOverheadRig(b, v, dp, madeUpInterfaces(100*i, overheadPods), true))
+		}
+		benchOverheadPaired(b, rigs)
 	})
-	b.Run("telemetry=on", func(b *testing.B) {
-		spans := &discardSpanExporter{}
-		benchTelemetrySync(b, dp, resolver, newOverheadTelemetry(b, spans), spans)
-	})
-	b.Run("telemetry=sampled", func(b *testing.B) {
-		spans := &discardSpanExporter{}
-		benchTelemetrySync(b, dp, resolver, newOverheadTelemetry(b, spans, telemetry.WithSampling(100*time.Millisecond, 0.1)), spans)
+	b.Run("dataplane=ebpf", func(b *testing.B) {
+		dp := openOverheadEBPF(b)
+		var rigs []*overheadRig
+		for i, v := range overheadVariants {
+			rigs = append(rigs, newOverheadRig(b, v, dp, overheadInterfaces(b, strconv.Itoa(i), overheadPods), true))
+		}
+		benchOverheadPaired(b, rigs)
 	})
 }
 
-// newOverheadTelemetry builds the production Telemetry with OTLP off and the spans going
-// through the real bounded queue and batch span processor to spans, which discards
-// them. Metrics are aggregated for the Prometheus registry New always builds.
-func newOverheadTelemetry(b *testing.B, spans sdktrace.SpanExporter, opts ...telemetry.Option) *telemetry.Telemetry {
+const overheadChunk = 4
+
+func benchOverheadPaired(b *testing.B, rigs []*overheadRig) {
+	wall := make([]time.Duration, len(rigs))
+	cpu := make([]time.Duration, len(rigs))
+	chunks := make([][]time.Duration, len(rigs))
+	for _, r := range rigs {
+		r.begin(b)
+	}
+	b.ReportAllocs()
+	round := 0
+	for b.Loop() {
+		for k := range rigs {
+			i := (round + k) % len(rigs)
+			start, cpuStart := time.Now(), cpuTime()
+			for range overheadChunk {
+				rigs[i].update(b)
+			}
+			cpu[i] += cpuTime() - cpuStart
+			d := time.Since(start)
+			wall[i] += d
+			chunks[i] = append(chunks[i], d)
+		}
+		round++
+	}
+	updates := float64(b.N * overheadChunk)
+	base := rigs[0].variant.name
+	for i, r := range rigs {
+		name := r.variant.name
+		b.ReportMetric(float64(wall[i].Nanoseconds())/updates, name+"-ns/update")
+		b.ReportMetric(float64(cpu[i].Nanoseconds())/updates, name+"-cpu-ns/update")
+		if i == 0 {
+			continue
+		}
+		b.ReportMetric(float64(wall[i])/float64(wall[0]), name+"/"+base)
+		b.ReportMetric(float64(cpu[i])/float64(cpu[0]), "cpu-"+name+"/"+base)
+		b.ReportMetric(float64(median(chunks[i]))/float64(median(chunks[0])), "median-"+name+"/"+base)
+		if r.timed != nil {
+			var total time.Duration
+			for _, d := range r.timed.perUpdate {
+				total += d
+			}
+			b.ReportMetric(float64(total.Nanoseconds())/updates, name+"-sink-ns/update")
+			b.ReportMetric(float64(median(r.timed.perUpdate).Nanoseconds()), name+"-sink-median-ns/update")
+		}
+	}
+	for _, r := range rigs {
+		r.check(b)
+	}
+}
+
+// median returns the middle element of ds (the upper one of an even count).
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// timedSink passes every call on to the Telemetry and adds the wall time spent in it
+// to the current update's total; the rig closes each update's total into perUpdate.
+// Only the benchmark goroutine calls it (handler and worker step alike).
+type timedSink struct {
+	tel       *telemetry.Telemetry
+	current   time.Duration
+	perUpdate []time.Duration
+}
+
+func (s *timedSink) timed(f func()) {
+	start := time.Now()
+	f()
+	s.current += time.Since(start)
+}
+
+func (s *timedSink) endUpdate() {
+	s.perUpdate = append(s.perUpdate, s.current)
+	s.current = 0
+}
+
+func (s *timedSink) Report(r *telemetry.Record) { s.timed(func() { s.tel.Report(r) }) }
+func (s *timedSink) Suppressed(kind, reason string) {
+	s.timed(func() { s.tel.Suppressed(kind, reason) })
+}
+func (s *timedSink) Delivered(kind, cause string) { s.timed(func() { s.tel.Delivered(kind, cause) }) }
+func (s *timedSink) CommitDone(kind string, d time.Duration, err error) {
+	s.timed(func() { s.tel.CommitDone(kind, d, err) })
+}
+func (s *timedSink) InvalidObject(kind, field string) {
+	s.timed(func() { s.tel.InvalidObject(kind, field) })
+}
+
+// overheadPods is how many local pods the 100 objects select (10 objects each).
+const overheadPods = 10
+
+// overheadRig is one controller fed as the informer would feed it, with its own
+// seen-set state file and, when the variant is on, its own Telemetry.
+type overheadRig struct {
+	variant overheadVariant
+	c       *Controller
+	set     *seen.Set
+	tel     *telemetry.Telemetry
+	timed   *timedSink // wraps tel when the rig measures telemetry's own time; else nil
+	spans   *discardSpanExporter
+	store   cache.Indexer
+	handler cache.ResourceEventHandler
+	pes     []*v1alpha1.PolicyEndpoint
+	next    int // updates made so far
+
+	// Counters at begin, to check what the measured updates did.
+	updatesBefore int
+	statsBefore   Stats
+	seenBefore    seen.Stats
+	spansBefore   int64
+}
+
+// newOverheadRig builds the controller and runs the initial list: 100 objects added
+// and synced once (and reported: their triggers are newer than the seen-set's start).
+// With timeSink, the Telemetry is wrapped to measure the time spent in it.
+func newOverheadRig(b *testing.B, v overheadVariant, dp bpfmaps.Dataplane, resolver InterfaceResolver, timeSink bool) *overheadRig {
 	b.Helper()
-	opts = append([]telemetry.Option{
-		telemetry.WithOTLP(false), telemetry.WithNodeName("node-" + benchNode), telemetry.WithTraceExporter(spans),
-	}, opts...)
-	tel, err := telemetry.New(context.Background(), opts...)
+	const objects = 100
+	r := &overheadRig{variant: v}
+	var err error
+	r.set, err = seen.New(time.Now().Add(-time.Hour), seen.WithStatePath(filepath.Join(b.TempDir(), "seen.state")))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-	return tel
+	var sink Sink // nil: New installs the discard sink, as the agent does with telemetry off
+	if v.on {
+		r.spans = &discardSpanExporter{}
+		opts := append([]telemetry.Option{
+			telemetry.WithOTLP(false), telemetry.WithNodeName("node-" + benchNode), telemetry.WithTraceExporter(r.spans),
+		}, v.opts...)
+		r.tel, err = telemetry.New(context.Background(), opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = r.tel.Shutdown(context.Background()) })
+		sink = r.tel
+		if timeSink {
+			r.timed = &timedSink{tel: r.tel}
+			sink = r.timed
+		}
+	}
+	r.c, err = New(&rest.Config{Host: "https://127.0.0.1:1"}, Config{
+		NodeIP: netip.MustParseAddr(benchNode), Dataplane: dp, Seen: r.set, Resolver: resolver, Sink: sink, Logger: testLogger(b),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(r.c.queue.ShutDown)
+	r.store = r.c.informers[KindPolicyEndpoint].GetIndexer()
+	r.handler = r.c.handler(KindPolicyEndpoint)
+	r.pes = make([]*v1alpha1.PolicyEndpoint, objects)
+	for i := range r.pes {
+		pe := benchPE(i, overheadPods)
+		pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = nextTrigger().Format(time.RFC3339Nano)
+		if err := r.store.Add(pe); err != nil {
+			b.Fatal(err)
+		}
+		r.pes[i] = pe
+		r.handler.OnAdd(pe, true)
+		if !r.c.processNext(context.Background()) {
+			b.Fatal("worker stopped during the initial sync")
+		}
+	}
+	if s := r.c.Stats(); s.Reports != objects {
+		b.Fatalf("initial sync reported %d of %d triggers", s.Reports, objects)
+	}
+	return r
+}
+
+// begin notes the counters before the measured updates.
+func (r *overheadRig) begin(b *testing.B) {
+	r.updatesBefore, r.statsBefore, r.seenBefore = r.next, r.c.Stats(), r.set.Stats()
+	if r.timed != nil {
+		r.timed.current, r.timed.perUpdate = 0, nil
+	}
+	if r.tel != nil {
+		if err := r.tel.ForceFlush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		r.spansBefore = r.spans.spans.Load()
+	}
+}
+
+// update writes a new version of the next object (a changed port, a new
+// resourceVersion, a new trigger), delivers it to the update handler and runs one
+// worker step.
+func (r *overheadRig) update(b *testing.B) {
+	i := r.next % len(r.pes)
+	old := r.pes[i]
+	pe := old.DeepCopy()
+	pe.ResourceVersion = strconv.Itoa(100000 + r.next)
+	pe.Spec.Ingress[0].Ports[0].Port = ptr(int32(1000 + r.next%20000))
+	pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = nextTrigger().Format(time.RFC3339Nano)
+	if err := r.store.Update(pe); err != nil {
+		b.Fatal(err)
+	}
+	r.pes[i] = pe
+	r.handler.OnUpdate(old, pe)
+	if !r.c.processNext(context.Background()) {
+		b.Fatal("worker stopped")
+	}
+	if r.timed != nil {
+		r.timed.endUpdate()
+	}
+	r.next++
+}
+
+// check verifies that every update since begin wrote to the dataplane, persisted the
+// seen-set and reported its trigger, and that the spans were really processed:
+// flushed through the batch processor to the exporter, or counted as dropped.
+func (r *overheadRig) check(b *testing.B) {
+	n := uint64(r.next - r.updatesBefore)
+	s, ss := r.c.Stats(), r.set.Stats()
+	if got := s.Reports - r.statsBefore.Reports; got != n {
+		b.Fatalf("telemetry=%s: %d reports for %d new triggers", r.variant.name, got, n)
+	}
+	if w := s.DataplaneWrites() - r.statsBefore.DataplaneWrites(); w < n {
+		b.Fatalf("telemetry=%s: %d dataplane writes for %d genuine updates", r.variant.name, w, n)
+	}
+	if p := ss.Persists - r.seenBefore.Persists; p < n {
+		b.Fatalf("telemetry=%s: %d seen-set state writes for %d reports (persist errors: %d)", r.variant.name, p, n, ss.PersistErrors)
+	}
+	if r.tel == nil {
+		return
+	}
+	if err := r.tel.ForceFlush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	dropped, _ := r.tel.Dropped()
+	exported := r.spans.spans.Load() - r.spansBefore
+	if exported+int64(dropped) == 0 {
+		b.Fatalf("telemetry=%s: no span reached the exporter or the drop count for %d reports", r.variant.name, n)
+	}
+	b.Logf("telemetry=%s: %d updates, %d spans exported, %d dropped (since start)", r.variant.name, n, exported, dropped)
 }
 
 // discardSpanExporter counts the spans the batch processor hands it and drops them.
@@ -100,108 +381,52 @@ func (e *discardSpanExporter) ExportSpans(_ context.Context, spans []sdktrace.Re
 
 func (e *discardSpanExporter) Shutdown(context.Context) error { return nil }
 
-// benchTelemetrySync measures genuine updates of 100 objects selecting 10 local pods
-// (as BenchmarkSync does), through the event handler and a worker step, with a
-// persisted seen-set. tel nil is telemetry off (the loop's discard sink).
-func benchTelemetrySync(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver, tel *telemetry.Telemetry, spans *discardSpanExporter) {
-	const objects, pods = 100, 10
-	if resolver == nil {
-		r := newLookupTableResolver()
-		for i := range pods {
-			r.set(fmt.Sprintf("10.60.0.%d", i+1), 100+i)
-		}
-		resolver = r
+// madeUpInterfaces maps the bench objects' local pod IPs to ifindexes from base+100
+// on, for the memory dataplane, which needs no interface.
+func madeUpInterfaces(base, pods int) *lookupTableResolver {
+	r := newLookupTableResolver()
+	for i := range pods {
+		r.set(fmt.Sprintf("10.60.0.%d", i+1), base+100+i)
 	}
-	set, err := seen.New(time.Now().Add(-time.Hour), seen.WithStatePath(filepath.Join(b.TempDir(), "seen.state")))
+	return r
+}
+
+// openOverheadEBPF opens the kernel dataplane under a temporary pin path, or skips.
+func openOverheadEBPF(b *testing.B) bpfmaps.Dataplane {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("needs root to load eBPF programs, pin maps under /sys/fs/bpf and create veth interfaces")
+	}
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-telemetry-bench-%d", os.Getpid()))
+	b.Cleanup(func() { _ = os.RemoveAll(pin) })
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
 	if err != nil {
-		b.Fatal(err)
+		b.Skipf("eBPF dataplane unavailable: %v", err)
 	}
-	var sink Sink // nil: New installs the discard sink, as the agent does with telemetry off
-	if tel != nil {
-		sink = tel
-	}
-	c, err := New(&rest.Config{Host: "https://127.0.0.1:1"}, Config{
-		NodeIP: netip.MustParseAddr(benchNode), Dataplane: dp, Seen: set, Resolver: resolver, Sink: sink, Logger: testLogger(b),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(c.queue.ShutDown)
-	ctx := context.Background()
-	store := c.informers[KindPolicyEndpoint].GetIndexer()
-	h := c.handler(KindPolicyEndpoint)
+	b.Cleanup(func() { _ = dp.Close() })
+	return dp
+}
 
-	// The initial list: every object added and synced once (reported too: their
-	// triggers are newer than the seen-set's start).
-	pes := make([]*v1alpha1.PolicyEndpoint, objects)
-	for i := range pes {
-		pes[i] = benchPE(i, pods)
-		pes[i].Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = nextTrigger().Format(time.RFC3339Nano)
-		if err := store.Add(pes[i]); err != nil {
+// overheadInterfaces creates n veth pairs (host ends here) for the eBPF dataplane to
+// attach to, named with tag so several sets can coexist, and maps the bench objects'
+// local pod IPs to them.
+func overheadInterfaces(b *testing.B, tag string, n int) *lookupTableResolver {
+	b.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		b.Skip("needs the ip command (iproute2) to create veth interfaces")
+	}
+	r := newLookupTableResolver()
+	for i := range n {
+		name := fmt.Sprintf("nprt%d%s-%d", os.Getpid()%10000, tag, i)
+		if out, err := exec.Command("ip", "link", "add", name, "type", "veth", "peer", "name", name+"p").CombinedOutput(); err != nil {
+			b.Skipf("create veth %s: %v: %s", name, err, out)
+		}
+		b.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
+		ifc, err := net.InterfaceByName(name)
+		if err != nil {
 			b.Fatal(err)
 		}
-		h.OnAdd(pes[i], true)
-		if !c.processNext(ctx) {
-			b.Fatal("worker stopped during the initial sync")
-		}
+		r.set(fmt.Sprintf("10.60.0.%d", i+1), ifc.Index)
 	}
-	if s := c.Stats(); s.Reports != objects {
-		b.Fatalf("initial sync reported %d of %d triggers", s.Reports, objects)
-	}
-
-	before, seenBefore := c.Stats(), set.Stats()
-	var spansBefore int64
-	if tel != nil {
-		if err := tel.ForceFlush(ctx); err != nil {
-			b.Fatal(err)
-		}
-		spansBefore = spans.spans.Load()
-	}
-	cpuStart := cpuTime()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		old := pes[i%objects]
-		pe := old.DeepCopy()
-		pe.ResourceVersion = strconv.Itoa(100000 + i)
-		pe.Spec.Ingress[0].Ports[0].Port = ptr(int32(1000 + i%20000))
-		pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = nextTrigger().Format(time.RFC3339Nano)
-		if err := store.Update(pe); err != nil {
-			b.Fatal(err)
-		}
-		pes[i%objects] = pe
-		h.OnUpdate(old, pe)
-		if !c.processNext(ctx) {
-			b.Fatal("worker stopped")
-		}
-		i++
-	}
-	cpu := cpuTime() - cpuStart
-	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
-
-	// Every op was a genuine update that wrote, persisted and reported one trigger.
-	s, ss := c.Stats(), set.Stats()
-	if n := s.Reports - before.Reports; n != uint64(b.N) {
-		b.Fatalf("%d reports for %d new triggers", n, b.N)
-	}
-	if w := s.DataplaneWrites() - before.DataplaneWrites(); w < uint64(b.N) {
-		b.Fatalf("%d dataplane writes for %d genuine updates", w, b.N)
-	}
-	if p := ss.Persists - seenBefore.Persists; p < uint64(b.N) {
-		b.Fatalf("%d seen-set state writes for %d reports (persist errors: %d)", p, b.N, ss.PersistErrors)
-	}
-	if tel == nil {
-		return
-	}
-	// The spans were really processed: flushed through the batch processor to the
-	// exporter, or counted as dropped by the bounded queue.
-	if err := tel.ForceFlush(ctx); err != nil {
-		b.Fatal(err)
-	}
-	dropped, _ := tel.Dropped()
-	exported := spans.spans.Load() - spansBefore
-	if exported+int64(dropped) == 0 {
-		b.Fatalf("no span reached the exporter or the drop count for %d reports", b.N)
-	}
-	b.Logf("N=%d: %d spans exported, %d dropped", b.N, exported, dropped)
+	return r
 }
