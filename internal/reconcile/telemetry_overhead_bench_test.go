@@ -30,9 +30,10 @@ import (
 // update handler observes its trigger (seen.Observe) and enqueues the key, a worker
 // step (processNext) syncs it — compile, merge the pod's 10 objects, commit to the
 // dataplane — then seen.Committed persists the seen-set (write temp, fsync, rename,
-// fsync dir; the state file lives in b.TempDir()) before the trigger goes to the
-// Sink. Only the apiserver and the informer's watch decoding are left out; they cost
-// the same with telemetry on or off.
+// fsync dir; the state file lives in b.TempDir(), so TMPDIR picks the disk: on tmpfs
+// fsync is a no-op, the bound for an infinitely fast disk) before the trigger goes to
+// the Sink. Only the apiserver and the informer's watch decoding are left out; they
+// cost the same with telemetry on or off.
 //
 // The telemetry settings compared:
 //
@@ -41,8 +42,9 @@ import (
 //     spans going through the real bounded queue and batch span processor to an
 //     exporter that counts and discards them; metrics aggregated for the Prometheus
 //     registry New always builds;
-//   - sampled: the same with WithSampling(100ms, 0.1). The sub-millisecond triggers
-//     here are "fast", so one in ten is traced; every one is a histogram point.
+//   - sampled: the same with WithSampling(100ms, 0.1). The triggers here are
+//     programmed within milliseconds, so all are "fast" and one in ten is traced;
+//     every one is a histogram point.
 
 // overheadVariant is one telemetry setting.
 type overheadVariant struct {
