@@ -48,15 +48,16 @@ import (
 
 // overheadVariant is one telemetry setting.
 type overheadVariant struct {
-	name string
-	on   bool
-	opts []telemetry.Option
+	name       string
+	on         bool
+	traceOneIn uint64 // 1: every trigger traced; n: one fast trigger in n
+	opts       []telemetry.Option
 }
 
 var overheadVariants = []overheadVariant{
 	{name: "off"},
-	{name: "on", on: true},
-	{name: "sampled", on: true, opts: []telemetry.Option{telemetry.WithSampling(100*time.Millisecond, 0.1)}},
+	{name: "on", on: true, traceOneIn: 1},
+	{name: "sampled", on: true, traceOneIn: 10, opts: []telemetry.Option{telemetry.WithSampling(100*time.Millisecond, 0.1)}},
 }
 
 // BenchmarkReconcileTelemetry runs each setting as its own sub-benchmark, named
@@ -246,7 +247,8 @@ type overheadRig struct {
 	updatesBefore int
 	statsBefore   Stats
 	seenBefore    seen.Stats
-	spansBefore   int64
+	spansBefore   int64  // exported
+	droppedBefore uint64 // refused by the full span queue
 }
 
 // newOverheadRig builds the controller and runs the initial list: 100 objects added
@@ -317,6 +319,7 @@ func (r *overheadRig) begin(b *testing.B) {
 			b.Fatal(err)
 		}
 		r.spansBefore = r.spans.spans.Load()
+		r.droppedBefore, _ = r.tel.Dropped()
 	}
 }
 
@@ -366,11 +369,16 @@ func (r *overheadRig) check(b *testing.B) {
 		b.Fatal(err)
 	}
 	dropped, _ := r.tel.Dropped()
-	exported := r.spans.spans.Load() - r.spansBefore
-	if exported+int64(dropped) == 0 {
-		b.Fatalf("telemetry=%s: no span reached the exporter or the drop count for %d reports", r.variant.name, n)
+	dropped -= r.droppedBefore
+	exported := uint64(r.spans.spans.Load() - r.spansBefore)
+	// Each trace is 5 spans (root, delivery, queue, compute, one commit attempt).
+	// Systematic sampling keeps one fast trigger in traceOneIn: n/traceOneIn traces,
+	// one more depending on where the count stood at begin.
+	traces := n / r.variant.traceOneIn
+	if got := exported + dropped; got < 5*traces || got > 5*(traces+1) || (r.variant.traceOneIn == 1 && got != 5*n) {
+		b.Fatalf("telemetry=%s: %d spans exported and %d dropped for %d reports; want 5 per trace, %d traces", r.variant.name, exported, dropped, n, traces)
 	}
-	b.Logf("telemetry=%s: %d updates, %d spans exported, %d dropped (since start)", r.variant.name, n, exported, dropped)
+	b.Logf("telemetry=%s: %d updates, %d spans exported, %d dropped", r.variant.name, n, exported, dropped)
 }
 
 // discardSpanExporter counts the spans the batch processor hands it and drops them.
