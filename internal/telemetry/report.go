@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -97,8 +98,21 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 
 // spanTree emits the root span and its children, all already ended with the
 // record's timestamps, and returns the root span's context.
+//
+// The SDK's span machinery (a recordingSpan, its context and its snapshot per
+// span) is most of the cost and is left as it is; what is trimmed here is what
+// Report adds around it. Option and attribute slices come from a pooled scratch
+// (through the Tracer interface a variadic slice always escapes, so each call
+// would otherwise allocate one); each distinct timestamp is boxed into an option
+// once and shared by the span it ends and the one it starts; and attributes are
+// set on the started span directly rather than through WithAttributes, which
+// would copy them twice more (into the option, then into the start config).
+// The SDK copies what it keeps, so nothing of the scratch outlives the call.
 func (t *Telemetry) spanTree(parent context.Context, r *Record, commit time.Time) context.Context {
-	attrs := make([]attribute.KeyValue, 0, 12)
+	sc := scratchPool.Get().(*spanScratch)
+	defer sc.release()
+
+	attrs := sc.attrs[:0]
 	if t.nodeAttr.Valid() {
 		attrs = append(attrs, t.nodeAttr)
 	}
@@ -120,35 +134,105 @@ func (t *Telemetry) spanTree(parent context.Context, r *Record, commit time.Time
 		PodsKey.Int(r.Pods),
 		EntriesKey.Int(r.Entries),
 	)
-	ctx, root := t.tracer.Start(parent, SpanProgram,
-		trace.WithTimestamp(r.Trigger), trace.WithAttributes(attrs...))
+	sc.attrs = attrs
 
-	t.child(ctx, SpanDelivery, r.Trigger, r.Received)
-	t.child(ctx, SpanQueue, r.Received, r.WorkerStart)
-	t.child(ctx, SpanCompute, r.ComputeStart, r.ComputeEnd)
+	ctx, root := t.tracer.Start(parent, SpanProgram, sc.start(r.Trigger)...)
+	root.SetAttributes(attrs...)
+
+	t.child(ctx, sc, SpanDelivery, r.Trigger, r.Received)
+	t.child(ctx, sc, SpanQueue, r.Received, r.WorkerStart)
+	t.child(ctx, sc, SpanCompute, r.ComputeStart, r.ComputeEnd)
 	for i, a := range r.Attempts {
-		_, span := t.tracer.Start(ctx, SpanCommit, trace.WithTimestamp(a.Start),
-			trace.WithAttributes(AttemptKey.Int(i+1)))
+		_, span := t.tracer.Start(ctx, SpanCommit, sc.start(a.Start)...)
+		sc.attempt[0] = AttemptKey.Int(i + 1)
+		span.SetAttributes(sc.attempt[:]...)
 		if a.Err != "" {
 			span.SetStatus(codes.Error, a.Err)
 			span.AddEvent("exception", trace.WithTimestamp(a.End),
 				trace.WithAttributes(semconv.ExceptionMessage(a.Err)))
 		}
-		span.End(trace.WithTimestamp(a.End))
+		span.End(sc.end(a.End)...)
 	}
-	root.End(trace.WithTimestamp(commit))
+	root.End(sc.end(commit)...)
 	return ctx
 }
 
 // child emits one phase span. A phase with a missing bound, or one that would end
 // before it starts (controller and node clocks disagree by more than the
 // delivery took), is left out rather than drawn with a made-up duration.
-func (t *Telemetry) child(ctx context.Context, name string, start, end time.Time) {
+func (t *Telemetry) child(ctx context.Context, sc *spanScratch, name string, start, end time.Time) {
 	if start.IsZero() || end.IsZero() || end.Before(start) {
 		return
 	}
-	_, span := t.tracer.Start(ctx, name, trace.WithTimestamp(start))
-	span.End(trace.WithTimestamp(end))
+	_, span := t.tracer.Start(ctx, name, sc.start(start)...)
+	span.End(sc.end(end)...)
+}
+
+// spanScratch holds the slices one spanTree call hands to the tracer, reused
+// across calls through scratchPool.
+type spanScratch struct {
+	attrs     []attribute.KeyValue
+	attempt   [1]attribute.KeyValue
+	startOpts [1]trace.SpanStartOption
+	endOpts   [1]trace.SpanEndOption
+	// stamps memoises the timestamp options of this call: a record's phases
+	// share their bounds (delivery ends when queue starts, the root starts with
+	// delivery and ends with the last attempt), and each WithTimestamp boxes its
+	// time on the heap.
+	stamps [8]stampOption
+	nStamp int
+}
+
+type stampOption struct {
+	at  time.Time
+	opt trace.SpanEventOption
+}
+
+// rootAttrCap is the most attributes spanTree sets on a root span.
+const rootAttrCap = 12
+
+var scratchPool = sync.Pool{New: func() any {
+	return &spanScratch{attrs: make([]attribute.KeyValue, 0, rootAttrCap)}
+}}
+
+// stamp returns the timestamp option for at, boxing it only the first time
+// this call asks for that exact time (== compares wall clock, monotonic reading
+// and location, so a shared option carries exactly what a fresh one would).
+func (sc *spanScratch) stamp(at time.Time) trace.SpanEventOption {
+	for i := range sc.nStamp {
+		if sc.stamps[i].at == at {
+			return sc.stamps[i].opt
+		}
+	}
+	opt := trace.WithTimestamp(at)
+	if sc.nStamp < len(sc.stamps) {
+		sc.stamps[sc.nStamp] = stampOption{at: at, opt: opt}
+		sc.nStamp++
+	}
+	return opt
+}
+
+func (sc *spanScratch) start(at time.Time) []trace.SpanStartOption {
+	sc.startOpts[0] = sc.stamp(at)
+	return sc.startOpts[:]
+}
+
+func (sc *spanScratch) end(at time.Time) []trace.SpanEndOption {
+	sc.endOpts[0] = sc.stamp(at)
+	return sc.endOpts[:]
+}
+
+// release clears what the scratch references (record strings, boxed options)
+// so a pooled scratch keeps nothing alive, and returns it to the pool.
+func (sc *spanScratch) release() {
+	clear(sc.attrs[:cap(sc.attrs)])
+	sc.attrs = sc.attrs[:0]
+	sc.attempt = [1]attribute.KeyValue{}
+	sc.startOpts = [1]trace.SpanStartOption{}
+	sc.endOpts = [1]trace.SpanEndOption{}
+	sc.stamps = [8]stampOption{}
+	sc.nStamp = 0
+	scratchPool.Put(sc)
 }
 
 // traceparentCarrier exposes one annotation value as the "traceparent" header to
