@@ -60,9 +60,12 @@ func (t *Telemetry) Report(r *Record) {
 		t.rejected.Add(bg, 1, t.rejectedAttrs.get(r.Kind, rejectClockSkew).add...)
 		return
 	}
+	var sc *spanScratch // taken from the pool only when a span tree or a traceparent needs it
 	parent := bg
 	if r.TraceParent != "" {
-		parent = traceContext.Extract(bg, traceparentCarrier(r.TraceParent))
+		sc = scratchPool.Get().(*spanScratch)
+		sc.carrier = traceparentCarrier(r.TraceParent)
+		parent = traceContext.Extract(bg, &sc.carrier)
 		if !trace.SpanContextFromContext(parent).IsValid() {
 			t.traceparentInvalid.Add(bg, 1, t.kindAttrs.get(r.Kind, "").add...)
 		}
@@ -73,9 +76,15 @@ func (t *Telemetry) Report(r *Record) {
 	// points at a trace that was discarded.
 	pointCtx := bg
 	if t.keep(latency) {
-		if rootCtx := t.spanTree(parent, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
+		if sc == nil {
+			sc = scratchPool.Get().(*spanScratch)
+		}
+		if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
 			pointCtx = rootCtx
 		}
+	}
+	if sc != nil {
+		sc.release()
 	}
 	t.latency.Record(pointCtx, latency.Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
 }
@@ -108,10 +117,7 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 // set on the started span directly rather than through WithAttributes, which
 // would copy them twice more (into the option, then into the start config).
 // The SDK copies what it keeps, so nothing of the scratch outlives the call.
-func (t *Telemetry) spanTree(parent context.Context, r *Record, commit time.Time) context.Context {
-	sc := scratchPool.Get().(*spanScratch)
-	defer sc.release()
-
+func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record, commit time.Time) context.Context {
 	attrs := sc.attrs[:0]
 	if t.nodeAttr.Valid() {
 		attrs = append(attrs, t.nodeAttr)
@@ -168,7 +174,7 @@ func (t *Telemetry) child(ctx context.Context, sc *spanScratch, name string, sta
 	span.End(sc.end(end)...)
 }
 
-// spanScratch holds the slices one spanTree call hands to the tracer, reused
+// spanScratch holds what one Report hands to the propagator and the tracer, reused
 // across calls through scratchPool.
 type spanScratch struct {
 	attrs     []attribute.KeyValue
@@ -181,6 +187,9 @@ type spanScratch struct {
 	// time on the heap.
 	stamps [8]stampOption
 	nStamp int
+	// carrier is the traceparent handed to the propagator by pointer: as a
+	// value in the TextMapCarrier interface the string would be boxed per call.
+	carrier traceparentCarrier
 }
 
 type stampOption struct {
@@ -232,6 +241,7 @@ func (sc *spanScratch) release() {
 	sc.endOpts = [1]trace.SpanEndOption{}
 	sc.stamps = [8]stampOption{}
 	sc.nStamp = 0
+	sc.carrier = ""
 	scratchPool.Put(sc)
 }
 
