@@ -8,7 +8,8 @@
 //	churn --kubeconfig=kc --host-ip=10.0.0.5 --local-pod-ips=10.250.0.2,10.250.0.3 \
 //	      --objects=20 --rate=10 --duration=30s
 //
-// It first creates --objects objects (one trigger each), then, until --duration
+// It first creates --objects objects and --static-objects more (one trigger each;
+// the static ones never change again, so a relist re-delivers them unchanged), then, until --duration
 // has passed since the start, picks an object at random at --rate writes per second
 // and changes its spec with a new trigger (or, with --recreate-fraction, deletes and
 // recreates it: a new UID). Every object selects one pod on --host-ip (taken in turn

@@ -41,6 +41,7 @@ type options struct {
 	namespace        string
 	prefix           string
 	objects          int
+	static           int
 	rate             float64
 	duration         time.Duration
 	hostIP           netip.Addr
@@ -103,7 +104,8 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file [$KUBECONFIG]")
 	fs.StringVar(&o.namespace, "namespace", "default", "namespace of the PolicyEndpoints")
 	fs.StringVar(&o.prefix, "prefix", "churn-", "name prefix of the PolicyEndpoints")
-	fs.IntVar(&o.objects, "objects", 20, "how many PolicyEndpoints to create")
+	fs.IntVar(&o.objects, "objects", 20, "how many PolicyEndpoints to create and then change")
+	fs.IntVar(&o.static, "static-objects", 0, "how many more to create and never change (a relist re-delivers them unchanged)")
 	fs.Float64Var(&o.rate, "rate", 10, "writes per second (creates included)")
 	fs.DurationVar(&o.duration, "duration", 30*time.Second, "how long to write, from the start (the creates always complete)")
 	fs.StringVar(&hostIP, "host-ip", "", "hostIP of the local pods: the node IP of the npagent under test (required)")
@@ -144,6 +146,9 @@ func parseOptions(args []string) (options, error) {
 	if o.objects < 1 {
 		errs = append(errs, fmt.Errorf("--objects: %d, need at least 1", o.objects))
 	}
+	if o.static < 0 {
+		errs = append(errs, fmt.Errorf("--static-objects: %d is negative", o.static))
+	}
 	if !(o.rate > 0) {
 		errs = append(errs, fmt.Errorf("--rate: %v, need a positive number", o.rate))
 	}
@@ -175,6 +180,9 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 	if err != nil {
 		return summary{}, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err)
 	}
+	// client-go's default client-side limit (5 QPS) would cap the write rate far
+	// below --rate: an update is a get and a put.
+	rc.QPS, rc.Burst = float32(max(4*o.rate, 50)), int(max(4*o.rate, 100))
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return summary{}, err
@@ -213,8 +221,9 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 		}
 	}
 
-	log.Info("churn: creating", "objects", o.objects, "namespace", o.namespace, "rate", o.rate, "seed", o.seed)
-	for i := range o.objects {
+	log.Info("churn: creating", "objects", o.objects, "static_objects", o.static, "namespace", o.namespace, "rate", o.rate, "seed", o.seed)
+	// Objects o.objects.. are the static ones: created, never changed.
+	for i := range o.objects + o.static {
 		if !wait() {
 			break
 		}
@@ -230,11 +239,11 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 		}
 	}
 	if o.cleanup {
-		for i := range o.objects {
+		for i := range o.objects + o.static {
 			d.delete(context.WithoutCancel(ctx), i)
 		}
 	}
-	d.sum.Objects = o.objects
+	d.sum.Objects = o.objects + o.static
 	d.sum.Seconds = time.Since(start).Seconds()
 	log.Info("churn: done", "triggers_written", d.sum.TriggersWritten, "creates", d.sum.Creates,
 		"updates", d.sum.Updates, "recreates", d.sum.Recreates, "errors", d.sum.Errors)

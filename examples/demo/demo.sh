@@ -19,12 +19,13 @@
 # link and bpffs pin made here is removed on exit (DEMO_KEEP=1 keeps the temp dir
 # with the logs).
 #
-# Knobs (environment): DEMO_OBJECTS (20), DEMO_RATE writes/s (20), DEMO_DURATION s (40),
+# Knobs (environment): DEMO_OBJECTS (20), DEMO_STATIC_OBJECTS (10), DEMO_RATE writes/s (20), DEMO_DURATION s (40),
 # DEMO_PODS (3), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_KEEP (0).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OBJECTS=${DEMO_OBJECTS:-20}
+STATIC=${DEMO_STATIC_OBJECTS:-10} # created once: the relist re-delivers them unchanged
 RATE=${DEMO_RATE:-20}
 DURATION=${DEMO_DURATION:-40} # seconds
 PODS=${DEMO_PODS:-3}
@@ -133,7 +134,7 @@ wait_until() {
 	done
 }
 alive() { kill -0 "${PID[$1]}" 2>/dev/null; }
-http_ok() { curl -fsS -o /dev/null --max-time 2 "$1"; }
+http_ok() { curl -fs -o /dev/null --max-time 2 "$1"; }
 port_open() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # --- tools -------------------------------------------------------------------------
@@ -239,19 +240,19 @@ log "npagent ready ($DATAPLANE dataplane) at $AGENT_URL"
 
 # --- churn, with an apiserver restart in the middle ---------------------------------
 [[ $DURATION =~ ^[0-9]+$ ]] || die "DEMO_DURATION=$DURATION: want whole seconds"
-log "churn: $OBJECTS PolicyEndpoints, $RATE writes/s for ${DURATION}s, pods on $NODE_IP"
+log "churn: $OBJECTS PolicyEndpoints changing and $STATIC static ones, $RATE writes/s for ${DURATION}s, pods on $NODE_IP"
 POD_CSV="$(
 	IFS=,
 	echo "${POD_IPS[*]}"
 )"
 start churn "$WORK/bin/churn" --kubeconfig="$KUBECONFIG_FILE" --host-ip="$NODE_IP" --local-pod-ips="$POD_CSV" \
-	--objects="$OBJECTS" --rate="$RATE" --duration="${DURATION}s" --summary-file="$WORK/churn.json"
+	--objects="$OBJECTS" --static-objects="$STATIC" --rate="$RATE" --duration="${DURATION}s" --summary-file="$WORK/churn.json"
 sleep $((DURATION / 2))
 alive churn || die "churn driver exited early (see $LOGS/churn.log)"
 log "restarting kube-apiserver mid-run: watches end, informers relist every object"
 kill -USR1 "${PID[controlplane]}"
 wait_until "the apiserver restart (see $LOGS/controlplane.log)" 90 grep -q "kube-apiserver restarted" "$LOGS/controlplane.log"
-log "$(grep -o 'kube-apiserver restarted.*' "$LOGS/controlplane.log" | head -n 1)"
+log "kube-apiserver restarted in $(grep -o 'restarted.* took=[^ ]*' "$LOGS/controlplane.log" | grep -o '[^=]*$' | head -n 1)"
 wait "${PID[churn]}" || die "churn driver failed (see $LOGS/churn.log)"
 unset "PID[churn]"
 log "churn done: $(cat "$WORK/churn.json")"

@@ -15,7 +15,8 @@
 //     lost and duplicated nothing);
 //   - reported + the accepted-then-dropped reasons (deleted, overflow,
 //     no_local_pods) never exceed the triggers written (no trigger counted twice);
-//   - redelivered > 0 (the relist and resyncs happened and were suppressed);
+//   - npagent counted relist deliveries (the apiserver restart happened) and
+//     suppressed re-deliveries as redelivered;
 //   - an exemplar names a trace Jaeger has, whose spans include policy.program
 //     with its delivery, queue and commit children.
 package main
@@ -41,6 +42,7 @@ const (
 	latencyMetric    = "npagent_policy_programming_latency_seconds"
 	suppressedMetric = "npagent_policy_programming_suppressed_total"
 	pendingMetric    = "npagent_seen_pending"
+	deliveriesMetric = "npagent_policy_deliveries_total"
 )
 
 func main() {
@@ -118,6 +120,11 @@ func (v *verifier) run(churnFile string) error {
 		suppressed[reason] = sampleSum(agentMetrics, suppressedMetric, `reason="`+reason+`"`)
 	}
 
+	deliveries := map[string]float64{}
+	for _, cause := range []string{"add", "update", "resync", "relist", "requeue", "delete"} {
+		deliveries[cause] = sampleSum(agentMetrics, deliveriesMetric, `cause="`+cause+`"`)
+	}
+
 	// 2. Prometheus holds what npagent reported.
 	var promCount float64
 	err = v.poll("Prometheus histogram_count to equal npagent's reported count", func() (bool, error) {
@@ -152,11 +159,13 @@ func (v *verifier) run(churnFile string) error {
 		suppressed["redelivered"], suppressed["stale"], suppressed["before_start"], suppressed["deleted"],
 		suppressed["overflow"], suppressed["no_local_pods"], suppressed["invalid_annotation"])
 	fmt.Printf("suppressed in Prometheus by reason:   %s\n", formatVector(promSuppressed))
+	fmt.Printf("informer deliveries by cause:         add %.0f, update %.0f, resync %.0f, relist %.0f, requeue %.0f, delete %.0f\n",
+		deliveries["add"], deliveries["update"], deliveries["resync"], deliveries["relist"], deliveries["requeue"], deliveries["delete"])
 	fmt.Printf("programming latency p50 %s, p99 %s\n", seconds(p50), seconds(p99))
 	accounted := reported + suppressed["deleted"] + suppressed["overflow"] + suppressed["no_local_pods"]
 	fmt.Printf("accounting: reported + deleted + overflow + no_local_pods = %.0f of %d written", accounted, churn.TriggersWritten)
 	if unseen := float64(churn.TriggersWritten) - accounted; unseen > 0 {
-		fmt.Printf(" (%.0f never reached the agent as an event: versions overwritten while its watch was down, which a relist cannot show)", unseen)
+		fmt.Printf(" (%.0f never seen by the agent: versions overwritten while its watch was down; a relist delivers only the latest)", unseen)
 	}
 	fmt.Println()
 	fmt.Printf("exemplars in Prometheus: %d\n", len(exemplars))
@@ -166,6 +175,9 @@ func (v *verifier) run(churnFile string) error {
 	}
 	if accounted > float64(churn.TriggersWritten) {
 		v.fail("npagent accounted for %.0f triggers but only %d were written: a trigger was counted twice", accounted, churn.TriggersWritten)
+	}
+	if deliveries["relist"] == 0 {
+		v.fail("no relist delivery counted, although the apiserver restarted")
 	}
 	if suppressed["redelivered"] == 0 {
 		v.fail("no re-delivery was suppressed, although the apiserver restarted (relist) and informers resync")
