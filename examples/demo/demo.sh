@@ -20,7 +20,8 @@
 # with the logs).
 #
 # Knobs (environment): DEMO_OBJECTS (20), DEMO_STATIC_OBJECTS (10), DEMO_RATE writes/s (20), DEMO_DURATION s (40),
-# DEMO_PODS (3), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_KEEP (0).
+# DEMO_PODS (3), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_RESTART_APISERVER (1; 0: no
+# restart, and then every written trigger must be accounted for), DEMO_KEEP (0).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,6 +31,7 @@ RATE=${DEMO_RATE:-20}
 DURATION=${DEMO_DURATION:-40} # seconds
 PODS=${DEMO_PODS:-3}
 DATAPLANE=${DEMO_DATAPLANE:-auto}
+RESTART=${DEMO_RESTART_APISERVER:-1}
 KEEP=${DEMO_KEEP:-0}
 NODE_NAME=demo-node
 NODE_IP=192.0.2.1 # the demo node's IP (TEST-NET-1): pods with this hostIP are local
@@ -247,12 +249,14 @@ POD_CSV="$(
 )"
 start churn "$WORK/bin/churn" --kubeconfig="$KUBECONFIG_FILE" --host-ip="$NODE_IP" --local-pod-ips="$POD_CSV" \
 	--objects="$OBJECTS" --static-objects="$STATIC" --rate="$RATE" --duration="${DURATION}s" --summary-file="$WORK/churn.json"
-sleep $((DURATION / 2))
-alive churn || die "churn driver exited early (see $LOGS/churn.log)"
-log "restarting kube-apiserver mid-run: watches end, informers relist every object"
-kill -USR1 "${PID[controlplane]}"
-wait_until "the apiserver restart (see $LOGS/controlplane.log)" 90 grep -q "kube-apiserver restarted" "$LOGS/controlplane.log"
-log "kube-apiserver restarted in $(grep -o 'restarted.* took=[^ ]*' "$LOGS/controlplane.log" | grep -o '[^=]*$' | head -n 1)"
+if [[ $RESTART == 1 ]]; then
+	sleep $((DURATION / 2))
+	alive churn || die "churn driver exited early (see $LOGS/churn.log)"
+	log "restarting kube-apiserver mid-run: watches end, informers relist every object"
+	kill -USR1 "${PID[controlplane]}"
+	wait_until "the apiserver restart (see $LOGS/controlplane.log)" 90 grep -q "kube-apiserver restarted" "$LOGS/controlplane.log"
+	log "kube-apiserver restarted in $(grep -o 'restarted.* took=[^ ]*' "$LOGS/controlplane.log" | grep -o '[^=]*$' | head -n 1)"
+fi
 wait "${PID[churn]}" || die "churn driver failed (see $LOGS/churn.log)"
 unset "PID[churn]"
 log "churn done: $(cat "$WORK/churn.json")"
@@ -260,5 +264,5 @@ log "churn done: $(cat "$WORK/churn.json")"
 # --- follow the chain ---------------------------------------------------------------
 log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars) -> Jaeger (trace)"
 "$WORK/bin/verify" --prometheus="http://127.0.0.1:$PROM" --jaeger="http://127.0.0.1:$JAEGER_QUERY" \
-	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json"
+	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)"
 log "dataplane: $DATAPLANE; logs were in $LOGS"
