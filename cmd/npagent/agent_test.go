@@ -52,7 +52,15 @@ var (
 	buildErr  error
 )
 
-// buildAgent builds this package's binary once per test process.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if agentBin != "" {
+		os.RemoveAll(filepath.Dir(agentBin))
+	}
+	os.Exit(code)
+}
+
+// buildAgent builds this package's binary once per test process (removed by TestMain).
 func buildAgent(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
