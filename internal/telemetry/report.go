@@ -115,7 +115,10 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 // would otherwise allocate one); each distinct timestamp is boxed into an option
 // once and shared by the span it ends and the one it starts; and attributes are
 // set on the started span directly rather than through WithAttributes, which
-// would copy them twice more (into the option, then into the start config).
+// would copy them twice more (into the option, then into the start config). A
+// sampler therefore sees no attributes at start; none of those
+// OTEL_TRACES_SAMPLER can name reads them, and Report's own sampling decision
+// is taken before the span exists.
 // The SDK copies what it keeps, so nothing of the scratch outlives the call.
 func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record, commit time.Time) context.Context {
 	attrs := sc.attrs[:0]

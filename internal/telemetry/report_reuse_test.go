@@ -1,0 +1,115 @@
+package telemetry
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// Report reuses a pooled scratch (attribute and option slices, memoised timestamp
+// options, the traceparent carrier) across calls. A record reported after a fuller
+// one must carry nothing of it: no stale attribute, timestamp, attempt or parent.
+func TestReportCarriesNothingOverFromThePreviousRecord(t *testing.T) {
+	tel := newInMemory(t)
+	first := record(base, "pe-first", 80*time.Millisecond)
+	first.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	first.Attempts = []Attempt{
+		{Start: base.Add(60 * time.Millisecond), End: base.Add(65 * time.Millisecond), Err: "map full"},
+		{Start: base.Add(70 * time.Millisecond), End: base.Add(80 * time.Millisecond)},
+	}
+	tel.Report(first)
+
+	secondBase := base.Add(time.Hour)
+	second := record(secondBase, "cpe-second", 20*time.Millisecond)
+	second.Kind, second.Namespace, second.PolicyRef = KindClusterPolicyEndpoint, "", ""
+	tel.Report(second)
+
+	spans := tel.endedSpans(t)
+	if len(spans) != 11 {
+		t.Fatalf("%d spans %v, want 11 (root, 3 phases and 2 commits, then root, 3 phases and 1 commit)", len(spans), names(spans))
+	}
+	var root tracetest.SpanStub
+	var found bool
+	for _, s := range spans {
+		if s.Name == SpanProgram && attrMap(s.Attributes)[PolicyNameKey].AsString() == "cpe-second" {
+			root, found = s, true
+		}
+	}
+	if !found {
+		t.Fatalf("no root span for the second record among %v", names(spans))
+	}
+	if root.Parent.IsValid() {
+		t.Errorf("second root has parent %v; the record had no traceparent", root.Parent.SpanID())
+	}
+	want := map[attribute.Key]attribute.Value{
+		"k8s.node.name":          attribute.StringValue("node-a"),
+		KindKey:                  attribute.StringValue(KindClusterPolicyEndpoint),
+		PolicyNameKey:            attribute.StringValue("cpe-second"),
+		PolicyUIDKey:             attribute.StringValue("uid-cpe-second"),
+		PolicyResourceVersionKey: attribute.StringValue("1234"),
+		TriggerTimeKey:           attribute.StringValue(secondBase.Format(time.RFC3339Nano)),
+		AttemptsKey:              attribute.IntValue(1),
+		PodsKey:                  attribute.IntValue(3),
+		EntriesKey:               attribute.IntValue(17),
+	}
+	got := attrMap(root.Attributes)
+	if len(root.Attributes) != len(want) {
+		t.Errorf("second root has %d attributes %v, want %d", len(root.Attributes), root.Attributes, len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("second root %s = %v, want %v", k, got[k].String(), v.String())
+		}
+	}
+	if !root.StartTime.Equal(secondBase) || !root.EndTime.Equal(second.Committed()) {
+		t.Errorf("second root %v..%v, want %v..%v", root.StartTime, root.EndTime, secondBase, second.Committed())
+	}
+	var children int
+	for _, s := range spans {
+		if s.Parent.SpanID() != root.SpanContext.SpanID() {
+			continue
+		}
+		children++
+		if s.StartTime.Before(secondBase) || s.EndTime.After(second.Committed()) {
+			t.Errorf("second record's %s span %v..%v lies outside its root", s.Name, s.StartTime, s.EndTime)
+		}
+		if s.Name == SpanCommit {
+			a := attrMap(s.Attributes)
+			if len(s.Attributes) != 1 || a[AttemptKey] != attribute.IntValue(1) {
+				t.Errorf("second record's commit span attributes %v, want attempt=1 only", s.Attributes)
+			}
+			if s.Status.Code != codes.Unset || len(s.Events) != 0 {
+				t.Errorf("second record's successful commit has status %v, events %v", s.Status, s.Events)
+			}
+		}
+	}
+	if children != 4 {
+		t.Errorf("second root has %d children, want 4 (delivery, queue, compute, commit)", children)
+	}
+}
+
+// reportAllocCeiling guards the allocation work done in Report for a fully traced
+// trigger: 28 allocations were measured with SDK v1.47.0 (50 before the scratch
+// was pooled). Nearly all of them are the SDK's own (span, context and snapshot
+// per span; a timestamp option per distinct time); the margin absorbs sync.Pool
+// dropping items under the race detector.
+const reportAllocCeiling = 32
+
+func TestReportAllocations(t *testing.T) {
+	tel, err := New(context.Background(), WithOTLP(false), WithNodeName("node-a"),
+		WithTraceExporter(tracetest.NewNoopExporter()), WithMetricReader(sdkmetric.NewManualReader()))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	r := record(base, "pe-allocs", 80*time.Millisecond)
+	r.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if a := testing.AllocsPerRun(200, func() { tel.Report(r) }); a > reportAllocCeiling {
+		t.Errorf("Report: %v allocs per fully traced trigger, want at most %d", a, reportAllocCeiling)
+	}
+}
