@@ -6,9 +6,21 @@
 // What it promises:
 //
 //   - Report, Suppressed, Delivered, CommitDone and InvalidObject never block on
-//     export and never return errors. Spans go through a bounded queue in front of
-//     the SDK's batch span processor; when it is full (collector down) spans are
-//     dropped and counted, never queued without bound. Metrics are aggregated in
+//     export and never return errors. Report does not build spans itself: it
+//     decides sampling, chooses the root span's trace and span ids (the trace id
+//     inherited from a valid traceparent), records the histogram point with an
+//     exemplar naming them, and queues a copy of the record for a builder
+//     goroutine that emits the span tree under those ids. The build queue holds as
+//     many records as the span queue holds spans; when it is full the tree is
+//     dropped, its spans counted as dropped, and the point recorded without an
+//     exemplar. Spans then go through a bounded queue in front of the SDK's batch
+//     span processor; when it is full (collector down) spans are dropped and
+//     counted, never queued without bound. ForceFlush builds every queued tree
+//     before flushing; Shutdown builds them, then stops the builder. When
+//     OTEL_TRACES_SAMPLER is set, Report builds the tree itself, since only then
+//     does it learn the SDK sampler's decision before recording the exemplar.
+//   - The histogram point exists when Report returns; the spans exist once the
+//     builder has reached the record (at the latest after ForceFlush). Metrics are aggregated in
 //     memory and exported by a periodic reader (cumulative temporality), so a
 //     collector outage loses no histogram observations, only export rounds.
 //   - Every reported trigger is one histogram observation, whatever the sampling

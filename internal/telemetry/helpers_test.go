@@ -35,9 +35,13 @@ func newInMemory(t testing.TB, opts ...Option) *inMemory {
 	return &inMemory{Telemetry: tel, spans: spans, reader: reader}
 }
 
-// endedSpans flushes the batch processor and returns every span exported so far.
+// endedSpans waits for the span builder, flushes the batch processor and returns
+// every span exported so far.
 func (m *inMemory) endedSpans(t testing.TB) tracetest.SpanStubs {
 	t.Helper()
+	if err := m.drainBuilds(context.Background()); err != nil {
+		t.Fatalf("drain span builder: %v", err)
+	}
 	if err := m.tp.ForceFlush(context.Background()); err != nil {
 		t.Fatalf("ForceFlush: %v", err)
 	}

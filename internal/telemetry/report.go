@@ -76,17 +76,52 @@ func (t *Telemetry) Report(r *Record) {
 	// points at a trace that was discarded.
 	pointCtx := bg
 	if t.keep(latency) {
-		if sc == nil {
-			sc = scratchPool.Get().(*spanScratch)
-		}
-		if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
-			pointCtx = rootCtx
+		if t.builds != nil {
+			pointCtx = t.enqueue(bg, parent, r, commit)
+		} else {
+			if sc == nil {
+				sc = scratchPool.Get().(*spanScratch)
+			}
+			if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
+				pointCtx = rootCtx
+			}
 		}
 	}
 	if sc != nil {
 		sc.release()
 	}
 	t.latency.Record(pointCtx, latency.Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
+}
+
+// enqueue hands a kept record to the builder goroutine and returns the context
+// to record its point with. The root span's ids are chosen here (the trace id
+// inherited from a valid traceparent), so the exemplar names the trace before it
+// is built. When the queue is full the tree is dropped and its spans counted as
+// a full span queue would count them, and the point is recorded with no span
+// context: an exemplar never names a trace that will not arrive.
+func (t *Telemetry) enqueue(bg, parent context.Context, r *Record, commit time.Time) context.Context {
+	if t.closing.Load() {
+		return bg
+	}
+	psc := trace.SpanContextFromContext(parent)
+	ids := presetIDs{spanID: newSpanID()}
+	if psc.IsValid() {
+		ids.traceID = psc.TraceID()
+	} else {
+		ids.traceID = newTraceID()
+		psc = trace.SpanContext{}
+	}
+	j := newJob(r, commit, psc, ids)
+	select {
+	case t.builds <- j:
+	default:
+		j.release()
+		t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
+		return bg
+	}
+	return trace.ContextWithSpanContext(bg, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: ids.traceID, SpanID: ids.spanID, TraceFlags: trace.FlagsSampled,
+	}))
 }
 
 // keep decides whether a trigger of this latency is traced: always when at least
@@ -147,12 +182,15 @@ func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record,
 
 	ctx, root := t.tracer.Start(parent, SpanProgram, sc.start(r.Trigger)...)
 	root.SetAttributes(attrs...)
+	// Children hang under the root alone: the parent context may carry the
+	// root's preset ids (asynchronous mode), which no child may take.
+	childCtx := trace.ContextWithSpan(context.Background(), root)
 
-	t.child(ctx, sc, SpanDelivery, r.Trigger, r.Received)
-	t.child(ctx, sc, SpanQueue, r.Received, r.WorkerStart)
-	t.child(ctx, sc, SpanCompute, r.ComputeStart, r.ComputeEnd)
+	t.child(childCtx, sc, SpanDelivery, r.Trigger, r.Received)
+	t.child(childCtx, sc, SpanQueue, r.Received, r.WorkerStart)
+	t.child(childCtx, sc, SpanCompute, r.ComputeStart, r.ComputeEnd)
 	for i, a := range r.Attempts {
-		_, span := t.tracer.Start(ctx, SpanCommit, sc.start(a.Start)...)
+		_, span := t.tracer.Start(childCtx, SpanCommit, sc.start(a.Start)...)
 		sc.attempt[0] = AttemptKey.Int(i + 1)
 		span.SetAttributes(sc.attempt[:]...)
 		if a.Err != "" {

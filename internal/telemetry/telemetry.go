@@ -64,6 +64,16 @@ type Telemetry struct {
 	metricExportsFailed atomic.Uint64
 
 	gauges atomic.Pointer[gaugeFuncs]
+
+	// Asynchronous span building (nil builds: spans are built in Report, which
+	// happens when OTEL_TRACES_SAMPLER is set, since only a synchronous build
+	// learns the SDK sampler's decision before the exemplar is recorded).
+	builds         chan *spanJob
+	stopBuilder    chan struct{}
+	builderDone    chan struct{}
+	closing        atomic.Bool // Shutdown began: Report queues nothing more
+	builderStopped atomic.Bool
+	spanExporters  int // span processors behind the tracer, for counting a dropped tree's spans
 }
 
 type gaugeFuncs struct{ objects, pending func() int64 }
@@ -91,6 +101,7 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 		return nil, err
 	}
 	if err := t.buildMetrics(ctx, res); err != nil {
+		_ = t.stopBuilds(ctx)
 		_ = t.tp.Shutdown(ctx)
 		return nil, err
 	}
@@ -147,12 +158,13 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 		}
 		exporters = append(exporters, exp)
 	}
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(idGenerator{})}
 	// The sampling decision is made by Report before a span exists (latency-aware
 	// sampling), so the SDK's sampler keeps whatever Report starts, even under a
 	// remote parent that was not sampled: the node's part of a change is worth
 	// keeping on its own. OTEL_TRACES_SAMPLER, when set, still applies on top.
-	if os.Getenv("OTEL_TRACES_SAMPLER") == "" {
+	async := os.Getenv("OTEL_TRACES_SAMPLER") == ""
+	if async {
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	}
 	queue := t.cfg.spanQueueSize
@@ -170,6 +182,13 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 	}
 	t.tp = sdktrace.NewTracerProvider(tpOpts...)
 	t.tracer = t.tp.Tracer(ScopeName)
+	t.spanExporters = len(exporters)
+	if async {
+		t.builds = make(chan *spanJob, queue)
+		t.stopBuilder = make(chan struct{})
+		t.builderDone = make(chan struct{})
+		go t.runBuilder()
+	}
 	return nil
 }
 
@@ -312,14 +331,21 @@ func (t *Telemetry) ObserveGauges(seenObjects, seenPending func() int64) {
 	t.gauges.Store(&gaugeFuncs{objects: seenObjects, pending: seenPending})
 }
 
-// ForceFlush exports every span ended and every metric recorded so far, waiting
-// for the exporters (or ctx).
+// ForceFlush builds the span trees of every record reported so far, then exports
+// every span and every metric recorded so far, waiting for the exporters (or ctx).
 func (t *Telemetry) ForceFlush(ctx context.Context) error {
+	if err := t.drainBuilds(ctx); err != nil {
+		return fmt.Errorf("telemetry flush: span builder: %w", err)
+	}
 	return errors.Join(t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx))
 }
 
-// Shutdown flushes and stops the exporters. Report and the counters are no-ops
-// afterwards.
+// Shutdown builds the span trees still queued, stops the builder, then flushes
+// and stops the exporters. Report and the counters are no-ops afterwards.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
-	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
+	var err error
+	if e := t.stopBuilds(ctx); e != nil {
+		err = fmt.Errorf("telemetry shutdown: span builder: %w", e)
+	}
+	return errors.Join(err, t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
 }

@@ -1,0 +1,180 @@
+package telemetry
+
+import (
+	"context"
+	"encoding/binary"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// spanJob is one kept trigger waiting for the builder goroutine: a copy of its
+// record (the caller may reuse the record and its attempts slice once Report
+// returns) and the ids its root span must take, which the histogram point's
+// exemplar already names. A job with flushed set is a flush marker instead: the
+// builder closes it once every job queued before it is built.
+type spanJob struct {
+	rec      Record
+	attempts [4]Attempt // inline storage for rec.Attempts, so a copy allocates nothing in the common case
+	commit   time.Time
+	parent   trace.SpanContext // remote parent from a valid traceparent, else zero
+	ids      presetIDs
+	flushed  chan struct{}
+}
+
+var jobPool = sync.Pool{New: func() any { return new(spanJob) }}
+
+// newJob copies r into a pooled job.
+func newJob(r *Record, commit time.Time, parent trace.SpanContext, ids presetIDs) *spanJob {
+	j := jobPool.Get().(*spanJob)
+	j.rec = *r
+	if n := len(r.Attempts); n <= len(j.attempts) {
+		j.rec.Attempts = j.attempts[:copy(j.attempts[:], r.Attempts)]
+	} else {
+		j.rec.Attempts = slices.Clone(r.Attempts)
+	}
+	j.commit, j.parent, j.ids = commit, parent, ids
+	return j
+}
+
+// release clears what the job references so a pooled job keeps nothing alive.
+func (j *spanJob) release() {
+	*j = spanJob{}
+	jobPool.Put(j)
+}
+
+// spanCount is how many spans the job's tree has: the root, each phase with
+// both bounds in order, and one per attempt (what spanTree emits).
+func spanCount(r *Record) uint64 {
+	n := uint64(1 + len(r.Attempts))
+	for _, p := range [...][2]time.Time{
+		{r.Trigger, r.Received}, {r.Received, r.WorkerStart}, {r.ComputeStart, r.ComputeEnd},
+	} {
+		if !p[0].IsZero() && !p[1].IsZero() && !p[1].Before(p[0]) {
+			n++
+		}
+	}
+	return n
+}
+
+// runBuilder builds the span trees of queued jobs, in order, until stop is
+// closed. It is the only goroutine that starts spans in asynchronous mode.
+func (t *Telemetry) runBuilder() {
+	defer close(t.builderDone)
+	for {
+		select {
+		case j := <-t.builds:
+			if j.flushed != nil {
+				close(j.flushed)
+				continue
+			}
+			t.buildJob(j)
+			j.release()
+		case <-t.stopBuilder:
+			return
+		}
+	}
+}
+
+// buildJob emits one job's span tree with the pre-chosen root ids: the root is
+// started under a context holding them, which idGenerator hands to the SDK.
+func (t *Telemetry) buildJob(j *spanJob) {
+	parent := context.Background()
+	if j.parent.IsValid() {
+		parent = trace.ContextWithRemoteSpanContext(parent, j.parent)
+	}
+	parent = context.WithValue(parent, presetKey{}, &j.ids)
+	sc := scratchPool.Get().(*spanScratch)
+	t.spanTree(parent, sc, &j.rec, j.commit)
+	sc.release()
+}
+
+// drainBuilds waits until every job queued so far is built (its spans ended and
+// handed to the span processors), or ctx is done. After the builder has stopped
+// there is nothing to wait for.
+func (t *Telemetry) drainBuilds(ctx context.Context) error {
+	if t.builds == nil || t.builderStopped.Load() {
+		return nil
+	}
+	marker := &spanJob{flushed: make(chan struct{})}
+	select {
+	case t.builds <- marker:
+	case <-t.builderDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-marker.flushed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stopBuilds drains the queue and stops the builder; Report builds no spans
+// afterwards. Safe to call more than once.
+func (t *Telemetry) stopBuilds(ctx context.Context) error {
+	if t.builds == nil || !t.closing.CompareAndSwap(false, true) {
+		return nil
+	}
+	err := t.drainBuilds(ctx)
+	close(t.stopBuilder)
+	select {
+	case <-t.builderDone:
+		t.builderStopped.Store(true)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return err
+}
+
+// presetIDs are the ids a root span must take.
+type presetIDs struct {
+	traceID trace.TraceID
+	spanID  trace.SpanID
+}
+
+type presetKey struct{}
+
+// idGenerator is the tracer provider's sdktrace.IDGenerator. A span started
+// under a context carrying presetIDs (only buildJob's root spans) takes them;
+// every other span gets random ids, like the SDK's default generator (which is
+// math/rand based as well: these ids need to be unique, not secret).
+type idGenerator struct{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if p, ok := ctx.Value(presetKey{}).(*presetIDs); ok && p.traceID.IsValid() && p.spanID.IsValid() {
+		return p.traceID, p.spanID
+	}
+	return newTraceID(), newSpanID()
+}
+
+func (idGenerator) NewSpanID(ctx context.Context, traceID trace.TraceID) trace.SpanID {
+	if p, ok := ctx.Value(presetKey{}).(*presetIDs); ok && p.traceID == traceID && p.spanID.IsValid() {
+		return p.spanID
+	}
+	return newSpanID()
+}
+
+// newTraceID and newSpanID draw from math/rand/v2's per-thread generator: no
+// lock, no allocation, never the all-zero (invalid) id.
+func newTraceID() trace.TraceID {
+	var id trace.TraceID
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:8], rand.Uint64())
+		binary.BigEndian.PutUint64(id[8:], rand.Uint64())
+	}
+	return id
+}
+
+func newSpanID() trace.SpanID {
+	var id trace.SpanID
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:], rand.Uint64())
+	}
+	return id
+}

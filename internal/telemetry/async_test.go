@@ -1,0 +1,175 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// pauseBuilder stops the builder goroutine without marking Telemetry closed, so
+// Report keeps queueing and nothing drains the queue; resumeBuilder restarts it.
+func pauseBuilder(t *testing.T, tel *Telemetry) {
+	t.Helper()
+	close(tel.stopBuilder)
+	<-tel.builderDone
+}
+
+func resumeBuilder(tel *Telemetry) {
+	tel.stopBuilder = make(chan struct{})
+	tel.builderDone = make(chan struct{})
+	go tel.runBuilder()
+}
+
+func roots(spans tracetest.SpanStubs) map[string]tracetest.SpanStub {
+	out := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		if s.Name == SpanProgram {
+			out[attrMap(s.Attributes)[PolicyNameKey].AsString()] = s
+		}
+	}
+	return out
+}
+
+// The exemplar is recorded before the span tree exists; once built, the root
+// must carry exactly the ids the exemplar names, under a traceparent too, and
+// its children must have ids of their own.
+func TestAsyncRootTakesTheExemplarsIDs(t *testing.T) {
+	tel := newInMemory(t)
+	r := record(base, "pe-tp", 30*time.Millisecond)
+	r.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	tel.Report(r)
+
+	pts := latencyPoints(t, tel.collect(t)) // before any flush: the point exists when Report returns
+	if len(pts) != 1 || pts[0].Count != 1 || len(pts[0].Exemplars) != 1 {
+		t.Fatalf("latency points %+v, want one point, count 1, one exemplar", pts)
+	}
+	ex := pts[0].Exemplars[0]
+
+	spans := tel.endedSpans(t)
+	root, ok := roots(spans)["pe-tp"]
+	if !ok || len(spans) != 5 {
+		t.Fatalf("spans %v, want a root and 4 children", names(spans))
+	}
+	tid, sid := root.SpanContext.TraceID(), root.SpanContext.SpanID()
+	if string(ex.TraceID) != string(tid[:]) || string(ex.SpanID) != string(sid[:]) {
+		t.Errorf("exemplar %x/%x, root %s/%s: want equal", ex.TraceID, ex.SpanID, tid, sid)
+	}
+	if tid.String() != "4bf92f3577b34da6a3ce929d0e0e4736" || root.Parent.SpanID().String() != "00f067aa0ba902b7" {
+		t.Errorf("root trace %s parent %s, want the traceparent's", tid, root.Parent.SpanID())
+	}
+	seen := map[string]bool{}
+	for _, s := range spans {
+		id := s.SpanContext.SpanID().String()
+		if seen[id] {
+			t.Errorf("span id %s used twice (%s)", id, s.Name)
+		}
+		seen[id] = true
+		if s.Name != SpanProgram && s.Parent.SpanID() != sid {
+			t.Errorf("%s parent %s, want the root %s", s.Name, s.Parent.SpanID(), sid)
+		}
+	}
+}
+
+// Report copies the record: a caller reusing it (and its attempts) right after
+// Report returns changes nothing of the spans built later.
+func TestAsyncBuildsFromACopyOfTheRecord(t *testing.T) {
+	tel := newInMemory(t)
+	pauseBuilder(t, tel.Telemetry)
+	r := record(base, "pe-orig", 30*time.Millisecond)
+	tel.Report(r)
+	r.Name = "pe-changed"
+	r.Attempts[0].Err = "changed"
+	resumeBuilder(tel.Telemetry)
+	spans := tel.endedSpans(t)
+	if _, ok := roots(spans)["pe-orig"]; !ok || len(spans) != 5 {
+		t.Fatalf("spans %v, want the tree of pe-orig", names(spans))
+	}
+	for _, s := range spans {
+		if s.Name == SpanCommit && s.Status.Description != "" {
+			t.Errorf("commit span status %q: the caller's later change leaked in", s.Status.Description)
+		}
+	}
+}
+
+// A full build queue drops the whole tree, counts its spans, and still records
+// the point, without an exemplar, so no exemplar names a trace that never comes.
+func TestAsyncFullQueueRecordsThePointWithoutExemplar(t *testing.T) {
+	const queue = 16
+	tel := newInMemory(t, WithSpanQueueSize(queue))
+	pauseBuilder(t, tel.Telemetry)
+	// Occupy all but one slot with flush markers, so the second record finds the
+	// queue full while the span processors (sized alike) have room for a tree.
+	for range queue - 1 {
+		tel.builds <- &spanJob{flushed: make(chan struct{})}
+	}
+	tel.Report(record(base, "pe-kept", 30*time.Millisecond))
+	tel.Report(record(base, "pe-dropped", 40*time.Millisecond))
+	if spans, _ := tel.Dropped(); spans != 5 {
+		t.Errorf("dropped %d spans, want 5 (the second record's tree)", spans)
+	}
+	pts := latencyPoints(t, tel.collect(t))
+	if len(pts) != 1 || pts[0].Count != 2 {
+		t.Fatalf("latency points %+v, want one point counting 2", pts)
+	}
+	resumeBuilder(tel.Telemetry)
+	spans := tel.endedSpans(t)
+	kept, ok := roots(spans)["pe-kept"]
+	if !ok || len(spans) != 5 {
+		t.Fatalf("spans %v, want the kept record's tree only", names(spans))
+	}
+	if len(pts[0].Exemplars) != 1 {
+		t.Fatalf("%d exemplars, want 1 (the kept record's)", len(pts[0].Exemplars))
+	}
+	ex := pts[0].Exemplars[0]
+	tid, sid := kept.SpanContext.TraceID(), kept.SpanContext.SpanID()
+	if string(ex.TraceID) != string(tid[:]) || string(ex.SpanID) != string(sid[:]) || ex.Value != 0.03 {
+		t.Errorf("exemplar %x/%x value %v, want the kept root %s/%s, 0.03", ex.TraceID, ex.SpanID, ex.Value, tid, sid)
+	}
+}
+
+// countingExporter counts the spans exported to it; unlike the in-memory
+// exporter it keeps its count through Shutdown.
+type countingExporter struct{ spans atomic.Int64 }
+
+func (e *countingExporter) ExportSpans(_ context.Context, s []sdktrace.ReadOnlySpan) error {
+	e.spans.Add(int64(len(s)))
+	return nil
+}
+func (*countingExporter) Shutdown(context.Context) error { return nil }
+
+// Shutdown builds and exports every queued tree before it stops, and Report is
+// a harmless no-op afterwards.
+func TestShutdownDrainsTheBuildQueue(t *testing.T) {
+	exp := &countingExporter{}
+	tel, err := New(context.Background(), WithOTLP(false), WithTraceExporter(exp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pauseBuilder(t, tel)
+	const records = 50
+	for i := range records {
+		tel.Report(record(base, fmt.Sprintf("pe-%d", i), 30*time.Millisecond))
+	}
+	if n := len(tel.builds); n != records {
+		t.Fatalf("%d records queued, want %d", n, records)
+	}
+	resumeBuilder(tel)
+	if err := tel.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if got := exp.spans.Load(); got != 5*records {
+		t.Errorf("%d spans exported by Shutdown, want %d", got, 5*records)
+	}
+	tel.Report(record(base, "pe-late", 30*time.Millisecond))
+	if n := len(tel.builds); n != 0 {
+		t.Errorf("%d records queued after Shutdown, want 0", n)
+	}
+	if err := tel.ForceFlush(context.Background()); err != nil {
+		t.Errorf("ForceFlush after Shutdown: %v", err)
+	}
+}
