@@ -110,6 +110,8 @@ func (t *Telemetry) drainBuilds(ctx context.Context) error {
 	select {
 	case <-marker.flushed:
 		return nil
+	case <-t.builderDone: // stopped by a concurrent Shutdown, which drained what it could
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
