@@ -5,7 +5,7 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 PKGS      := ./...
-TEST_TIMEOUT ?= 60m
+TEST_TIMEOUT ?= 25m
 
 .PHONY: all build test unit tools tools-demo bench lint fmt generate verify-generated demo clean
 

@@ -35,6 +35,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 const (
@@ -246,7 +247,7 @@ func sumSamples(exposition, name string, labels ...string) float64 {
 func addLocalPod(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_NET_ADMIN) to add the interface and host route of a local pod for the route resolver")
+		skip.Unmet(t, "needs root (CAP_NET_ADMIN) to add the interface and host route of a local pod for the route resolver")
 	}
 	pid := os.Getpid()
 	la := netlink.NewLinkAttrs()
@@ -471,7 +472,7 @@ func skipIfShort(t *testing.T) {
 func TestAgentEBPFWithoutPrivilegesNamesCapabilities(t *testing.T) {
 	skipIfShort(t)
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to start the agent as an unprivileged user (uid 65534)")
+		skip.Unmet(t, "needs root to start the agent as an unprivileged user (uid 65534)")
 	}
 	// A directory the unprivileged user can read and execute from.
 	dir, err := os.MkdirTemp("", "npagent-nopriv-")

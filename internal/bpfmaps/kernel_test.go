@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // Helpers for the tests that need the kernel. They skip, saying why, unless the test
@@ -53,7 +55,7 @@ var kernelChecked struct {
 func requireKernel(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_BPF to load programs, CAP_NET_ADMIN to attach them): run as root")
+		skip.Unmet(t, "needs root (CAP_BPF to load programs, CAP_NET_ADMIN to attach them): run as root")
 	}
 	if !kernelChecked.done.Load() {
 		if err := ensureBPFFS(filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-probe-%d", os.Getpid()))); err != nil {
@@ -63,7 +65,7 @@ func requireKernel(t testing.TB) {
 		kernelChecked.done.Store(true)
 	}
 	if kernelChecked.reason != "" {
-		t.Skip(kernelChecked.reason)
+		skip.Unmet(t, "%s", kernelChecked.reason)
 	}
 }
 
@@ -86,7 +88,7 @@ func openTestEBPF(t testing.TB, opts EBPFOptions) *EBPF {
 	e, err := OpenEBPF(opts)
 	if err != nil {
 		if strings.Contains(err.Error(), "not supported") {
-			t.Skipf("kernel lacks a needed eBPF feature: %v", err)
+			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
 		}
 		t.Fatalf("OpenEBPF: %v", err)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // trafficLab is three network namespaces made for one test: "node" holds the pod's
@@ -43,7 +45,7 @@ func newTrafficLab(t *testing.T) *trafficLab {
 	t.Helper()
 	requireKernel(t)
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) to build network namespaces")
+		skip.Unmet(t, "needs the ip command (iproute2) to build network namespaces")
 	}
 	id := os.Getpid() % 100000
 	l := &trafficLab{node: fmt.Sprintf("npt-node-%d", id), pod: fmt.Sprintf("npt-pod-%d", id), peer: fmt.Sprintf("npt-peer-%d", id)}

@@ -42,8 +42,6 @@ type Sink interface {
 	InvalidObject(kind, field string)
 }
 
-var _ Sink = (*telemetry.Telemetry)(nil)
-
 // Config configures New. Zero fields take the defaults stated.
 type Config struct {
 	// NodeName is this node's name, for logs.

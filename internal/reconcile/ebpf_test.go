@@ -19,6 +19,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // podLab is one pod the way a CNI makes it: a network namespace holding the pod's end
@@ -45,10 +46,10 @@ func run(t *testing.T, args ...string) {
 func newPodLab(t *testing.T) *podLab {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace, a veth pair and a host route, and loads eBPF programs (CAP_NET_ADMIN, CAP_BPF)")
+		skip.Unmet(t, "needs root: creates a network namespace, a veth pair and a host route, and loads eBPF programs (CAP_NET_ADMIN, CAP_BPF)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) to build the pod's network namespace")
+		skip.Unmet(t, "needs the ip command (iproute2) to build the pod's network namespace")
 	}
 	id := os.Getpid() % 100000
 	subnet := fmt.Sprintf("10.251.%d", id%250+1)
@@ -170,7 +171,7 @@ func TestEBPFEnforcement(t *testing.T) {
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
 	if err != nil {
 		if strings.Contains(err.Error(), "not supported") {
-			t.Skipf("kernel lacks a needed eBPF feature: %v", err)
+			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
 		}
 		t.Fatalf("OpenEBPF: %v", err)
 	}

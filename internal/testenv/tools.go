@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // RepoRoot is the root of the npagent checkout this package was compiled from.
@@ -24,12 +26,16 @@ var (
 
 // ToolPath returns the path of a tool built by hack/tools.sh ("kube-apiserver", "etcd",
 // "otelcol", "prometheus", "jaeger"), building it first when it is not cached. A failed
-// build skips the test with the build's output as the reason.
+// build skips the test with the build's output as the reason (a failure under
+// NPAGENT_TEST_NO_SKIP=1); -short skips every test that needs a tool.
 func ToolPath(tb testing.TB, name string) string {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skipf("-short: needs %s (a real process built from source)", name)
+	}
 	path, err := toolPath(name)
 	if err != nil {
-		tb.Skipf("testenv: %s is not available and could not be built: %v", name, err)
+		skip.Unmet(tb, "testenv: %s is not available and could not be built: %v", name, err)
 	}
 	return path
 }
