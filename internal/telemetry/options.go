@@ -91,8 +91,9 @@ func WithMeterExportInterval(d time.Duration) Option {
 	}
 }
 
-// WithSpanQueueSize bounds how many ended spans may wait for export; beyond it spans
-// are dropped and counted. Default: OTEL_BSP_MAX_QUEUE_SIZE if set, else 2048.
+// WithSpanQueueSize bounds how many ended spans may wait for export, and how many
+// reported records may wait for their span trees to be built; beyond either bound
+// spans are dropped and counted. Default: OTEL_BSP_MAX_QUEUE_SIZE if set, else 2048.
 func WithSpanQueueSize(n int) Option {
 	return func(c *config) {
 		if n > 0 {
