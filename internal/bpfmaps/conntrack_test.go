@@ -130,4 +130,7 @@ func TestCommitAtomicUnderTraffic(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 	t.Logf("%d commits, %d packets (%d probes, %d where the policies differ)", flips, runs.Load(), len(probes), differ)
+	if flips < 10 || runs.Load() < int64(len(probes)) {
+		t.Fatalf("too little overlap to say anything: %d commits, %d packets", flips, runs.Load())
+	}
 }
