@@ -22,14 +22,14 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/seen"
-	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/telemetry/record"
 )
 
 // Sink receives what the loop reports. *telemetry.Telemetry satisfies it. Calls come
 // from event handlers and workers concurrently and must not block.
 type Sink interface {
 	// Report hands over one reported trigger, after a successful commit.
-	Report(r *telemetry.Record)
+	Report(r *record.Record)
 	// Suppressed counts an observation the seen-set did not accept, by reason name.
 	Suppressed(kind, reason string)
 	// Delivered counts a delivery by cause: "add", "update", "resync", "relist",
@@ -117,10 +117,10 @@ type objectState struct {
 	dirty []netip.Addr
 	// failed holds the failed commit attempts since the last success, oldest first,
 	// bounded by maxAttemptHistory: a trigger reported after retries carries them.
-	failed []telemetry.Attempt
+	failed []record.Attempt
 	// lastCommit is the last successful attempt: the commit a trigger's ProgrammedAt
 	// refers to when the lister ran ahead of the event handlers.
-	lastCommit telemetry.Attempt
+	lastCommit record.Attempt
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
 }
@@ -510,7 +510,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 	if res.err != nil {
 		c.mu.Lock()
 		st.dirty = res.notDone
-		st.failed = append(st.failed, telemetry.Attempt{Start: res.attempt.Start, End: res.attempt.End, Err: res.err.Error()})
+		st.failed = append(st.failed, record.Attempt{Start: res.attempt.Start, End: res.attempt.End, Err: res.err.Error()})
 		if len(st.failed) > maxAttemptHistory {
 			st.failed = st.failed[len(st.failed)-maxAttemptHistory:]
 		}
@@ -574,7 +574,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
 	for _, r := range reports {
-		rec := &telemetry.Record{
+		rec := &record.Record{
 			Kind:            kind,
 			Namespace:       key.namespace,
 			Name:            key.name,
@@ -596,9 +596,9 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 			// event): that commit ends the latency, and this sync's timings are not it.
 			a := prevCommit
 			if !a.End.Equal(r.ProgrammedAt) {
-				a = telemetry.Attempt{Start: r.ProgrammedAt, End: r.ProgrammedAt}
+				a = record.Attempt{Start: r.ProgrammedAt, End: r.ProgrammedAt}
 			}
-			rec.Attempts = []telemetry.Attempt{a}
+			rec.Attempts = []record.Attempt{a}
 			rec.WorkerStart, rec.ComputeStart, rec.ComputeEnd = time.Time{}, time.Time{}, time.Time{}
 		}
 		c.sink.Report(rec)
@@ -613,7 +613,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 }
 
 // lastAttempts returns the last n attempts (at least the successful one).
-func lastAttempts(attempts []telemetry.Attempt, n int) []telemetry.Attempt {
+func lastAttempts(attempts []record.Attempt, n int) []record.Attempt {
 	if len(attempts) == 0 {
 		return nil
 	}
@@ -681,13 +681,13 @@ func (c *Controller) index(st *objectState, compiled *compiledObject) {
 // commitResult is what one commit phase did.
 type commitResult struct {
 	computeEnd time.Time
-	attempt    telemetry.Attempt // spans every dataplane call; Err unset
-	calls      int               // dataplane Commit/Remove calls made
-	pods       int               // pods committed or removed
-	entries    int               // map entries written
-	notDone    []netip.Addr      // pods still to commit (interface missing, or failed)
-	resolveErr error             // first resolver error
-	err        error             // first dataplane error
+	attempt    record.Attempt // spans every dataplane call; Err unset
+	calls      int            // dataplane Commit/Remove calls made
+	pods       int            // pods committed or removed
+	entries    int            // map entries written
+	notDone    []netip.Addr   // pods still to commit (interface missing, or failed)
+	resolveErr error          // first resolver error
+	err        error          // first dataplane error
 }
 
 // commitPods merges and commits the policy of each pod: every object that selects it
@@ -799,7 +799,7 @@ func union(lists ...[]netip.Addr) []netip.Addr {
 
 type discardSink struct{}
 
-func (discardSink) Report(*telemetry.Record)                {}
+func (discardSink) Report(*record.Record)                   {}
 func (discardSink) Suppressed(string, string)               {}
 func (discardSink) Delivered(string, string)                {}
 func (discardSink) CommitDone(string, time.Duration, error) {}

@@ -3,7 +3,7 @@ package reconcile
 import (
 	"cmp"
 
-	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/telemetry/record"
 )
 
 // Kind is the kind of a policy object.
@@ -19,9 +19,9 @@ const (
 // String returns the Kubernetes kind name, also the telemetry attribute value.
 func (k Kind) String() string {
 	if k == KindClusterPolicyEndpoint {
-		return telemetry.KindClusterPolicyEndpoint
+		return record.KindClusterPolicyEndpoint
 	}
-	return telemetry.KindPolicyEndpoint
+	return record.KindPolicyEndpoint
 }
 
 // Cause is why an object reached the loop.
