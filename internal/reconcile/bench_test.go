@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -162,28 +163,39 @@ func BenchmarkSync(b *testing.B) {
 		benchSync(b, bpfmaps.NewMemory(), nil)
 	})
 	b.Run("ebpf", func(b *testing.B) {
-		if os.Geteuid() != 0 {
-			b.Skip("needs root to load eBPF programs and create interfaces")
-		}
-		pin := fmt.Sprintf("/sys/fs/bpf/npagent-reconcile-bench-%d", os.Getpid())
-		defer os.RemoveAll(pin)
-		dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
-		if err != nil {
-			b.Skipf("eBPF dataplane unavailable: %v", err)
-		}
-		defer dp.Close()
-		benchSync(b, dp, benchInterfaces(b, 10))
+		benchSync(b, openBenchEBPF(b), benchInterfaces(b, "", 10))
 	})
 }
 
+// openBenchEBPF opens the kernel dataplane under a temporary pin path, or skips.
+func openBenchEBPF(b *testing.B) bpfmaps.Dataplane {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("needs root to load eBPF programs, pin maps under /sys/fs/bpf and create veth interfaces")
+	}
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-bench-%d", os.Getpid()))
+	b.Cleanup(func() { _ = os.RemoveAll(pin) })
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
+	if err != nil {
+		b.Skipf("eBPF dataplane unavailable: %v", err)
+	}
+	b.Cleanup(func() { _ = dp.Close() })
+	return dp
+}
+
 // benchInterfaces creates n veth pairs (host ends in this namespace) for the eBPF
-// dataplane to attach to, and returns them as a lookup table for the bench's pod IPs.
-func benchInterfaces(b *testing.B, n int) *lookupTableResolver {
+// dataplane to attach to, named with tag so several sets can coexist, and maps the
+// bench objects' local pod IPs (10.60.0.1…) to them.
+func benchInterfaces(b *testing.B, tag string, n int) *lookupTableResolver {
+	b.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		b.Skip("needs the ip command (iproute2) to create veth interfaces")
+	}
 	r := newLookupTableResolver()
 	for i := range n {
-		name := fmt.Sprintf("nprb%d-%d", os.Getpid()%10000, i)
+		name := fmt.Sprintf("nprb%d%s-%d", os.Getpid()%10000, tag, i)
 		if out, err := exec.Command("ip", "link", "add", name, "type", "veth", "peer", "name", name+"p").CombinedOutput(); err != nil {
-			b.Skipf("create veth: %v: %s", err, out)
+			b.Skipf("create veth %s: %v: %s", name, err, out)
 		}
 		b.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
 		ifc, err := net.InterfaceByName(name)

@@ -3,10 +3,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -75,8 +72,8 @@ func BenchmarkReconcileTelemetry(b *testing.B) {
 		}
 	})
 	b.Run("dataplane=ebpf", func(b *testing.B) {
-		dp := openOverheadEBPF(b)
-		ifaces := overheadInterfaces(b, "s", overheadPods)
+		dp := openBenchEBPF(b)
+		ifaces := benchInterfaces(b, "s", overheadPods)
 		for _, v := range overheadVariants {
 			b.Run("telemetry="+v.name, func(b *testing.B) {
 				benchOverheadAlone(b, newOverheadRig(b, v, dp, ifaces, false))
@@ -124,10 +121,10 @@ func BenchmarkTelemetryOverheadPaired(b *testing.B) {
 		benchOverheadPaired(b, rigs)
 	})
 	b.Run("dataplane=ebpf", func(b *testing.B) {
-		dp := openOverheadEBPF(b)
+		dp := openBenchEBPF(b)
 		var rigs []*overheadRig
 		for i, v := range overheadVariants {
-			rigs = append(rigs, newOverheadRig(b, v, dp, overheadInterfaces(b, strconv.Itoa(i), overheadPods), true))
+			rigs = append(rigs, newOverheadRig(b, v, dp, benchInterfaces(b, strconv.Itoa(i), overheadPods), true))
 		}
 		benchOverheadPaired(b, rigs)
 	})
@@ -397,46 +394,6 @@ func madeUpInterfaces(base, pods int) *lookupTableResolver {
 	r := newLookupTableResolver()
 	for i := range pods {
 		r.set(fmt.Sprintf("10.60.0.%d", i+1), base+100+i)
-	}
-	return r
-}
-
-// openOverheadEBPF opens the kernel dataplane under a temporary pin path, or skips.
-func openOverheadEBPF(b *testing.B) bpfmaps.Dataplane {
-	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("needs root to load eBPF programs, pin maps under /sys/fs/bpf and create veth interfaces")
-	}
-	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-telemetry-bench-%d", os.Getpid()))
-	b.Cleanup(func() { _ = os.RemoveAll(pin) })
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
-	if err != nil {
-		b.Skipf("eBPF dataplane unavailable: %v", err)
-	}
-	b.Cleanup(func() { _ = dp.Close() })
-	return dp
-}
-
-// overheadInterfaces creates n veth pairs (host ends here) for the eBPF dataplane to
-// attach to, named with tag so several sets can coexist, and maps the bench objects'
-// local pod IPs to them.
-func overheadInterfaces(b *testing.B, tag string, n int) *lookupTableResolver {
-	b.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		b.Skip("needs the ip command (iproute2) to create veth interfaces")
-	}
-	r := newLookupTableResolver()
-	for i := range n {
-		name := fmt.Sprintf("nprt%d%s-%d", os.Getpid()%10000, tag, i)
-		if out, err := exec.Command("ip", "link", "add", name, "type", "veth", "peer", "name", name+"p").CombinedOutput(); err != nil {
-			b.Skipf("create veth %s: %v: %s", name, err, out)
-		}
-		b.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
-		ifc, err := net.InterfaceByName(name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		r.set(fmt.Sprintf("10.60.0.%d", i+1), ifc.Index)
 	}
 	return r
 }
