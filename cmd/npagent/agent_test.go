@@ -275,18 +275,6 @@ func addLocalPod(t *testing.T) string {
 	return ip.String()
 }
 
-// waitFor polls cond every 100ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func policyEndpoint(name, podIP string, trigger time.Time) *v1alpha1.PolicyEndpoint {
 	proto := corev1.ProtocolTCP
 	port := int32(80)
@@ -328,7 +316,7 @@ func TestAgentLifecycle(t *testing.T) {
 	if code, body := a.get(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz = %d %q, want 200", code, body)
 	}
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	testenv.Eventually(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
 	if _, body := a.get(t, "/metrics"); !strings.Contains(body, "npagent_") {
 		t.Fatalf("/metrics serves no npagent metric:\n%s", body)
 	}
@@ -361,16 +349,16 @@ func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
 	ctx := context.Background()
 
 	a := startAgent(t, kubeconfig, stateFile)
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	testenv.Eventually(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
 	pe := policyEndpoint("allow-web", podIP, time.Now())
 	if err := cp.Client.Create(ctx, pe); err != nil {
 		t.Fatalf("create PolicyEndpoint default/allow-web: %v", err)
 	}
-	waitFor(t, 30*time.Second, "the trigger of default/allow-web to be reported", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the trigger of default/allow-web to be reported", func() bool {
 		return a.metric(t, latencyCount, `npagent_policy_kind="PolicyEndpoint"`) >= 1
 	})
 	// Resyncs every second re-deliver the object: counted, never measured again.
-	waitFor(t, 10*time.Second, "a resync to be counted as redelivered", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a resync to be counted as redelivered", func() bool {
 		return a.metric(t, suppressed, `reason="redelivered"`) >= 2
 	})
 	if n := a.metric(t, latencyCount); n != 1 {
@@ -383,8 +371,8 @@ func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
 	// Restart with the state file: the initial list re-delivers allow-web, whose
 	// trigger the previous process reported.
 	b := startAgent(t, kubeconfig, stateFile)
-	waitFor(t, 30*time.Second, "/readyz 200 after restart", func() bool { code, _ := b.get(t, "/readyz"); return code == http.StatusOK })
-	waitFor(t, 10*time.Second, "the re-listed trigger to be counted as redelivered", func() bool {
+	testenv.Eventually(t, 30*time.Second, "/readyz 200 after restart", func() bool { code, _ := b.get(t, "/readyz"); return code == http.StatusOK })
+	testenv.Eventually(t, 10*time.Second, "the re-listed trigger to be counted as redelivered", func() bool {
 		return b.metric(t, suppressed, `reason="redelivered"`) >= 2
 	})
 	if n := b.metric(t, latencyCount); n != 0 {
@@ -406,10 +394,10 @@ func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	c := startAgent(t, kubeconfig, stateFile)
-	waitFor(t, 30*time.Second, "the change made while the agent was down to be reported", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the change made while the agent was down to be reported", func() bool {
 		return c.metric(t, latencyCount) >= 1
 	})
-	waitFor(t, 10*time.Second, "resyncs after the report", func() bool {
+	testenv.Eventually(t, 10*time.Second, "resyncs after the report", func() bool {
 		return c.metric(t, suppressed, `reason="redelivered"`) >= 2
 	})
 	if n := c.metric(t, latencyCount); n != 1 {

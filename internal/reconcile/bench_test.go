@@ -290,7 +290,7 @@ func BenchmarkRelist10k(b *testing.B) {
 	mem := bpfmaps.NewMemory()
 	start := time.Now()
 	a := startAgent(b, cp, agentOptions{nodeIP: benchNode, dp: mem, resolver: resolver})
-	eventually(b, 5*time.Minute, "initial sync of every object", func() bool {
+	testenv.Eventually(b, 5*time.Minute, "initial sync of every object", func() bool {
 		s := a.c.Stats()
 		return s.Delivered(KindPolicyEndpoint, CauseAdd) == objects && a.c.queue.Len() == 0 && s.Syncs >= objects
 	})
@@ -305,9 +305,9 @@ func BenchmarkRelist10k(b *testing.B) {
 		relisted := func() uint64 {
 			return a.c.Stats().Delivered(KindPolicyEndpoint, CauseRelist) - before.Delivered(KindPolicyEndpoint, CauseRelist)
 		}
-		eventually(b, 5*time.Minute, "relist begins", func() bool { return relisted() > 0 })
+		testenv.Eventually(b, 5*time.Minute, "relist begins", func() bool { return relisted() > 0 })
 		first, cpu0 := time.Now(), cpuTime()
-		eventually(b, 5*time.Minute, "relist of every object", func() bool { return relisted() >= objects })
+		testenv.Eventually(b, 5*time.Minute, "relist of every object", func() bool { return relisted() >= objects })
 		wall, cpu := time.Since(first), cpuTime()-cpu0
 		b.Logf("relist began %v after the restart; %d objects re-delivered in %v, %v CPU",
 			first.Sub(restarted).Round(time.Millisecond), relisted(), wall.Round(time.Millisecond), cpu.Round(time.Millisecond))

@@ -183,7 +183,7 @@ func TestEBPFEnforcement(t *testing.T) {
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: NewRouteResolver
 	pe := ingressPE("ebpf", "web", []v1alpha1.PodEndpoint{pod(node, l.podIP)}, l.hostIP+"/32", 8080)
 	create(t, cp, pe)
-	eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
 	if got := dp.Pods(); len(got) != 1 || got[0] != l.hostIndex {
 		t.Fatalf("dataplane pods = %v, want the veth %s (%d)", got, l.hostIf, l.hostIndex)
 	}
@@ -197,13 +197,13 @@ func TestEBPFEnforcement(t *testing.T) {
 	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
 		pe.Spec.Ingress[0].Ports = append(pe.Spec.Ingress[0].Ports, v1alpha1.Port{Port: ptr[int32](8081)})
 	})
-	eventually(t, 20*time.Second, "record for the update", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 2 })
+	testenv.Eventually(t, 20*time.Second, "record for the update", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 2 })
 	if err := l.reach(8081); err != nil {
 		t.Errorf("port 8081 after the update allowed it: %v", err)
 	}
 
 	remove(t, cp, pe)
-	eventually(t, 20*time.Second, "pod state removed", func() bool { return len(dp.Pods()) == 0 })
+	testenv.Eventually(t, 20*time.Second, "pod state removed", func() bool { return len(dp.Pods()) == 0 })
 	if err := l.reach(8081); err != nil {
 		t.Errorf("after delete the pod must be open again: %v", err)
 	}

@@ -220,20 +220,8 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		})
 	}
 	t.Cleanup(a.stop)
-	eventually(t, 30*time.Second, "caches synced", a.c.HasSynced)
+	testenv.Eventually(t, 30*time.Second, "caches synced", a.c.HasSynced)
 	return a
-}
-
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func createNamespace(t testing.TB, cp *testenv.ControlPlane, name string) {

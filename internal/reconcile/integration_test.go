@@ -57,7 +57,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.0.1"), pod(node, "10.1.0.2"), pod("192.0.2.99", "10.1.9.9")}
 	web := ingressPE("life", "web", pods, "10.2.0.0/16", 80)
 	t1 := create(t, cp, web)
-	eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 1 })
 
 	rec := a.sink.recordsFor(string(web.UID))[0]
 	if !rec.Trigger.Equal(t1) || rec.Kind != "PolicyEndpoint" || rec.Namespace != "life" || rec.Name != "web" ||
@@ -84,7 +84,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 		pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](8080)
 		pe.Spec.PodSelectorEndpoints = pe.Spec.PodSelectorEndpoints[:1]
 	})
-	eventually(t, 20*time.Second, "record for the update", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 2 })
+	testenv.Eventually(t, 20*time.Second, "record for the update", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 2 })
 	if got := triggersOf(a.sink.recordsFor(string(web.UID))); !sameTimes(got, []time.Time{t1, t2}) {
 		t.Errorf("reported triggers %v, want %v and %v", got, t1, t2)
 	}
@@ -98,7 +98,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	// A second PE on pod 11 merges with the first: union of allow rules.
 	metrics := ingressPE("life", "metrics", pods[:1], "10.3.0.0/16", 9090)
 	create(t, cp, metrics)
-	eventually(t, 20*time.Second, "record for the second PE", func() bool { return len(a.sink.recordsFor(string(metrics.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record for the second PE", func() bool { return len(a.sink.recordsFor(string(metrics.UID))) == 1 })
 	if !mem.Verdict(11, bpfmaps.Ingress, addr("10.2.3.4"), tcp, 8080) || !mem.Verdict(11, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 9090) ||
 		mem.Verdict(11, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 8080) {
 		t.Errorf("pod 11: merged policy of web and metrics not in force")
@@ -114,7 +114,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 		},
 	}
 	create(t, cp, deny)
-	eventually(t, 20*time.Second, "record for the CPE", func() bool { return len(a.sink.recordsFor(string(deny.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record for the CPE", func() bool { return len(a.sink.recordsFor(string(deny.UID))) == 1 })
 	if r := a.sink.recordsFor(string(deny.UID))[0]; r.Kind != "ClusterPolicyEndpoint" || r.Namespace != "" || r.Pods != 2 {
 		t.Errorf("CPE record = %+v (pods: both local pods)", r)
 	}
@@ -127,7 +127,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 
 	// Delete web: pod 11 keeps metrics and the CPE; web's seen-set entry is forgotten.
 	remove(t, cp, web)
-	eventually(t, 20*time.Second, "web's rule gone from pod 11", func() bool {
+	testenv.Eventually(t, 20*time.Second, "web's rule gone from pod 11", func() bool {
 		return !mem.Verdict(11, bpfmaps.Ingress, addr("10.2.3.4"), tcp, 8080)
 	})
 	if !mem.Verdict(11, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 9090) {
@@ -135,7 +135,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	}
 	remove(t, cp, metrics)
 	remove(t, cp, deny)
-	eventually(t, 20*time.Second, "every pod removed", func() bool { return len(mem.Pods()) == 0 })
+	testenv.Eventually(t, 20*time.Second, "every pod removed", func() bool { return len(mem.Pods()) == 0 })
 
 	// Every genuine write's trigger was reported exactly once: web's create and
 	// update, metrics' and the CPE's creates. Deletes report nothing.
@@ -166,7 +166,7 @@ func testNoLocalPods(t *testing.T, cp *testenv.ControlPlane) {
 	before := a.c.Stats()
 	pe := ingressPE("remote", "elsewhere", []v1alpha1.PodEndpoint{pod("192.0.2.98", "10.1.8.1")}, "10.0.0.0/8", 80)
 	create(t, cp, pe)
-	eventually(t, 20*time.Second, "no-local-work counted", func() bool {
+	testenv.Eventually(t, 20*time.Second, "no-local-work counted", func() bool {
 		return a.seen.Stats().Suppressed[seen.NoLocalPods] >= 1
 	})
 	s := a.c.Stats()
@@ -189,7 +189,7 @@ func testInterfaceLater(t *testing.T, cp *testenv.ControlPlane) {
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver})
 	pe := ingressPE("late", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.3.1")}, "10.2.0.0/16", 80)
 	trigger := create(t, cp, pe)
-	eventually(t, 20*time.Second, "the loop waits for the interface", func() bool { return a.c.Stats().InterfaceWaits >= 2 })
+	testenv.Eventually(t, 20*time.Second, "the loop waits for the interface", func() bool { return a.c.Stats().InterfaceWaits >= 2 })
 	if len(mem.Pods()) != 0 || len(a.sink.recordsFor(string(pe.UID))) != 0 {
 		t.Fatalf("nothing may be committed or reported before the interface exists")
 	}
@@ -198,7 +198,7 @@ func testInterfaceLater(t *testing.T, cp *testenv.ControlPlane) {
 	}
 	appeared := time.Now()
 	resolver.set("10.1.3.1", 31)
-	eventually(t, 20*time.Second, "record once the interface exists", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record once the interface exists", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
 	rec := a.sink.recordsFor(string(pe.UID))[0]
 	if rec.Committed().Before(appeared) || !rec.Trigger.Equal(trigger) || len(rec.Attempts) != 1 {
 		t.Errorf("record = %+v: want the commit after the interface appeared, one attempt", rec)
@@ -219,7 +219,7 @@ func testFailedCommits(t *testing.T, cp *testenv.ControlPlane) {
 	dp.failures.Store(2)
 	pe := ingressPE("flaky", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.4.1")}, "10.2.0.0/16", 80)
 	trigger := create(t, cp, pe)
-	eventually(t, 20*time.Second, "record after retries", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record after retries", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
 	rec := a.sink.recordsFor(string(pe.UID))[0]
 	if !rec.Trigger.Equal(trigger) || len(rec.Attempts) != 3 {
 		t.Fatalf("record = %+v, want 3 attempts", rec)
@@ -264,8 +264,8 @@ func testBadInput(t *testing.T, cp *testenv.ControlPlane) {
 	create(t, cp, badPort)
 	create(t, cp, badHost)
 	create(t, cp, good)
-	eventually(t, 20*time.Second, "good object reported", func() bool { return len(a.sink.recordsFor(string(good.UID))) == 1 })
-	eventually(t, 20*time.Second, "three invalid objects counted", func() bool { return a.c.Stats().InvalidObjects == 3 })
+	testenv.Eventually(t, 20*time.Second, "good object reported", func() bool { return len(a.sink.recordsFor(string(good.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "three invalid objects counted", func() bool { return a.c.Stats().InvalidObjects == 3 })
 	for field, want := range map[string]int{
 		"PolicyEndpoint/spec.ingress.cidr":                1,
 		"PolicyEndpoint/spec.ingress.ports.port":          1,
@@ -287,7 +287,7 @@ func testBadInput(t *testing.T, cp *testenv.ControlPlane) {
 	// Fixing the object programs it; both its triggers are reported then (the broken
 	// version's change reached the dataplane with the fix, like coalesced writes).
 	fix := update(t, cp, bad, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].CIDR = "10.2.0.0/16" })
-	eventually(t, 20*time.Second, "fixed object reported", func() bool {
+	testenv.Eventually(t, 20*time.Second, "fixed object reported", func() bool {
 		recs := a.sink.recordsFor(string(bad.UID))
 		return len(recs) > 0 && recs[len(recs)-1].Trigger.Equal(fix)
 	})
@@ -309,11 +309,11 @@ func testTwoNodes(t *testing.T, cp *testenv.ControlPlane) {
 	onlyA := ingressPE("two", "only-a", []v1alpha1.PodEndpoint{pod(nodeA, "10.1.6.1")}, "10.3.0.0/16", 80)
 	create(t, cp, both)
 	create(t, cp, onlyA)
-	eventually(t, 20*time.Second, "A reports both objects", func() bool {
+	testenv.Eventually(t, 20*time.Second, "A reports both objects", func() bool {
 		return len(a.sink.recordsFor(string(both.UID))) == 1 && len(a.sink.recordsFor(string(onlyA.UID))) == 1
 	})
-	eventually(t, 20*time.Second, "B reports its object", func() bool { return len(b.sink.recordsFor(string(both.UID))) == 1 })
-	eventually(t, 20*time.Second, "B consumed only-a without work", func() bool { return b.seen.Stats().Suppressed[seen.NoLocalPods] >= 1 })
+	testenv.Eventually(t, 20*time.Second, "B reports its object", func() bool { return len(b.sink.recordsFor(string(both.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "B consumed only-a without work", func() bool { return b.seen.Stats().Suppressed[seen.NoLocalPods] >= 1 })
 	if n := len(b.sink.recordsFor(string(onlyA.UID))); n != 0 {
 		t.Errorf("B reported %d records for an object without pods on B", n)
 	}
@@ -337,7 +337,7 @@ func testResync(t *testing.T, cp *testenv.ControlPlane) {
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.8.1", 81), resync: time.Second})
 	pe := ingressPE("resync", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.8.1")}, "10.2.0.0/16", 80)
 	create(t, cp, pe)
-	eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
 	records, before := a.sink.recordCount(), a.c.Stats()
 	time.Sleep(3500 * time.Millisecond)
 	s := a.c.Stats()
@@ -374,12 +374,12 @@ func TestRelist(t *testing.T) {
 	}
 	remote := ingressPE("relist", "remote", []v1alpha1.PodEndpoint{pod("192.0.2.250", "10.9.9.9")}, "10.2.0.0/16", 80)
 	create(t, cp, remote)
-	eventually(t, 20*time.Second, "three records", func() bool { return a.sink.recordCount() == 3 })
-	eventually(t, 20*time.Second, "remote consumed", func() bool { return a.seen.Stats().Suppressed[seen.NoLocalPods] == 1 })
+	testenv.Eventually(t, 20*time.Second, "three records", func() bool { return a.sink.recordCount() == 3 })
+	testenv.Eventually(t, 20*time.Second, "remote consumed", func() bool { return a.seen.Stats().Suppressed[seen.NoLocalPods] == 1 })
 	before := a.c.Stats()
 
 	cp.RestartAPIServer(t)
-	eventually(t, 60*time.Second, "relist of the 4 PolicyEndpoints counted", func() bool {
+	testenv.Eventually(t, 60*time.Second, "relist of the 4 PolicyEndpoints counted", func() bool {
 		return a.c.Stats().Delivered(KindPolicyEndpoint, CauseRelist)-before.Delivered(KindPolicyEndpoint, CauseRelist) >= 4
 	})
 	// Let anything the relist might have queued run.
@@ -400,7 +400,7 @@ func TestRelist(t *testing.T) {
 	}
 	// The loop still works after the relist.
 	trigger := update(t, cp, pes[0], func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](90) })
-	eventually(t, 20*time.Second, "record after the relist", func() bool {
+	testenv.Eventually(t, 20*time.Second, "record after the relist", func() bool {
 		recs := a.sink.recordsFor(string(pes[0].UID))
 		return len(recs) == 2 && recs[1].Trigger.Equal(trigger)
 	})
@@ -424,7 +424,7 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	create(t, cp, kept)
 	create(t, cp, changed)
 	create(t, cp, gone)
-	eventually(t, 20*time.Second, "all three reported", func() bool { return first.sink.recordCount() == 3 })
+	testenv.Eventually(t, 20*time.Second, "all three reported", func() bool { return first.sink.recordCount() == 3 })
 	first.stop()
 
 	downtime := update(t, cp, changed, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](81) })
@@ -436,8 +436,8 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	for _, inf := range second.c.informers {
 		live += len(inf.GetStore().ListKeys())
 	}
-	eventually(t, 10*time.Second, "deleted objects pruned from the seen-set", func() bool { return second.seen.Stats().Objects <= live })
-	eventually(t, 20*time.Second, "the change made during the downtime reported", func() bool {
+	testenv.Eventually(t, 10*time.Second, "deleted objects pruned from the seen-set", func() bool { return second.seen.Stats().Objects <= live })
+	testenv.Eventually(t, 20*time.Second, "the change made during the downtime reported", func() bool {
 		return len(second.sink.recordsFor(string(changed.UID))) == 1
 	})
 	if r := second.sink.recordsFor(string(changed.UID))[0]; !r.Trigger.Equal(downtime) {
@@ -453,7 +453,7 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	if !mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 81) || mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
 		t.Errorf("the downtime change is not in force")
 	}
-	eventually(t, 20*time.Second, "the state of the pod only the deleted object selected removed", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the state of the pod only the deleted object selected removed", func() bool {
 		pods := mem.Pods()
 		return len(pods) == 1 && pods[0] == 121
 	})

@@ -118,17 +118,6 @@ func runInformer(t *testing.T, client dynamic.Interface, resync time.Duration, o
 	return func() { cancel(); factory.Shutdown() }
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func newPE(name string, trigger time.Time) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion(v1alpha1.SchemeGroupVersion.String())
@@ -174,9 +163,9 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	// resourceVersion, again and again.
 	o := newObserver(t, set)
 	stop := runInformer(t, client, time.Second, o)
-	waitUntil(t, 10*time.Second, "every object reported once", func() bool { return o.snapshot().reported == n })
+	testenv.Eventually(t, 10*time.Second, "every object reported once", func() bool { return o.snapshot().reported == n })
 	afterAdd := o.snapshot()
-	waitUntil(t, 15*time.Second, "two resync rounds", func() bool { return o.snapshot().events >= afterAdd.events+2*n })
+	testenv.Eventually(t, 15*time.Second, "two resync rounds", func() bool { return o.snapshot().events >= afterAdd.events+2*n })
 	stop()
 	s := o.snapshot()
 	if got := s.answers[seen.Redelivered]; got < 2*n {
@@ -191,10 +180,10 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	// reflector lists everything again: one OnUpdate per object, same resourceVersion.
 	o2 := newObserver(t, set)
 	stop2 := runInformer(t, client, 0, o2)
-	waitUntil(t, 10*time.Second, "initial list", func() bool { return o2.snapshot().events >= n })
+	testenv.Eventually(t, 10*time.Second, "initial list", func() bool { return o2.snapshot().events >= n })
 	beforeRestart := o2.snapshot()
 	cp.RestartAPIServer(t)
-	waitUntil(t, 60*time.Second, "relist after the apiserver restart", func() bool { return o2.snapshot().events >= beforeRestart.events+n })
+	testenv.Eventually(t, 60*time.Second, "relist after the apiserver restart", func() bool { return o2.snapshot().events >= beforeRestart.events+n })
 	relisted := o2.snapshot()
 	if got := relisted.answers[seen.Redelivered]; got != relisted.events {
 		t.Errorf("relist: %d of %d deliveries answered redelivered (answers %v)", got, relisted.events, relisted.answers)
@@ -210,7 +199,7 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	if _, err := pes.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the genuine update reported", func() bool { return o2.snapshot().reported == 1 })
+	testenv.Eventually(t, 10*time.Second, "the genuine update reported", func() bool { return o2.snapshot().reported == 1 })
 	stop2()
 	if got := o2.snapshot().answers[seen.Accepted]; got != 1 {
 		t.Errorf("after the restart: %d accepted, want exactly 1 (the genuine update)", got)
@@ -227,7 +216,7 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	}
 	o3 := newObserver(t, restarted)
 	stop3 := runInformer(t, client, 0, o3)
-	waitUntil(t, 10*time.Second, "initial list after the agent restart", func() bool { return o3.snapshot().events >= n })
+	testenv.Eventually(t, 10*time.Second, "initial list after the agent restart", func() bool { return o3.snapshot().events >= n })
 	stop3()
 	if s := o3.snapshot(); s.reported != 0 || s.answers[seen.Redelivered] != s.events {
 		t.Errorf("agent restart: %d reported, %d of %d redelivered (answers %v); want 0 and all", s.reported, s.answers[seen.Redelivered], s.events, s.answers)

@@ -246,17 +246,6 @@ func newCollectorTelemetry(t *testing.T, c *collector, opts ...Option) *Telemetr
 	return tel
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestThroughRealCollector(t *testing.T) {
 	sink := newOTLPSink(t)
 	col := startCollector(t, sink.srv.URL)
@@ -294,7 +283,7 @@ func TestThroughRealCollector(t *testing.T) {
 	if err := tel.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown (flush through the collector): %v", err)
 	}
-	waitFor(t, 20*time.Second, "all spans and the final histogram point", func() bool {
+	testenv.Eventually(t, 20*time.Second, "all spans and the final histogram point", func() bool {
 		spans, _ := sink.snapshot()
 		p := sink.lastLatencyPoint()
 		return len(spans) >= n*5 && p != nil && p.GetCount() >= n
@@ -466,7 +455,7 @@ func TestCollectorDownThenUp(t *testing.T) {
 
 	const before, during = 50, 1500
 	report("before", before, time.Millisecond)
-	waitFor(t, 20*time.Second, "spans sent before the outage", func() bool { return arrived("before-") == before })
+	testenv.Eventually(t, 20*time.Second, "spans sent before the outage", func() bool { return arrived("before-") == before })
 
 	col.stop()
 	took := report("during", during, time.Millisecond)
@@ -486,7 +475,7 @@ func TestCollectorDownThenUp(t *testing.T) {
 	// after the restart arrive.
 	col.start()
 	after := 0
-	waitFor(t, 60*time.Second, "spans sent after the collector came back", func() bool {
+	testenv.Eventually(t, 60*time.Second, "spans sent after the collector came back", func() bool {
 		report(fmt.Sprintf("after%d", after), 1, 100*time.Millisecond)
 		after++
 		return arrived("after") > 0
@@ -499,7 +488,7 @@ func TestCollectorDownThenUp(t *testing.T) {
 	// Metrics are cumulative: the first successful round after the outage carries
 	// every observation, including those made while it lasted.
 	total := uint64(before + during + after)
-	waitFor(t, 20*time.Second, "the histogram to count every record", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the histogram to count every record", func() bool {
 		p := sink.lastLatencyPoint()
 		return p != nil && p.GetCount() == total
 	})

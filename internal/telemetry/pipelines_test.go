@@ -99,7 +99,7 @@ func TestBackendsPipeline(t *testing.T) {
 	const n = 10
 	reportAndFlush(t, tel, n)
 
-	waitFor(t, 20*time.Second, "traces at the Jaeger endpoint and the histogram at the Prometheus endpoint", func() bool {
+	testenv.Eventually(t, 20*time.Second, "traces at the Jaeger endpoint and the histogram at the Prometheus endpoint", func() bool {
 		p := prom.lastLatencyPoint()
 		return jaeger.count(SpanProgram) == n && p != nil && p.GetCount() == n
 	})
@@ -115,7 +115,7 @@ func TestDebugPipeline(t *testing.T) {
 	col := startShippedCollector(t, "debug.yaml")
 	tel := newCollectorTelemetry(t, col)
 	reportAndFlush(t, tel, 3)
-	waitFor(t, 20*time.Second, "the debug exporter to print the span and the histogram", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the debug exporter to print the span and the histogram", func() bool {
 		out := col.logs.String()
 		return strings.Contains(out, SpanProgram) && strings.Contains(out, LatencyName)
 	})
