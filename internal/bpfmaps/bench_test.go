@@ -173,14 +173,22 @@ func BenchmarkVerdict10k(b *testing.B) {
 	if _, err := e.Commit(ifindex, widePolicy(10000, 80)); err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range []struct {
-		name string
-		pkt  []byte
-	}{
+	benchVerdicts(b, e, ifindex, []verdictCase{
 		{"allowed", packetBytes(netip.MustParseAddr("10.0.20.7"), podAddrIngress4, ProtocolTCP, 40000, 80)},
 		{"denied-port", packetBytes(netip.MustParseAddr("10.0.20.7"), podAddrIngress4, ProtocolTCP, 40000, 81)},
 		{"denied-miss", packetBytes(netip.MustParseAddr("11.0.0.1"), podAddrIngress4, ProtocolTCP, 40000, 80)},
-	} {
+	})
+}
+
+type verdictCase struct {
+	name string
+	pkt  []byte
+}
+
+// benchVerdicts runs each packet through the to-pod program b.N times in the kernel's
+// repeat loop (BPF_PROG_TEST_RUN) and reports the cost per packet.
+func benchVerdicts(b *testing.B, e *EBPF, ifindex int, cases []verdictCase) {
+	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			start := time.Now()
@@ -213,20 +221,8 @@ func BenchmarkVerdictManyPods(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, c := range []struct {
-		name string
-		pkt  []byte
-	}{
+	benchVerdicts(b, e, ifindex, []verdictCase{
 		{"allowed", packetBytes(netip.MustParseAddr("10.0.0.7"), podAddrIngress4, ProtocolTCP, 40000, 80)},
 		{"denied-miss", packetBytes(netip.MustParseAddr("11.0.0.1"), podAddrIngress4, ProtocolTCP, 40000, 80)},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			b.ReportAllocs()
-			start := time.Now()
-			if _, err := e.objs.ToPod.Run(&ebpf.RunOptions{Data: c.pkt, Context: skbContext{Ifindex: uint32(ifindex)}, Repeat: uint32(b.N)}); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N), "ns/packet")
-		})
-	}
+	})
 }
