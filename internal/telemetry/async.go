@@ -79,17 +79,10 @@ func (t *Telemetry) runBuilder() {
 	}
 }
 
-// buildJob emits one job's span tree with the pre-chosen root ids: the root is
-// started under a context holding them, which idGenerator hands to the SDK.
+// buildJob emits one job's span tree, as finished spans, with the pre-chosen
+// root ids (see finishedSpans).
 func (t *Telemetry) buildJob(j *spanJob) {
-	parent := context.Background()
-	if j.parent.IsValid() {
-		parent = trace.ContextWithRemoteSpanContext(parent, j.parent)
-	}
-	parent = context.WithValue(parent, presetKey{}, &j.ids)
-	sc := scratchPool.Get().(*spanScratch)
-	t.spanTree(parent, sc, &j.rec, j.commit)
-	sc.release()
+	t.finished.emit(t.nodeAttr, j)
 }
 
 // drainBuilds waits until every job queued so far is built (its spans ended and
@@ -140,29 +133,8 @@ type presetIDs struct {
 	spanID  trace.SpanID
 }
 
-type presetKey struct{}
-
-// idGenerator is the tracer provider's sdktrace.IDGenerator. A span started
-// under a context carrying presetIDs (only buildJob's root spans) takes them;
-// every other span gets random ids, like the SDK's default generator (which is
-// math/rand based as well: these ids need to be unique, not secret).
-type idGenerator struct{}
-
-func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	if p, ok := ctx.Value(presetKey{}).(*presetIDs); ok && p.traceID.IsValid() && p.spanID.IsValid() {
-		return p.traceID, p.spanID
-	}
-	return newTraceID(), newSpanID()
-}
-
-func (idGenerator) NewSpanID(ctx context.Context, traceID trace.TraceID) trace.SpanID {
-	if p, ok := ctx.Value(presetKey{}).(*presetIDs); ok && p.traceID == traceID && p.spanID.IsValid() {
-		return p.spanID
-	}
-	return newSpanID()
-}
-
-// newTraceID and newSpanID draw from math/rand/v2's per-thread generator: no
+// newTraceID and newSpanID draw from math/rand/v2's per-thread generator, as the
+// SDK's default id generator does (these ids need to be unique, not secret): no
 // lock, no allocation, never the all-zero (invalid) id.
 func newTraceID() trace.TraceID {
 	var id trace.TraceID

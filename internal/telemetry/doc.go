@@ -10,7 +10,10 @@
 //     decides sampling, chooses the root span's trace and span ids (the trace id
 //     inherited from a valid traceparent), records the histogram point with an
 //     exemplar naming them, and queues a copy of the record for a builder
-//     goroutine that emits the span tree under those ids. The build queue holds as
+//     goroutine that emits the span tree under those ids. The builder hands
+//     finished spans straight to the span processors (every timestamp is known
+//     after the commit, so the tracer's live-span machinery would be pure cost);
+//     they carry what the tracer would give them: resource, scope, span limits. The build queue holds as
 //     many records as the span queue holds spans; when it is full the tree is
 //     dropped, its spans counted as dropped, and the point recorded without an
 //     exemplar. Spans then go through a bounded queue in front of the SDK's batch

@@ -140,8 +140,11 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 	return uint64(float64(n)*f) > uint64(float64(n-1)*f)
 }
 
-// spanTree emits the root span and its children, all already ended with the
-// record's timestamps, and returns the root span's context.
+// spanTree emits the root span and its children through the tracer, all already
+// ended with the record's timestamps, and returns the root span's context. Report
+// uses it only when OTEL_TRACES_SAMPLER is set (the SDK's sampler must decide
+// before the exemplar is recorded); otherwise the builder emits the same tree as
+// finished spans (finishedSpans), which costs a fraction of this.
 //
 // The SDK's span machinery (a recordingSpan, its context and its snapshot per
 // span) is most of the cost and is left as it is; what is trimmed here is what
@@ -182,8 +185,6 @@ func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record,
 
 	ctx, root := t.tracer.Start(parent, SpanProgram, sc.start(r.Trigger)...)
 	root.SetAttributes(attrs...)
-	// Children hang under the root alone: the parent context may carry the
-	// root's preset ids (asynchronous mode), which no child may take.
 	childCtx := trace.ContextWithSpan(context.Background(), root)
 
 	t.child(childCtx, sc, SpanDelivery, r.Trigger, r.Received)

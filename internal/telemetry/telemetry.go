@@ -68,6 +68,7 @@ type Telemetry struct {
 	// Asynchronous span building (nil builds: spans are built in Report, which
 	// happens when OTEL_TRACES_SAMPLER is set, since only a synchronous build
 	// learns the SDK sampler's decision before the exemplar is recorded).
+	finished       *finishedSpans // how the builder emits a tree
 	builds         chan *spanJob
 	stopBuilder    chan struct{}
 	builderDone    chan struct{}
@@ -158,7 +159,7 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 		}
 		exporters = append(exporters, exp)
 	}
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(idGenerator{})}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	// The sampling decision is made by Report before a span exists (latency-aware
 	// sampling), so the SDK's sampler keeps whatever Report starts, even under a
 	// remote parent that was not sampled: the node's part of a change is worth
@@ -168,6 +169,7 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	}
 	queue := t.cfg.spanQueueSize
+	var gates []sdktrace.SpanProcessor
 	for _, exp := range exporters {
 		inFlight := new(atomic.Int64)
 		health := &exportHealth{signal: "traces", effect: "spans dropped and counted", logger: t.cfg.logger}
@@ -176,14 +178,15 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 			sdktrace.WithMaxQueueSize(queue),
 			sdktrace.WithMaxExportBatchSize(min(sdktrace.DefaultMaxExportBatchSize, queue)),
 		)
-		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(&spanGate{
-			next: bsp, limit: int64(queue), inFlight: inFlight, dropped: &t.spansDropped,
-		}))
+		gate := &spanGate{next: bsp, limit: int64(queue), inFlight: inFlight, dropped: &t.spansDropped}
+		gates = append(gates, gate)
+		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(gate))
 	}
 	t.tp = sdktrace.NewTracerProvider(tpOpts...)
 	t.tracer = t.tp.Tracer(ScopeName)
 	t.spanExporters = len(exporters)
 	if async {
+		t.finished = newFinishedSpans(gates, res, sdktrace.NewSpanLimits())
 		t.builds = make(chan *spanJob, queue)
 		t.stopBuilder = make(chan struct{})
 		t.builderDone = make(chan struct{})
