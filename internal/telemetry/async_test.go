@@ -173,3 +173,20 @@ func TestShutdownDrainsTheBuildQueue(t *testing.T) {
 		t.Errorf("ForceFlush after Shutdown: %v", err)
 	}
 }
+
+// The builder is woken by its ticker, not by each Report: a queued record is
+// built within a few ticks without any flush asking for it.
+func TestBuilderBuildsOnItsTicker(t *testing.T) {
+	tel := newInMemory(t)
+	tel.Report(record(base, "pe-ticked", 30*time.Millisecond))
+	deadline := time.Now().Add(50 * buildInterval)
+	for len(tel.builds) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("record still queued after %v (build interval %v)", 50*buildInterval, buildInterval)
+		}
+		time.Sleep(buildInterval / 4)
+	}
+	if spans := tel.endedSpans(t); len(spans) != 5 {
+		t.Fatalf("spans %v, want the record's tree of 5", names(spans))
+	}
+}

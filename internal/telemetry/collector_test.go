@@ -497,9 +497,17 @@ func TestCollectorDownThenUp(t *testing.T) {
 	droppedSpans, failedExports := tel.Dropped()
 	t.Logf("spans: %d ended, %d arrived, %d counted dropped; failed metric exports: %d",
 		total*spansPerRecord, len(spans), droppedSpans, failedExports)
-	if uint64(len(spans))+droppedSpans != total*spansPerRecord {
-		t.Errorf("arrived %d + dropped %d = %d spans, want all %d accounted for",
-			len(spans), droppedSpans, uint64(len(spans))+droppedSpans, total*spansPerRecord)
+	// Every span either arrived or was counted. The one ambiguity is at-least-once
+	// delivery: a batch in flight when the collector stops can be taken by it
+	// (and forwarded as it shuts down gracefully) while the connection closes
+	// before the answer ("error reading from server: EOF"): counted as failed,
+	// and it arrives. Only one batch can straddle the stop, so the sum may exceed
+	// the total by at most one export batch (the span queue size, 256). Seen
+	// under -race in about one run in four, always one batch of 50 trees.
+	accounted := uint64(len(spans)) + droppedSpans
+	if accounted < total*spansPerRecord || accounted > total*spansPerRecord+256 {
+		t.Errorf("arrived %d + dropped %d = %d spans, want all %d accounted for (at most one 256-span batch counted twice)",
+			len(spans), droppedSpans, accounted, total*spansPerRecord)
 	}
 	if failedExports == 0 {
 		t.Error("no failed metric export counted across the outage")

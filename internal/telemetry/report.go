@@ -119,6 +119,9 @@ func (t *Telemetry) enqueue(bg, parent context.Context, r *Record, commit time.T
 		t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
 		return bg
 	}
+	if len(t.builds) >= t.kickAt {
+		t.kickBuilder()
+	}
 	return trace.ContextWithSpanContext(bg, trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: ids.traceID, SpanID: ids.spanID, TraceFlags: trace.FlagsSampled,
 	}))

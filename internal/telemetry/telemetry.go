@@ -70,6 +70,8 @@ type Telemetry struct {
 	// learns the SDK sampler's decision before the exemplar is recorded).
 	finished       *finishedSpans // how the builder emits a tree
 	builds         chan *spanJob
+	kick           chan struct{} // wakes the builder before its next tick
+	kickAt         int           // queued jobs that make Report kick the builder
 	stopBuilder    chan struct{}
 	builderDone    chan struct{}
 	closing        atomic.Bool // Shutdown began: Report queues nothing more
@@ -188,6 +190,10 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 	if async {
 		t.finished = newFinishedSpans(gates, res, sdktrace.NewSpanLimits())
 		t.builds = make(chan *spanJob, queue)
+		t.kick = make(chan struct{}, 1)
+		// A tree is at least 5 spans and the span processors hold queue spans:
+		// build before the jobs waiting could fill half of them at once.
+		t.kickAt = max(1, queue/10)
 		t.stopBuilder = make(chan struct{})
 		t.builderDone = make(chan struct{})
 		go t.runBuilder()
