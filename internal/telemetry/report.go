@@ -52,12 +52,12 @@ func (t *Telemetry) Report(r *Record) {
 	bg := context.Background()
 	commit := r.Committed()
 	if commit.IsZero() || r.Trigger.IsZero() {
-		t.rejected.Add(bg, 1, t.rejectedAttrs.get(r.Kind, rejectNoCommit).add...)
+		t.rejected.add(r.Kind, rejectNoCommit)
 		return
 	}
 	latency := commit.Sub(r.Trigger)
 	if latency < 0 {
-		t.rejected.Add(bg, 1, t.rejectedAttrs.get(r.Kind, rejectClockSkew).add...)
+		t.rejected.add(r.Kind, rejectClockSkew)
 		return
 	}
 	var sc *spanScratch // taken from the pool only when a span tree or a traceparent needs it
@@ -67,7 +67,7 @@ func (t *Telemetry) Report(r *Record) {
 		sc.carrier = traceparentCarrier(r.TraceParent)
 		parent = traceContext.Extract(bg, &sc.carrier)
 		if !trace.SpanContextFromContext(parent).IsValid() {
-			t.traceparentInvalid.Add(bg, 1, t.kindAttrs.get(r.Kind, "").add...)
+			t.traceparentInvalid.add(r.Kind, "")
 		}
 	}
 	// The point is recorded with the root span's context when the trace is kept,
@@ -306,13 +306,13 @@ func (traceparentCarrier) Keys() []string     { return []string{"traceparent"} }
 // Suppressed counts a suppressed observation: reason is the seen-set's reason
 // name ("redelivered", "stale", ...), kind the policy kind. Allocates nothing.
 func (t *Telemetry) Suppressed(kind, reason string) {
-	t.suppressed.Add(context.Background(), 1, t.suppressedAttrs.get(kind, reason).add...)
+	t.suppressed.add(kind, reason)
 }
 
 // Delivered counts an informer delivery by cause: "resync", "relist", "update",
 // "add", "requeue". Allocates nothing.
 func (t *Telemetry) Delivered(kind, cause string) {
-	t.deliveries.Add(context.Background(), 1, t.deliveryAttrs.get(kind, cause).add...)
+	t.deliveries.add(kind, cause)
 }
 
 // CommitDone records one dataplane commit attempt's duration and outcome.
@@ -321,7 +321,7 @@ func (t *Telemetry) CommitDone(kind string, d time.Duration, err error) {
 	outcome := outcomeSuccess
 	if err != nil {
 		outcome = outcomeFailure
-		t.commitFailures.Add(bg, 1, t.kindAttrs.get(kind, "").add...)
+		t.commitFailures.add(kind, "")
 	}
 	t.commitDuration.Record(bg, d.Seconds(), t.commitAttrs.get(kind, outcome).rec...)
 }
@@ -329,5 +329,5 @@ func (t *Telemetry) CommitDone(kind string, d time.Duration, err error) {
 // InvalidObject counts an object rejected for bad input; field names the field
 // (for example "spec.podSelector").
 func (t *Telemetry) InvalidObject(kind, field string) {
-	t.invalidObjects.Add(context.Background(), 1, t.invalidAttrs.get(kind, field).add...)
+	t.invalidObjects.add(kind, field)
 }

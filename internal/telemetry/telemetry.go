@@ -40,20 +40,16 @@ type Telemetry struct {
 	prom   *prometheus.Registry
 
 	latency            metric.Float64Histogram
-	suppressed         metric.Int64Counter
-	rejected           metric.Int64Counter
-	deliveries         metric.Int64Counter
-	invalidObjects     metric.Int64Counter
-	traceparentInvalid metric.Int64Counter
 	commitDuration     metric.Float64Histogram
-	commitFailures     metric.Int64Counter
+	suppressed         counter
+	rejected           counter
+	deliveries         counter
+	invalidObjects     counter
+	traceparentInvalid counter
+	commitFailures     counter
 
-	kindAttrs       *attrCache
-	suppressedAttrs *attrCache
-	rejectedAttrs   *attrCache
-	deliveryAttrs   *attrCache
-	invalidAttrs    *attrCache
-	commitAttrs     *attrCache
+	kindAttrs   *attrCache // the latency histogram's sets
+	commitAttrs *attrCache // the commit duration histogram's sets
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -253,26 +249,34 @@ func (t *Telemetry) buildInstruments() error {
 	t.latency, err = m.Float64Histogram(LatencyName, metric.WithUnit("s"),
 		metric.WithDescription("Time from a policy change's trigger time to its commit in this node's dataplane, per reported trigger."))
 	check(err)
-	t.suppressed, err = m.Int64Counter(SuppressedName, metric.WithUnit("{trigger}"),
-		metric.WithDescription("Trigger observations not reported, by the seen-set's reason."))
-	check(err)
-	t.rejected, err = m.Int64Counter(RejectedName, metric.WithUnit("{trigger}"),
-		metric.WithDescription("Reported triggers that yielded no observation (clock_skew: committed before the trigger time)."))
-	check(err)
-	t.deliveries, err = m.Int64Counter(DeliveriesName, metric.WithUnit("{delivery}"),
-		metric.WithDescription("Informer deliveries of policy objects, by cause."))
-	check(err)
-	t.invalidObjects, err = m.Int64Counter(InvalidObjectsName, metric.WithUnit("{object}"),
-		metric.WithDescription("Policy objects rejected for bad input, by field."))
-	check(err)
-	t.traceparentInvalid, err = m.Int64Counter(TraceparentInvalidName, metric.WithUnit("{annotation}"),
-		metric.WithDescription("traceparent annotations that did not parse; their spans start new traces."))
-	check(err)
+	counters := []struct {
+		c           *counter
+		name, unit  string
+		description string
+		attrs       *attrCache
+	}{
+		{&t.suppressed, SuppressedName, "{trigger}", "Trigger observations not reported, by the seen-set's reason.",
+			newAttrCache(ReasonKey, pairs("redelivered", "stale", "before_start", "invalid_annotation", "no_local_pods", "deleted", "overflow")...)},
+		{&t.rejected, RejectedName, "{trigger}", "Reported triggers that yielded no observation (clock_skew: committed before the trigger time).",
+			newAttrCache(ReasonKey, pairs(rejectClockSkew, rejectNoCommit)...)},
+		{&t.deliveries, DeliveriesName, "{delivery}", "Informer deliveries of policy objects, by cause.",
+			newAttrCache(CauseKey, pairs("resync", "relist", "update", "add", "requeue")...)},
+		{&t.invalidObjects, InvalidObjectsName, "{object}", "Policy objects rejected for bad input, by field.",
+			newAttrCache(FieldKey)},
+		{&t.traceparentInvalid, TraceparentInvalidName, "{annotation}", "traceparent annotations that did not parse; their spans start new traces.",
+			newAttrCache("")},
+		{&t.commitFailures, CommitFailuresName, "{attempt}", "Failed dataplane commit attempts.",
+			newAttrCache("")},
+	}
+	observed := []metric.Observable{}
+	for _, c := range counters {
+		c.c.attrs = c.attrs
+		c.c.inst, err = m.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.description))
+		check(err)
+		observed = append(observed, c.c.inst)
+	}
 	t.commitDuration, err = m.Float64Histogram(CommitDurationName, metric.WithUnit("s"),
 		metric.WithDescription("Duration of each dataplane commit attempt."))
-	check(err)
-	t.commitFailures, err = m.Int64Counter(CommitFailuresName, metric.WithUnit("{attempt}"),
-		metric.WithDescription("Failed dataplane commit attempts."))
 	check(err)
 
 	seenObjects, err := m.Int64ObservableGauge(SeenObjectsName, metric.WithUnit("{object}"),
@@ -307,13 +311,17 @@ func (t *Telemetry) buildInstruments() error {
 	if err != nil {
 		return fmt.Errorf("telemetry instruments: register callback: %w", err)
 	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, c := range counters {
+			c.c.observe(o)
+		}
+		return nil
+	}, observed...)
+	if err != nil {
+		return fmt.Errorf("telemetry instruments: register counter callback: %w", err)
+	}
 
 	t.kindAttrs = newAttrCache("")
-	t.suppressedAttrs = newAttrCache(ReasonKey, pairs("redelivered", "stale", "before_start",
-		"invalid_annotation", "no_local_pods", "deleted", "overflow")...)
-	t.rejectedAttrs = newAttrCache(ReasonKey, pairs(rejectClockSkew, rejectNoCommit)...)
-	t.deliveryAttrs = newAttrCache(CauseKey, pairs("resync", "relist", "update", "add", "requeue")...)
-	t.invalidAttrs = newAttrCache(FieldKey)
 	t.commitAttrs = newAttrCache(OutcomeKey, pairs(outcomeSuccess, outcomeFailure)...)
 	return nil
 }
