@@ -8,14 +8,15 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // spanJob is one kept trigger waiting for the builder goroutine: a copy of its
 // record (the caller may reuse the record and its attempts slice once Report
-// returns) and the ids its root span must take, which the histogram point's
-// exemplar already names. A job with flushed set is a flush marker instead: the
-// builder closes it once every job queued before it is built.
+// returns) and its commit time. The builder fills in the remote parent and the
+// ids. A job with flushed set is a flush marker instead: the builder closes it
+// once every job and measurement queued before it is done.
 type spanJob struct {
 	rec      Record
 	attempts [4]Attempt // inline storage for rec.Attempts, so a copy allocates nothing in the common case
@@ -28,7 +29,7 @@ type spanJob struct {
 var jobPool = sync.Pool{New: func() any { return new(spanJob) }}
 
 // newJob copies r into a pooled job.
-func newJob(r *Record, commit time.Time, parent trace.SpanContext, ids presetIDs) *spanJob {
+func newJob(r *Record, commit time.Time) *spanJob {
 	j := jobPool.Get().(*spanJob)
 	j.rec = *r
 	if n := len(r.Attempts); n <= len(j.attempts) {
@@ -36,8 +37,45 @@ func newJob(r *Record, commit time.Time, parent trace.SpanContext, ids presetIDs
 	} else {
 		j.rec.Attempts = slices.Clone(r.Attempts)
 	}
-	j.commit, j.parent, j.ids = commit, parent, ids
+	j.commit = commit
 	return j
+}
+
+// measurement is a histogram point with no exemplar (a trigger whose trace is
+// not kept, a commit duration), recorded by the builder.
+type measurement struct {
+	hist  metric.Float64Histogram
+	attrs *measureOptions
+	value float64
+}
+
+// deferRecord hands a point to the builder; when the queue is full, or there
+// is no builder (OTEL_TRACES_SAMPLER set, or after Shutdown), it records it here,
+// so no point is ever lost.
+func (t *Telemetry) deferRecord(h metric.Float64Histogram, attrs *measureOptions, v float64) {
+	if !t.closing.Load() {
+		select {
+		case t.points <- measurement{hist: h, attrs: attrs, value: v}:
+			if len(t.points) >= t.kickAt {
+				t.kickBuilder()
+			}
+			return
+		default:
+		}
+	}
+	h.Record(context.Background(), v, attrs.rec...)
+}
+
+// recordPoints records every queued measurement.
+func (t *Telemetry) recordPoints() {
+	for {
+		select {
+		case m := <-t.points:
+			m.hist.Record(context.Background(), m.value, m.attrs.rec...)
+		default:
+			return
+		}
+	}
 }
 
 // release clears what the job references so a pooled job keeps nothing alive.
@@ -90,13 +128,17 @@ func (t *Telemetry) runBuilder() {
 	}
 }
 
-// buildQueued builds jobs until the queue is empty, closing flush markers as it
-// reaches them.
+// buildQueued records the queued measurements and builds the queued jobs until
+// both queues are empty. A flush marker is closed once the measurements queued
+// before it are recorded too.
 func (t *Telemetry) buildQueued() {
 	for {
 		select {
+		case m := <-t.points:
+			m.hist.Record(context.Background(), m.value, m.attrs.rec...)
 		case j := <-t.builds:
 			if j.flushed != nil {
+				t.recordPoints()
 				close(j.flushed)
 				continue
 			}
@@ -117,10 +159,24 @@ func (t *Telemetry) kickBuilder() {
 	}
 }
 
-// buildJob emits one job's span tree, as finished spans, with the pre-chosen
-// root ids (see finishedSpans).
+// buildJob emits one job's span tree, as finished spans (see finishedSpans),
+// and records its point with the root span's context, so the point carries an
+// exemplar naming the root. The trace id is the remote parent's when the
+// traceparent is valid.
 func (t *Telemetry) buildJob(j *spanJob) {
+	r := &j.rec
+	if r.TraceParent != "" {
+		j.parent = t.remoteParent(r)
+	}
+	j.ids = presetIDs{traceID: j.parent.TraceID(), spanID: newSpanID()}
+	if !j.parent.IsValid() {
+		j.ids.traceID = newTraceID()
+	}
 	t.finished.emit(t.nodeAttr, j)
+	root := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: j.ids.traceID, SpanID: j.ids.spanID, TraceFlags: trace.FlagsSampled,
+	}))
+	t.latency.Record(root, j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
 }
 
 // drainBuilds waits until every job queued so far is built (its spans ended and
@@ -160,6 +216,7 @@ func (t *Telemetry) stopBuilds(ctx context.Context) error {
 	select {
 	case <-t.builderDone:
 		t.builderStopped.Store(true)
+		t.recordPoints() // any sent between the drain and closing
 	case <-ctx.Done():
 		err = ctx.Err()
 	}

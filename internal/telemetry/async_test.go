@@ -112,11 +112,11 @@ func TestAsyncFullQueueRecordsThePointWithoutExemplar(t *testing.T) {
 	if spans, _ := tel.Dropped(); spans != 5 {
 		t.Errorf("dropped %d spans, want 5 (the second record's tree)", spans)
 	}
+	resumeBuilder(tel.Telemetry)
 	pts := latencyPoints(t, tel.collect(t))
 	if len(pts) != 1 || pts[0].Count != 2 {
 		t.Fatalf("latency points %+v, want one point counting 2", pts)
 	}
-	resumeBuilder(tel.Telemetry)
 	spans := tel.endedSpans(t)
 	kept, ok := roots(spans)["pe-kept"]
 	if !ok || len(spans) != 5 {

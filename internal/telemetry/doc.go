@@ -6,26 +6,32 @@
 // What it promises:
 //
 //   - Report, Suppressed, Delivered, CommitDone and InvalidObject never block on
-//     export and never return errors. Report does not build spans itself: it
-//     decides sampling, chooses the root span's trace and span ids (the trace id
-//     inherited from a valid traceparent), records the histogram point with an
-//     exemplar naming them, and queues a copy of the record for a builder
-//     goroutine that emits the span tree under those ids. The builder hands
+//     export and never return errors, and do as little as possible on the
+//     reconcile path. The counters are atomic totals the meter reads at each
+//     collection. Report decides sampling and copies a traced record into the
+//     build queue (a point alone, and CommitDone's duration, into a measurement
+//     queue); a builder goroutine, woken every 20 ms or when a queue fills,
+//     parses the traceparent, chooses the root's ids (the trace id inherited from
+//     a valid traceparent), emits the span tree and records the histogram point
+//     in the root's context, so its exemplar names the root. The builder hands
 //     finished spans straight to the span processors (every timestamp is known
 //     after the commit, so the tracer's live-span machinery would be pure cost);
-//     they carry what the tracer would give them: resource, scope, span limits. The build queue holds as
-//     many records as the span queue holds spans; when it is full the tree is
-//     dropped, its spans counted as dropped, and the point recorded without an
-//     exemplar. Spans then go through a bounded queue in front of the SDK's batch
-//     span processor; when it is full (collector down) spans are dropped and
-//     counted, never queued without bound. ForceFlush builds every queued tree
-//     before flushing; Shutdown builds them, then stops the builder. When
-//     OTEL_TRACES_SAMPLER is set, Report builds the tree itself, since only then
+//     they carry what the tracer would give them: resource, scope, span limits.
+//   - Bounded everywhere: the build queue holds as many records as the span queue
+//     holds spans; when it is full the tree is dropped, its spans counted as
+//     dropped, and the point recorded without an exemplar. When the measurement
+//     queue is full the point is recorded on the caller. Spans then go through a
+//     bounded queue in front of the SDK's batch span processor; when it is full
+//     (collector down) spans are dropped and counted, never queued without bound.
+//   - Points and spans exist once the builder has reached them: within 20 ms, and
+//     at the latest after ForceFlush, which builds and records everything queued
+//     before flushing; a Prometheus scrape (MetricsHandler) waits for the same.
+//     Shutdown builds them, then stops the builder. When OTEL_TRACES_SAMPLER is
+//     set, Report does all of it itself, through the tracer, since only then
 //     does it learn the SDK sampler's decision before recording the exemplar.
-//   - The histogram point exists when Report returns; the spans exist once the
-//     builder has reached the record (at the latest after ForceFlush). Metrics are aggregated in
-//     memory and exported by a periodic reader (cumulative temporality), so a
-//     collector outage loses no histogram observations, only export rounds.
+//   - Metrics are aggregated in memory and exported by a periodic reader
+//     (cumulative temporality), so a collector outage loses no histogram
+//     observations, only export rounds.
 //   - Every reported trigger is one histogram observation, whatever the sampling
 //     decision for its trace. Latency-aware sampling (WithSampling) decides before
 //     any span exists: triggers slower than the threshold are always traced, a fixed

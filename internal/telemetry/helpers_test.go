@@ -48,8 +48,13 @@ func (m *inMemory) endedSpans(t testing.TB) tracetest.SpanStubs {
 	return m.spans.GetSpans()
 }
 
+// collect waits for the builder (which records the histogram points) and
+// collects every metric.
 func (m *inMemory) collect(t testing.TB) metricdata.ResourceMetrics {
 	t.Helper()
+	if err := m.drainBuilds(context.Background()); err != nil {
+		t.Fatalf("drain span builder: %v", err)
+	}
 	var rm metricdata.ResourceMetrics
 	if err := m.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatalf("Collect: %v", err)

@@ -48,8 +48,13 @@ var traceContext = propagation.TraceContext{}
 // exemplar names the root span. It never blocks on export. A record whose commit
 // precedes its trigger (clock skew) yields neither and is counted; so is one
 // without a commit attempt or trigger time.
+//
+// On the reconcile path it only decides sampling and copies the record into the
+// builder's queue (a traced trigger) or the point into the measurement queue;
+// the builder goroutine parses the traceparent, chooses the ids, emits the tree
+// and records the point with its exemplar. When OTEL_TRACES_SAMPLER is set,
+// Report does it all itself (reportThroughTracer).
 func (t *Telemetry) Report(r *Record) {
-	bg := context.Background()
 	commit := r.Committed()
 	if commit.IsZero() || r.Trigger.IsZero() {
 		t.rejected.add(r.Kind, rejectNoCommit)
@@ -60,6 +65,39 @@ func (t *Telemetry) Report(r *Record) {
 		t.rejected.add(r.Kind, rejectClockSkew)
 		return
 	}
+	if t.builds == nil {
+		t.reportThroughTracer(r, commit, latency)
+		return
+	}
+	if t.keep(latency) && !t.closing.Load() {
+		j := newJob(r, commit)
+		select {
+		case t.builds <- j:
+			if len(t.builds) >= t.kickAt {
+				t.kickBuilder()
+			}
+			return
+		default:
+			// Queue full: the tree is dropped and its spans counted as a full
+			// span queue would count them; the point is still recorded, with no
+			// exemplar, so none names a trace that will not arrive.
+			j.release()
+			t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
+		}
+	}
+	if r.TraceParent != "" {
+		t.remoteParent(r) // counts an invalid one
+	}
+	t.deferRecord(t.latency, t.kindAttrs.get(r.Kind, ""), latency.Seconds())
+}
+
+// reportThroughTracer is Report when OTEL_TRACES_SAMPLER is set: the tree goes
+// through the tracer, whose sampler decides, and the point is recorded here, with
+// the root span's context when the sampler kept it, so that it carries an
+// exemplar naming it; else with a context holding no span at all, so the
+// histogram still counts it and no exemplar points at a trace that was discarded.
+func (t *Telemetry) reportThroughTracer(r *Record, commit time.Time, latency time.Duration) {
+	bg := context.Background()
 	var sc *spanScratch // taken from the pool only when a span tree or a traceparent needs it
 	parent := bg
 	if r.TraceParent != "" {
@@ -70,21 +108,13 @@ func (t *Telemetry) Report(r *Record) {
 			t.traceparentInvalid.add(r.Kind, "")
 		}
 	}
-	// The point is recorded with the root span's context when the trace is kept,
-	// so it carries an exemplar naming it; for a trace not kept, with a context
-	// holding no span at all, so the histogram still counts it and no exemplar
-	// points at a trace that was discarded.
 	pointCtx := bg
 	if t.keep(latency) {
-		if t.builds != nil {
-			pointCtx = t.enqueue(bg, parent, r, commit)
-		} else {
-			if sc == nil {
-				sc = scratchPool.Get().(*spanScratch)
-			}
-			if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
-				pointCtx = rootCtx
-			}
+		if sc == nil {
+			sc = scratchPool.Get().(*spanScratch)
+		}
+		if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
+			pointCtx = rootCtx
 		}
 	}
 	if sc != nil {
@@ -93,38 +123,16 @@ func (t *Telemetry) Report(r *Record) {
 	t.latency.Record(pointCtx, latency.Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
 }
 
-// enqueue hands a kept record to the builder goroutine and returns the context
-// to record its point with. The root span's ids are chosen here (the trace id
-// inherited from a valid traceparent), so the exemplar names the trace before it
-// is built. When the queue is full the tree is dropped and its spans counted as
-// a full span queue would count them, and the point is recorded with no span
-// context: an exemplar never names a trace that will not arrive.
-func (t *Telemetry) enqueue(bg, parent context.Context, r *Record, commit time.Time) context.Context {
-	if t.closing.Load() {
-		return bg
+// remoteParent parses the record's traceparent annotation, counting it when it
+// is invalid; the zero SpanContext means none.
+func (t *Telemetry) remoteParent(r *Record) trace.SpanContext {
+	carrier := traceparentCarrier(r.TraceParent)
+	psc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), &carrier))
+	if !psc.IsValid() {
+		t.traceparentInvalid.add(r.Kind, "")
+		return trace.SpanContext{}
 	}
-	psc := trace.SpanContextFromContext(parent)
-	ids := presetIDs{spanID: newSpanID()}
-	if psc.IsValid() {
-		ids.traceID = psc.TraceID()
-	} else {
-		ids.traceID = newTraceID()
-		psc = trace.SpanContext{}
-	}
-	j := newJob(r, commit, psc, ids)
-	select {
-	case t.builds <- j:
-	default:
-		j.release()
-		t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
-		return bg
-	}
-	if len(t.builds) >= t.kickAt {
-		t.kickBuilder()
-	}
-	return trace.ContextWithSpanContext(bg, trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: ids.traceID, SpanID: ids.spanID, TraceFlags: trace.FlagsSampled,
-	}))
+	return psc
 }
 
 // keep decides whether a trigger of this latency is traced: always when at least
@@ -315,15 +323,15 @@ func (t *Telemetry) Delivered(kind, cause string) {
 	t.deliveries.add(kind, cause)
 }
 
-// CommitDone records one dataplane commit attempt's duration and outcome.
+// CommitDone records one dataplane commit attempt's duration and outcome (the
+// duration through the measurement queue, like a point of Report's).
 func (t *Telemetry) CommitDone(kind string, d time.Duration, err error) {
-	bg := context.Background()
 	outcome := outcomeSuccess
 	if err != nil {
 		outcome = outcomeFailure
 		t.commitFailures.add(kind, "")
 	}
-	t.commitDuration.Record(bg, d.Seconds(), t.commitAttrs.get(kind, outcome).rec...)
+	t.deferRecord(t.commitDuration, t.commitAttrs.get(kind, outcome), d.Seconds())
 }
 
 // InvalidObject counts an object rejected for bad input; field names the field

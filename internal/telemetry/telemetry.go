@@ -66,8 +66,9 @@ type Telemetry struct {
 	// learns the SDK sampler's decision before the exemplar is recorded).
 	finished       *finishedSpans // how the builder emits a tree
 	builds         chan *spanJob
-	kick           chan struct{} // wakes the builder before its next tick
-	kickAt         int           // queued jobs that make Report kick the builder
+	points         chan measurement // histogram points without exemplar, for the builder to record
+	kick           chan struct{}    // wakes the builder before its next tick
+	kickAt         int              // queued jobs that make Report kick the builder
 	stopBuilder    chan struct{}
 	builderDone    chan struct{}
 	closing        atomic.Bool // Shutdown began: Report queues nothing more
@@ -186,6 +187,7 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 	if async {
 		t.finished = newFinishedSpans(gates, res, sdktrace.NewSpanLimits())
 		t.builds = make(chan *spanJob, queue)
+		t.points = make(chan measurement, queue)
 		t.kick = make(chan struct{}, 1)
 		// A tree is at least 5 spans and the span processors hold queue spans:
 		// build before the jobs waiting could fill half of them at once.
@@ -330,8 +332,16 @@ func (t *Telemetry) buildInstruments() error {
 // latency histogram is a native histogram there, carried only by the protobuf
 // exposition (negotiated through the Accept header); the text formats show its
 // count and sum alone.
+//
+// A scrape first waits for the builder to record what is queued, so it shows
+// every trigger reported before it (the builder otherwise runs every
+// buildInterval).
 func (t *Telemetry) MetricsHandler() http.Handler {
-	return promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	h := promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = t.drainBuilds(r.Context()) // only the scrape's own deadline stops it
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Dropped returns how many spans never reached an exporter's destination (queue
