@@ -14,15 +14,13 @@ import (
 
 // spanJob is one kept trigger waiting for the builder goroutine: a copy of its
 // record (the caller may reuse the record and its attempts slice once Report
-// returns) and its commit time. The builder fills in the remote parent and the
-// ids. A job with flushed set is a flush marker instead: the builder closes it
+// returns) and its commit time. A job with flushed set is a flush marker instead: the builder closes it
 // once every job and measurement queued before it is done.
 type spanJob struct {
 	rec      Record
 	attempts [4]Attempt // inline storage for rec.Attempts, so a copy allocates nothing in the common case
 	commit   time.Time
-	parent   trace.SpanContext // remote parent from a valid traceparent, else zero
-	ids      presetIDs
+	parent   trace.SpanContext // remote parent from a valid traceparent, else zero (set by the builder)
 	flushed  chan struct{}
 }
 
@@ -160,23 +158,27 @@ func (t *Telemetry) kickBuilder() {
 }
 
 // buildJob emits one job's span tree, as finished spans (see finishedSpans),
-// and records its point with the root span's context, so the point carries an
-// exemplar naming the root. The trace id is the remote parent's when the
-// traceparent is valid.
+// and records its point in the root span's context, so the point carries an
+// exemplar naming the root. The root takes the remote parent's trace id (and
+// trace state) when the traceparent is valid, else a new trace id.
 func (t *Telemetry) buildJob(j *spanJob) {
 	r := &j.rec
 	if r.TraceParent != "" {
 		j.parent = t.remoteParent(r)
 	}
-	j.ids = presetIDs{traceID: j.parent.TraceID(), spanID: newSpanID()}
+	traceID := j.parent.TraceID()
 	if !j.parent.IsValid() {
-		j.ids.traceID = newTraceID()
+		traceID = newTraceID()
 	}
-	t.finished.emit(t.nodeAttr, j)
-	root := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID: j.ids.traceID, SpanID: j.ids.spanID, TraceFlags: trace.FlagsSampled,
-	}))
-	t.latency.Record(root, j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
+	root := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    traceID,
+		SpanID:     newSpanID(),
+		TraceFlags: trace.FlagsSampled,
+		TraceState: j.parent.TraceState(),
+	})
+	t.finished.emit(t.nodeAttr, j, root)
+	t.latency.Record(trace.ContextWithSpanContext(context.Background(), root),
+		j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
 }
 
 // drainBuilds waits until every job queued so far is built (its spans ended and
@@ -221,12 +223,6 @@ func (t *Telemetry) stopBuilds(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	return err
-}
-
-// presetIDs are the ids a root span must take.
-type presetIDs struct {
-	traceID trace.TraceID
-	spanID  trace.SpanID
 }
 
 // newTraceID and newSpanID draw from math/rand/v2's per-thread generator, as the

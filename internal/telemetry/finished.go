@@ -64,16 +64,10 @@ const maxSharedAttempts = 8
 
 // emit ends the job's tree: delivery, queue and compute (each when both its
 // bounds are known and in order), one commit span per attempt, then the root,
-// which takes the job's preset ids and, when the traceparent was valid, its
-// remote parent.
-func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob) {
+// which takes the span context root and, when the traceparent was valid, the
+// job's remote parent.
+func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace.SpanContext) {
 	r := &j.rec
-	root := trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID:    j.ids.traceID,
-		SpanID:     j.ids.spanID,
-		TraceFlags: trace.FlagsSampled,
-		TraceState: j.parent.TraceState(),
-	})
 	children := 0
 	for _, p := range [...]struct {
 		name       string
