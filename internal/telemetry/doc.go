@@ -23,6 +23,9 @@
 //     queue is full the point is recorded on the caller. Spans then go through a
 //     bounded queue in front of the SDK's batch span processor; when it is full
 //     (collector down) spans are dropped and counted, never queued without bound.
+//     A batch whose export fails is counted as dropped; one in flight as the
+//     collector dies may have been taken by it all the same (at-least-once: the
+//     count can exceed the true loss by that one batch).
 //   - Points and spans exist once the builder has reached them: within 20 ms, and
 //     at the latest after ForceFlush, which builds and records everything queued
 //     before flushing; a Prometheus scrape (MetricsHandler) waits for the same.
