@@ -54,7 +54,7 @@ func (t *Telemetry) deferRecord(h metric.Float64Histogram, attrs *measureOptions
 	if !t.closing.Load() {
 		select {
 		case t.points <- measurement{hist: h, attrs: attrs, value: v}:
-			if len(t.points) >= t.kickAt {
+			if t.parked.Load() || len(t.points) >= t.kickAt {
 				t.kickBuilder()
 			}
 			return
@@ -108,33 +108,65 @@ func spanCount(r *Record) uint64 {
 // batch span processor holds spans for seconds (OTEL_BSP_SCHEDULE_DELAY).
 const buildInterval = 20 * time.Millisecond
 
+// idleTicksBeforeParking is how many ticks in a row must find nothing queued
+// before the builder stops its ticker and sleeps until kicked: an agent with no
+// policy changes should not wake 50 times a second. While it is parked, Report
+// and deferRecord kick it, so a trigger after a quiet spell pays one wake-up
+// (rare by definition) and the ticker takes over again.
+const idleTicksBeforeParking = 50
+
 // runBuilder builds the queued jobs, in order, every buildInterval and whenever
-// kicked (a flush, or a queue filling up), until stop is closed. It is the only
-// goroutine that emits spans in asynchronous mode.
+// kicked (a flush, a queue filling up, work arriving while parked), until stop
+// is closed. It is the only goroutine that emits spans in asynchronous mode.
 func (t *Telemetry) runBuilder() {
 	defer close(t.builderDone)
 	tick := time.NewTicker(buildInterval)
 	defer tick.Stop()
+	idle := 0
 	for {
-		select {
-		case <-tick.C:
-		case <-t.kick:
-		case <-t.stopBuilder:
-			return
+		if idle >= idleTicksBeforeParking {
+			tick.Stop()
+			t.parked.Store(true)
+			// Work queued before parked was visible to its sender is seen here.
+			if len(t.builds) == 0 && len(t.points) == 0 {
+				select {
+				case <-t.kick:
+				case <-t.stopBuilder:
+					t.parked.Store(false)
+					return
+				}
+			}
+			t.parked.Store(false)
+			tick.Reset(buildInterval)
+			idle = 0
+		} else {
+			select {
+			case <-tick.C:
+			case <-t.kick:
+			case <-t.stopBuilder:
+				return
+			}
 		}
-		t.buildQueued()
+		if t.buildQueued() == 0 {
+			idle++
+		} else {
+			idle = 0
+		}
 	}
 }
 
 // buildQueued records the queued measurements and builds the queued jobs until
-// both queues are empty. A flush marker is closed once the measurements queued
-// before it are recorded too.
-func (t *Telemetry) buildQueued() {
+// both queues are empty, and returns how many it took. A flush marker is closed
+// once the measurements queued before it are recorded too.
+func (t *Telemetry) buildQueued() int {
+	n := 0
 	for {
 		select {
 		case m := <-t.points:
 			m.hist.Record(context.Background(), m.value, m.attrs.rec...)
+			n++
 		case j := <-t.builds:
+			n++
 			if j.flushed != nil {
 				t.recordPoints()
 				close(j.flushed)
@@ -143,7 +175,7 @@ func (t *Telemetry) buildQueued() {
 			t.buildJob(j)
 			j.release()
 		default:
-			return
+			return n
 		}
 	}
 }

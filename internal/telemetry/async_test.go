@@ -190,3 +190,28 @@ func TestBuilderBuildsOnItsTicker(t *testing.T) {
 		t.Fatalf("spans %v, want the record's tree of 5", names(spans))
 	}
 }
+
+// With nothing to do the builder stops its ticker and sleeps; a record reported
+// then wakes it at once.
+func TestBuilderParksWhenIdleAndWakesForWork(t *testing.T) {
+	tel := newInMemory(t)
+	idleFor := time.Duration(idleTicksBeforeParking) * buildInterval
+	deadline := time.Now().Add(10 * idleFor)
+	for !tel.parked.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("builder not parked after %v idle (parks after %v)", 10*idleFor, idleFor)
+		}
+		time.Sleep(buildInterval)
+	}
+	tel.Report(record(base, "pe-after-quiet", 30*time.Millisecond))
+	deadline = time.Now().Add(time.Second)
+	for len(tel.builds) > 0 || tel.parked.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("parked builder not woken by Report within 1s (queued %d, parked %v)", len(tel.builds), tel.parked.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if spans := tel.endedSpans(t); len(spans) != 5 {
+		t.Fatalf("spans %v, want the record's tree of 5", names(spans))
+	}
+}

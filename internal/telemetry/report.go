@@ -73,7 +73,7 @@ func (t *Telemetry) Report(r *Record) {
 		j := newJob(r, commit)
 		select {
 		case t.builds <- j:
-			if len(t.builds) >= t.kickAt {
+			if t.parked.Load() || len(t.builds) >= t.kickAt {
 				t.kickBuilder()
 			}
 			return

@@ -69,6 +69,7 @@ type Telemetry struct {
 	points         chan measurement // histogram points without exemplar, for the builder to record
 	kick           chan struct{}    // wakes the builder before its next tick
 	kickAt         int              // queued jobs that make Report kick the builder
+	parked         atomic.Bool      // the builder sleeps until kicked (nothing queued for a while)
 	stopBuilder    chan struct{}
 	builderDone    chan struct{}
 	closing        atomic.Bool // Shutdown began: Report queues nothing more
