@@ -10,10 +10,11 @@
 //     reconcile path. The counters are atomic totals the meter reads at each
 //     collection. Report decides sampling and copies a traced record into the
 //     build queue (a point alone, and CommitDone's duration, into a measurement
-//     queue); a builder goroutine, woken every 20 ms or when a queue fills,
-//     parses the traceparent, chooses the root's ids (the trace id inherited from
-//     a valid traceparent), emits the span tree and records the histogram point
-//     in the root's context, so its exemplar names the root. The builder hands
+//     queue). A builder goroutine, woken every 20 ms or when a queue fills (and
+//     asleep after a second with nothing queued), parses the traceparent,
+//     chooses the root's ids (the trace id inherited from a valid traceparent),
+//     emits the span tree and records the histogram point in the root's
+//     context, so its exemplar names the root. The builder hands
 //     finished spans straight to the span processors (every timestamp is known
 //     after the commit, so the tracer's live-span machinery would be pure cost);
 //     they carry what the tracer would give them: resource, scope, span limits.
