@@ -1,10 +1,7 @@
 package bpfmaps
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -16,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/npagent/npagent/internal/testenv/skip"
+	"github.com/npagent/npagent/internal/testenv/netlab"
 )
 
 // trafficLab is three network namespaces made for one test: "node" holds the pod's
@@ -34,40 +31,29 @@ const (
 	labPeer6 = "fd00:201:2::2"
 )
 
-func sh(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
 func newTrafficLab(t *testing.T) *trafficLab {
 	t.Helper()
 	requireKernel(t)
-	if _, err := exec.LookPath("ip"); err != nil {
-		skip.Unmet(t, "needs the ip command (iproute2) to build network namespaces")
-	}
+	netlab.RequireIP(t, "build network namespaces")
 	id := os.Getpid() % 100000
 	l := &trafficLab{node: fmt.Sprintf("npt-node-%d", id), pod: fmt.Sprintf("npt-pod-%d", id), peer: fmt.Sprintf("npt-peer-%d", id)}
 	for _, ns := range []string{l.node, l.pod, l.peer} {
-		sh(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+		netlab.AddNamespace(t, ns)
 	}
 	for i, ns := range []string{l.pod, l.peer} {
 		host := fmt.Sprintf("h%d", i+1)
 		net4, net6 := fmt.Sprintf("10.201.%d", i+1), fmt.Sprintf("fd00:201:%d", i+1)
-		sh(t, "ip", "-n", l.node, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		sh(t, "ip", "-n", l.node, "addr", "add", net4+".1/24", "dev", host)
-		sh(t, "ip", "-n", l.node, "addr", "add", net6+"::1/64", "dev", host, "nodad")
-		sh(t, "ip", "-n", l.node, "link", "set", host, "up")
-		sh(t, "ip", "-n", ns, "addr", "add", net4+".2/24", "dev", "eth0")
-		sh(t, "ip", "-n", ns, "addr", "add", net6+"::2/64", "dev", "eth0", "nodad")
-		sh(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		sh(t, "ip", "-n", ns, "route", "add", "default", "via", net4+".1")
-		sh(t, "ip", "-n", ns, "-6", "route", "add", "default", "via", net6+"::1")
+		netlab.Run(t, "ip", "-n", l.node, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		netlab.Run(t, "ip", "-n", l.node, "addr", "add", net4+".1/24", "dev", host)
+		netlab.Run(t, "ip", "-n", l.node, "addr", "add", net6+"::1/64", "dev", host, "nodad")
+		netlab.Run(t, "ip", "-n", l.node, "link", "set", host, "up")
+		netlab.Run(t, "ip", "-n", ns, "addr", "add", net4+".2/24", "dev", "eth0")
+		netlab.Run(t, "ip", "-n", ns, "addr", "add", net6+"::2/64", "dev", "eth0", "nodad")
+		netlab.Run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		netlab.Run(t, "ip", "-n", ns, "route", "add", "default", "via", net4+".1")
+		netlab.Run(t, "ip", "-n", ns, "-6", "route", "add", "default", "via", net6+"::1")
 	}
-	sh(t, "ip", "netns", "exec", l.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	netlab.Run(t, "ip", "netns", "exec", l.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	// IPv6 loses the first packets while link-local addresses are tentative.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		tentative := false
@@ -102,97 +88,7 @@ func newTrafficLab(t *testing.T) *trafficLab {
 	return l
 }
 
-// in runs fn on a thread in network namespace ns; sockets fn creates stay in ns. The
-// thread is discarded afterwards (the goroutine exits locked).
-func in[T any](t *testing.T, ns string, fn func() (T, error)) (T, error) {
-	t.Helper()
-	type result struct {
-		v   T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(ns)
-		if err == nil {
-			err = netns.Set(h)
-			h.Close()
-		}
-		if err != nil {
-			ch <- result{err: fmt.Errorf("enter netns %s: %w", ns, err)}
-			return
-		}
-		v, err := fn()
-		ch <- result{v, err}
-	}()
-	r := <-ch
-	return r.v, r.err
-}
-
-// serveEcho echoes TCP connections and UDP datagrams on addr in ns until cleanup.
-func serveEcho(t *testing.T, ns, network, addr string) {
-	t.Helper()
-	if strings.HasPrefix(network, "tcp") {
-		ln, err := in(t, ns, func() (net.Listener, error) { return net.Listen(network, addr) })
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					_, _ = io.Copy(c, c)
-				}()
-			}
-		}()
-		return
-	}
-	pc, err := in(t, ns, func() (net.PacketConn, error) { return net.ListenPacket(network, addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:n], from)
-		}
-	}()
-}
-
 const trafficTimeout = 400 * time.Millisecond
-
-// exchange opens a connection from ns to addr, sends a message and waits for its echo.
-func exchange(t *testing.T, ns, network, addr string) error {
-	t.Helper()
-	c, err := in(t, ns, func() (net.Conn, error) { return net.DialTimeout(network, addr, trafficTimeout) })
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(trafficTimeout))
-	msg := []byte("npagent " + network)
-	if _, err := c.Write(msg); err != nil {
-		return err
-	}
-	buf := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return err
-	}
-	if string(buf) != string(msg) {
-		return errors.New("echo mismatch")
-	}
-	return nil
-}
 
 // TestRealTraffic sends TCP and UDP, IPv4 and IPv6, between a pod and a peer through
 // the node namespace where the programs are attached to the pod's host-side veth.
@@ -201,12 +97,12 @@ func TestRealTraffic(t *testing.T) {
 	for _, p := range []struct{ network, addr string }{
 		{"tcp4", labPod4 + ":8080"}, {"tcp4", labPod4 + ":8081"}, {"tcp6", "[" + labPod6 + "]:8080"},
 	} {
-		serveEcho(t, lab.pod, p.network, p.addr)
+		netlab.ServeEcho(t, lab.pod, p.network, p.addr)
 	}
 	for _, p := range []struct{ network, addr string }{
 		{"udp4", labPeer4 + ":5353"}, {"udp4", labPeer4 + ":5354"}, {"tcp4", labPeer4 + ":9000"}, {"udp6", "[" + labPeer6 + "]:5353"},
 	} {
-		serveEcho(t, lab.peer, p.network, p.addr)
+		netlab.ServeEcho(t, lab.peer, p.network, p.addr)
 	}
 
 	// Attaching resolves the ifindex in the caller's network namespace: commit from a
@@ -246,7 +142,7 @@ func TestRealTraffic(t *testing.T) {
 	check := func(stage string, flows []flow) {
 		t.Helper()
 		for _, f := range flows {
-			err := exchange(t, f.from, f.network, f.addr)
+			err := netlab.Exchange(f.from, f.network, f.addr, trafficTimeout)
 			if (err == nil) != f.want {
 				t.Errorf("%s: %s: exchange error %v, want allowed=%v", stage, f.name, err, f.want)
 			}

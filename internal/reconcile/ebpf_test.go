@@ -3,22 +3,19 @@ package reconcile
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
@@ -36,21 +33,12 @@ type podLab struct {
 	hostIndex int
 }
 
-func run(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
 func newPodLab(t *testing.T) *podLab {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		skip.Unmet(t, "needs root: creates a network namespace, a veth pair and a host route, and loads eBPF programs (CAP_NET_ADMIN, CAP_BPF)")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		skip.Unmet(t, "needs the ip command (iproute2) to build the pod's network namespace")
-	}
+	netlab.RequireIP(t, "build the pod's network namespace")
 	id := os.Getpid() % 100000
 	subnet := fmt.Sprintf("10.251.%d", id%250+1)
 	l := &podLab{
@@ -60,16 +48,14 @@ func newPodLab(t *testing.T) *podLab {
 		podIP:   subnet + ".2",
 		strayIP: subnet + ".3",
 	}
-	run(t, "ip", "netns", "add", l.ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.ns).Run() })
-	run(t, "ip", "link", "add", l.hostIf, "type", "veth", "peer", "name", "eth0", "netns", l.ns)
+	netlab.AddNamespace(t, l.ns)
+	netlab.Run(t, "ip", "link", "add", l.hostIf, "type", "veth", "peer", "name", "eth0", "netns", l.ns)
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", l.hostIf).Run() })
-	run(t, "ip", "addr", "add", l.hostIP+"/24", "dev", l.hostIf)
-	run(t, "ip", "link", "set", l.hostIf, "up")
-	run(t, "ip", "route", "add", l.podIP+"/32", "dev", l.hostIf, "scope", "link")
-	run(t, "ip", "-n", l.ns, "link", "set", "lo", "up")
-	run(t, "ip", "-n", l.ns, "addr", "add", l.podIP+"/24", "dev", "eth0")
-	run(t, "ip", "-n", l.ns, "link", "set", "eth0", "up")
+	netlab.Run(t, "ip", "addr", "add", l.hostIP+"/24", "dev", l.hostIf)
+	netlab.Run(t, "ip", "link", "set", l.hostIf, "up")
+	netlab.Run(t, "ip", "route", "add", l.podIP+"/32", "dev", l.hostIf, "scope", "link")
+	netlab.Run(t, "ip", "-n", l.ns, "addr", "add", l.podIP+"/24", "dev", "eth0")
+	netlab.Run(t, "ip", "-n", l.ns, "link", "set", "eth0", "up")
 	link, err := net.InterfaceByName(l.hostIf)
 	if err != nil {
 		t.Fatal(err)
@@ -78,67 +64,15 @@ func newPodLab(t *testing.T) *podLab {
 	return l
 }
 
-// serve accepts TCP connections on the pod's IP and port and echoes them.
+// serve echoes TCP connections on the pod's IP and port, inside the pod's namespace.
 func (l *podLab) serve(t *testing.T, port int) {
 	t.Helper()
-	lnc := make(chan net.Listener, 1)
-	errc := make(chan error, 1)
-	go func() {
-		// The thread enters the pod's namespace and is discarded afterwards (the
-		// goroutine exits locked); the listening socket stays in the namespace.
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(l.ns)
-		if err == nil {
-			err = netns.Set(h)
-			h.Close()
-		}
-		if err != nil {
-			errc <- err
-			return
-		}
-		ln, err := net.Listen("tcp4", fmt.Sprintf("%s:%d", l.podIP, port))
-		if err != nil {
-			errc <- err
-			return
-		}
-		lnc <- ln
-	}()
-	var ln net.Listener
-	select {
-	case err := <-errc:
-		t.Fatalf("listen in %s: %v", l.ns, err)
-	case ln = <-lnc:
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	netlab.ServeEcho(t, l.ns, "tcp4", fmt.Sprintf("%s:%d", l.podIP, port))
 }
 
 // reach dials the pod from the node and exchanges one message.
 func (l *podLab) reach(port int) error {
-	c, err := net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", l.podIP, port), 400*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(400 * time.Millisecond))
-	msg := []byte("npagent")
-	if _, err := c.Write(msg); err != nil {
-		return err
-	}
-	buf := make([]byte, len(msg))
-	_, err = io.ReadFull(c, buf)
-	return err
+	return netlab.Exchange("", "tcp4", fmt.Sprintf("%s:%d", l.podIP, port), 400*time.Millisecond)
 }
 
 // TestRouteResolver: the route resolver finds the pod's veth by its host route, and
