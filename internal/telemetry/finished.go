@@ -110,24 +110,7 @@ func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace
 		children++
 	}
 
-	attrs := make([]attribute.KeyValue, 0, rootAttrCap)
-	if nodeAttr.Valid() {
-		attrs = append(attrs, nodeAttr)
-	}
-	if r.Namespace != "" {
-		attrs = append(attrs, semconv.K8SNamespaceName(r.Namespace))
-	}
-	attrs = append(attrs, KindKey.String(r.Kind), PolicyNameKey.String(r.Name), PolicyUIDKey.String(r.UID))
-	if r.PolicyRef != "" {
-		attrs = append(attrs, PolicyRefKey.String(r.PolicyRef))
-	}
-	attrs = append(attrs,
-		PolicyResourceVersionKey.String(r.ResourceVersion),
-		TriggerTimeKey.String(r.Trigger.UTC().Format(time.RFC3339Nano)),
-		AttemptsKey.Int(len(r.Attempts)),
-		PodsKey.Int(r.Pods),
-		EntriesKey.Int(r.Entries),
-	)
+	attrs := rootAttributes(make([]attribute.KeyValue, 0, rootAttrCap), nodeAttr, r)
 	s := tracetest.SpanStub{
 		Name: SpanProgram, SpanContext: root, Parent: j.parent,
 		StartTime: r.Trigger, EndTime: j.commit, ChildSpanCount: children,

@@ -170,28 +170,7 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 // is taken before the span exists.
 // The SDK copies what it keeps, so nothing of the scratch outlives the call.
 func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record, commit time.Time) context.Context {
-	attrs := sc.attrs[:0]
-	if t.nodeAttr.Valid() {
-		attrs = append(attrs, t.nodeAttr)
-	}
-	if r.Namespace != "" {
-		attrs = append(attrs, semconv.K8SNamespaceName(r.Namespace))
-	}
-	attrs = append(attrs,
-		KindKey.String(r.Kind),
-		PolicyNameKey.String(r.Name),
-		PolicyUIDKey.String(r.UID),
-	)
-	if r.PolicyRef != "" {
-		attrs = append(attrs, PolicyRefKey.String(r.PolicyRef))
-	}
-	attrs = append(attrs,
-		PolicyResourceVersionKey.String(r.ResourceVersion),
-		TriggerTimeKey.String(r.Trigger.UTC().Format(time.RFC3339Nano)),
-		AttemptsKey.Int(len(r.Attempts)),
-		PodsKey.Int(r.Pods),
-		EntriesKey.Int(r.Entries),
-	)
+	attrs := rootAttributes(sc.attrs[:0], t.nodeAttr, r)
 	sc.attrs = attrs
 
 	ctx, root := t.tracer.Start(parent, SpanProgram, sc.start(r.Trigger)...)
@@ -214,6 +193,29 @@ func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record,
 	}
 	root.End(sc.end(commit)...)
 	return ctx
+}
+
+// rootAttributes appends the root span's attributes for r to dst: the node,
+// the object (namespace when namespaced, kind, name, uid, the policy it came
+// from), the version and trigger time, and what the commit did.
+func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *Record) []attribute.KeyValue {
+	if node.Valid() {
+		dst = append(dst, node)
+	}
+	if r.Namespace != "" {
+		dst = append(dst, semconv.K8SNamespaceName(r.Namespace))
+	}
+	dst = append(dst, KindKey.String(r.Kind), PolicyNameKey.String(r.Name), PolicyUIDKey.String(r.UID))
+	if r.PolicyRef != "" {
+		dst = append(dst, PolicyRefKey.String(r.PolicyRef))
+	}
+	return append(dst,
+		PolicyResourceVersionKey.String(r.ResourceVersion),
+		TriggerTimeKey.String(r.Trigger.UTC().Format(time.RFC3339Nano)),
+		AttemptsKey.Int(len(r.Attempts)),
+		PodsKey.Int(r.Pods),
+		EntriesKey.Int(r.Entries),
+	)
 }
 
 // child emits one phase span. A phase with a missing bound, or one that would end
