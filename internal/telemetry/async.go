@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -48,33 +49,53 @@ type measurement struct {
 }
 
 // deferRecord hands a point to the builder; when the queue is full, or there
-// is no builder (OTEL_TRACES_SAMPLER set, or after Shutdown), it records it here,
-// so no point is ever lost.
+// is no builder (OTEL_TRACES_SAMPLER set, or Shutdown has begun), it records it
+// here, so no point is ever lost.
 func (t *Telemetry) deferRecord(h metric.Float64Histogram, attrs *measureOptions, v float64) {
-	if !t.closing.Load() {
+	m := measurement{hist: h, attrs: attrs, value: v}
+	if t.admit() {
 		select {
-		case t.points <- measurement{hist: h, attrs: attrs, value: v}:
-			if t.parked.Load() || len(t.points) >= t.kickAt {
+		case t.points <- m:
+			t.admitted()
+			if len(t.points) >= t.kickAt {
 				t.kickBuilder()
 			}
 			return
 		default:
+			t.admitted()
 		}
 	}
-	h.Record(context.Background(), v, attrs.rec...)
+	m.record()
 }
+
+func (m measurement) record() { m.hist.Record(context.Background(), m.value, m.attrs.rec...) }
 
 // recordPoints records every queued measurement.
 func (t *Telemetry) recordPoints() {
 	for {
 		select {
 		case m := <-t.points:
-			m.hist.Record(context.Background(), m.value, m.attrs.rec...)
+			m.record()
 		default:
 			return
 		}
 	}
 }
+
+// admit registers a caller about to queue work for the builder and returns
+// true, unless Shutdown has begun. Every true must be followed by admitted once
+// the send is done: stopBuilds waits for the callers it admitted, so nothing is
+// queued after its final drain and lost.
+func (t *Telemetry) admit() bool {
+	t.queuing.Add(1)
+	if t.closing.Load() {
+		t.queuing.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (t *Telemetry) admitted() { t.queuing.Add(-1) }
 
 // release clears what the job references so a pooled job keeps nothing alive.
 func (j *spanJob) release() {
@@ -109,15 +130,15 @@ func spanCount(r *Record) uint64 {
 const buildInterval = 20 * time.Millisecond
 
 // idleTicksBeforeParking is how many ticks in a row must find nothing queued
-// before the builder stops its ticker and sleeps until kicked: an agent with no
-// policy changes should not wake 50 times a second. While it is parked, Report
-// and deferRecord kick it, so a trigger after a quiet spell pays one wake-up
-// (rare by definition) and the ticker takes over again.
+// before the builder stops its ticker and sleeps on the queues themselves: an
+// agent with no policy changes should not wake 50 times a second. The first
+// record or point after a quiet spell then wakes it (one wake-up, rare by
+// definition) and the ticker takes over again.
 const idleTicksBeforeParking = 50
 
 // runBuilder builds the queued jobs, in order, every buildInterval and whenever
-// kicked (a flush, a queue filling up, work arriving while parked), until stop
-// is closed. It is the only goroutine that emits spans in asynchronous mode.
+// kicked (a flush, a queue reaching kickAt), until stop is closed. It is the
+// only goroutine that emits spans in asynchronous mode.
 func (t *Telemetry) runBuilder() {
 	defer close(t.builderDone)
 	tick := time.NewTicker(buildInterval)
@@ -127,14 +148,15 @@ func (t *Telemetry) runBuilder() {
 		if idle >= idleTicksBeforeParking {
 			tick.Stop()
 			t.parked.Store(true)
-			// Work queued before parked was visible to its sender is seen here.
-			if len(t.builds) == 0 && len(t.points) == 0 {
-				select {
-				case <-t.kick:
-				case <-t.stopBuilder:
-					t.parked.Store(false)
-					return
-				}
+			select {
+			case j := <-t.builds:
+				t.handleJob(j)
+			case m := <-t.points:
+				m.record()
+			case <-t.kick:
+			case <-t.stopBuilder:
+				t.parked.Store(false)
+				return
 			}
 			t.parked.Store(false)
 			tick.Reset(buildInterval)
@@ -156,28 +178,32 @@ func (t *Telemetry) runBuilder() {
 }
 
 // buildQueued records the queued measurements and builds the queued jobs until
-// both queues are empty, and returns how many it took. A flush marker is closed
-// once the measurements queued before it are recorded too.
+// both queues are empty, and returns how many it took.
 func (t *Telemetry) buildQueued() int {
 	n := 0
 	for {
 		select {
 		case m := <-t.points:
-			m.hist.Record(context.Background(), m.value, m.attrs.rec...)
-			n++
+			m.record()
 		case j := <-t.builds:
-			n++
-			if j.flushed != nil {
-				t.recordPoints()
-				close(j.flushed)
-				continue
-			}
-			t.buildJob(j)
-			j.release()
+			t.handleJob(j)
 		default:
 			return n
 		}
+		n++
 	}
+}
+
+// handleJob builds a job, or closes a flush marker once the measurements queued
+// before it are recorded too.
+func (t *Telemetry) handleJob(j *spanJob) {
+	if j.flushed != nil {
+		t.recordPoints()
+		close(j.flushed)
+		return
+	}
+	t.buildJob(j)
+	j.release()
 }
 
 // kickBuilder wakes the builder now rather than at its next tick; it never
@@ -191,7 +217,7 @@ func (t *Telemetry) kickBuilder() {
 
 // buildJob emits one job's span tree, as finished spans (see finishedSpans),
 // and records its point in the root span's context, so the point carries an
-// exemplar naming the root. The root takes the remote parent's trace id (and
+// exemplar naming the root (when a span queue took the tree). The root takes the remote parent's trace id (and
 // trace state) when the traceparent is valid, else a new trace id.
 func (t *Telemetry) buildJob(j *spanJob) {
 	r := &j.rec
@@ -205,12 +231,14 @@ func (t *Telemetry) buildJob(j *spanJob) {
 	root := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID:    traceID,
 		SpanID:     newSpanID(),
-		TraceFlags: trace.FlagsSampled,
+		TraceFlags: j.parent.TraceFlags() | trace.FlagsSampled, // as the SDK's sampler result does
 		TraceState: j.parent.TraceState(),
 	})
-	t.finished.emit(t.nodeAttr, j, root)
-	t.latency.Record(trace.ContextWithSpanContext(context.Background(), root),
-		j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
+	ctx := context.Background()
+	if t.finished.emit(t.nodeAttr, j, root) {
+		ctx = trace.ContextWithSpanContext(ctx, root)
+	} // else no span queue took the tree: no exemplar may name it
+	t.latency.Record(ctx, j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
 }
 
 // drainBuilds waits until every job queued so far is built (its spans ended and
@@ -221,6 +249,7 @@ func (t *Telemetry) drainBuilds(ctx context.Context) error {
 		return nil
 	}
 	marker := &spanJob{flushed: make(chan struct{})}
+	t.kickBuilder() // a full queue empties sooner
 	select {
 	case t.builds <- marker:
 	case <-t.builderDone:
@@ -239,22 +268,51 @@ func (t *Telemetry) drainBuilds(ctx context.Context) error {
 	}
 }
 
-// stopBuilds drains the queue and stops the builder; Report builds no spans
-// afterwards. Safe to call more than once.
+// stopBuilds stops admitting work, waits for the callers already admitted,
+// drains the queues and stops the builder; Report builds no spans afterwards.
+// If ctx ends first, what is still queued is abandoned with nothing lost
+// uncounted: points recorded without exemplar, spans counted as dropped. Safe
+// to call more than once.
 func (t *Telemetry) stopBuilds(ctx context.Context) error {
 	if t.builds == nil || !t.closing.CompareAndSwap(false, true) {
 		return nil
+	}
+	for t.queuing.Load() != 0 && ctx.Err() == nil {
+		runtime.Gosched() // an admitted caller is between its check and its send
 	}
 	err := t.drainBuilds(ctx)
 	close(t.stopBuilder)
 	select {
 	case <-t.builderDone:
 		t.builderStopped.Store(true)
-		t.recordPoints() // any sent between the drain and closing
+		t.buildQueued() // only this goroutine is left to
 	case <-ctx.Done():
 		err = ctx.Err()
+		t.abandonQueued()
 	}
 	return err
+}
+
+// abandonQueued empties the queues without building: each point is recorded
+// (a traced record's without exemplar), each tree's spans counted as dropped,
+// each flush marker closed.
+func (t *Telemetry) abandonQueued() {
+	for {
+		select {
+		case m := <-t.points:
+			m.record()
+		case j := <-t.builds:
+			if j.flushed != nil {
+				close(j.flushed)
+				continue
+			}
+			t.spansDropped.Add(spanCount(&j.rec) * uint64(t.spanExporters))
+			t.latency.Record(context.Background(), j.commit.Sub(j.rec.Trigger).Seconds(), t.kindAttrs.get(j.rec.Kind, "").rec...)
+			j.release()
+		default:
+			return
+		}
+	}
 }
 
 // newTraceID and newSpanID draw from math/rand/v2's per-thread generator, as the

@@ -3,10 +3,13 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
@@ -195,16 +198,9 @@ func TestBuilderBuildsOnItsTicker(t *testing.T) {
 // then wakes it at once.
 func TestBuilderParksWhenIdleAndWakesForWork(t *testing.T) {
 	tel := newInMemory(t)
-	idleFor := time.Duration(idleTicksBeforeParking) * buildInterval
-	deadline := time.Now().Add(10 * idleFor)
-	for !tel.parked.Load() {
-		if time.Now().After(deadline) {
-			t.Fatalf("builder not parked after %v idle (parks after %v)", 10*idleFor, idleFor)
-		}
-		time.Sleep(buildInterval)
-	}
+	waitParked(t, tel)
 	tel.Report(record(base, "pe-after-quiet", 30*time.Millisecond))
-	deadline = time.Now().Add(time.Second)
+	deadline := time.Now().Add(time.Second)
 	for len(tel.builds) > 0 || tel.parked.Load() {
 		if time.Now().After(deadline) {
 			t.Fatalf("parked builder not woken by Report within 1s (queued %d, parked %v)", len(tel.builds), tel.parked.Load())
@@ -214,4 +210,157 @@ func TestBuilderParksWhenIdleAndWakesForWork(t *testing.T) {
 	if spans := tel.endedSpans(t); len(spans) != 5 {
 		t.Fatalf("spans %v, want the record's tree of 5", names(spans))
 	}
+}
+
+// Reports and commit durations arriving while the builder stops are not lost:
+// each one is a histogram point, and each traced record's spans either arrive
+// or are counted as dropped.
+func TestStopWhileReportingLosesNothing(t *testing.T) {
+	for round := range 10 {
+		tel := newInMemory(t)
+		var reported atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 150 {
+					tel.Report(record(base, fmt.Sprintf("pe-%d-%d-%d", round, g, i), 30*time.Millisecond))
+					tel.CommitDone(KindPolicyEndpoint, time.Millisecond, nil)
+					reported.Add(1)
+				}
+			})
+		}
+		time.Sleep(time.Duration(round) * 100 * time.Microsecond)
+		if err := tel.stopBuilds(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		n := reported.Load()
+		rm := tel.collect(t)
+		var points uint64
+		for _, p := range latencyPoints(t, rm) {
+			points += p.Count
+		}
+		m, _ := findMetric(rm, CommitDurationName)
+		var commits uint64
+		for _, p := range m.Data.(metricdata.ExponentialHistogram[float64]).DataPoints {
+			commits += p.Count
+		}
+		spans := uint64(len(tel.endedSpans(t)))
+		dropped, _ := tel.Dropped()
+		if points != uint64(n) || commits != uint64(n) || spans+dropped != 5*uint64(n) {
+			t.Fatalf("round %d: %d reports: %d latency points, %d commit durations, %d spans + %d dropped (want %d)",
+				round, n, points, commits, spans, dropped, 5*n)
+		}
+	}
+}
+
+// A parked builder is woken by a point alone (CommitDone), not only by a
+// traced record, and records it without any flush.
+func TestParkedBuilderWokenByAPoint(t *testing.T) {
+	tel := newInMemory(t)
+	waitParked(t, tel)
+	tel.CommitDone(KindPolicyEndpoint, 3*time.Millisecond, nil)
+	deadline := time.Now().Add(time.Second)
+	for {
+		var rm metricdata.ResourceMetrics
+		if err := tel.reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := findMetric(rm, CommitDurationName); ok {
+			if pts := m.Data.(metricdata.ExponentialHistogram[float64]).DataPoints; len(pts) == 1 && pts[0].Count == 1 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("commit duration not recorded within 1s of CommitDone (builder parked: %v)", tel.parked.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitParked waits until the idle builder has parked.
+func waitParked(t *testing.T, tel *inMemory) {
+	t.Helper()
+	idleFor := time.Duration(idleTicksBeforeParking) * buildInterval
+	deadline := time.Now().Add(10 * idleFor)
+	for !tel.parked.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("builder not parked after %v idle (parks after %v)", 10*idleFor, idleFor)
+		}
+		time.Sleep(buildInterval)
+	}
+}
+
+// stopBuilds waits for a caller admitted before Shutdown began to finish its
+// send, and builds what it sent: the window between Report's check and its send
+// cannot strand a record.
+func TestStopWaitsForAdmittedSenders(t *testing.T) {
+	tel := newInMemory(t)
+	if !tel.admit() {
+		t.Fatal("admit refused before Shutdown")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- tel.stopBuilds(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("stopBuilds returned (%v) while a caller was admitted and had not sent", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if tel.admit() {
+		t.Error("admit accepted a caller after Shutdown began")
+	}
+	r := record(base, "pe-late-sender", 30*time.Millisecond)
+	tel.builds <- newJob(r, r.Committed())
+	tel.admitted()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if spans := tel.endedSpans(t); len(spans) != 5 {
+		t.Fatalf("spans %v, want the late sender's tree of 5", names(spans))
+	}
+	if pts := latencyPoints(t, tel.collect(t)); len(pts) != 1 || pts[0].Count != 1 {
+		t.Fatalf("latency points %+v, want the late sender's point", pts)
+	}
+}
+
+// An exemplar names only a trace that can arrive: with no span exporter no tree
+// is built, and a tree no span queue takes leaves its point without exemplar.
+func TestNoExemplarForATraceThatCannotArrive(t *testing.T) {
+	t.Run("no span exporter", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		tel, err := New(context.Background(), WithOTLP(false), WithMetricReader(reader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+		tel.Report(record(base, "pe-untraced", 30*time.Millisecond))
+		if err := tel.ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		pts := latencyPoints(t, rm)
+		if len(pts) != 1 || pts[0].Count != 1 || len(pts[0].Exemplars) != 0 {
+			t.Fatalf("latency points %+v, want one observation and no exemplar", pts)
+		}
+		if spans, _ := tel.Dropped(); spans != 0 {
+			t.Errorf("%d spans counted dropped with no exporter to drop them from", spans)
+		}
+	})
+	t.Run("tree larger than the span queue", func(t *testing.T) {
+		tel := newInMemory(t, WithSpanQueueSize(4)) // a tree is 5 spans
+		tel.Report(record(base, "pe-too-big", 30*time.Millisecond))
+		if spans := tel.endedSpans(t); len(spans) != 0 {
+			t.Fatalf("spans %v exported, want none: the tree goes whole or not at all", names(spans))
+		}
+		pts := latencyPoints(t, tel.collect(t))
+		if len(pts) != 1 || pts[0].Count != 1 || len(pts[0].Exemplars) != 0 {
+			t.Fatalf("latency points %+v, want one observation and no exemplar", pts)
+		}
+		if spans, _ := tel.Dropped(); spans != 5 {
+			t.Errorf("%d spans counted dropped, want the tree's 5", spans)
+		}
+	})
 }

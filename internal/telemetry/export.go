@@ -64,6 +64,22 @@ func (g *spanGate) OnEnd(s sdktrace.ReadOnlySpan) {
 	g.next.OnEnd(s)
 }
 
+// offer hands a whole span tree to the processor, or, when the queue cannot
+// hold all of it, none of it (counted as dropped): a tree never arrives without
+// its root. It reports whether the tree was taken.
+func (g *spanGate) offer(tree []sdktrace.ReadOnlySpan) bool {
+	n := int64(len(tree))
+	if g.inFlight.Add(n) > g.limit {
+		g.inFlight.Add(-n)
+		g.dropped.Add(uint64(n))
+		return false
+	}
+	for _, s := range tree {
+		g.next.OnEnd(s)
+	}
+	return true
+}
+
 func (g *spanGate) Shutdown(ctx context.Context) error   { return g.next.Shutdown(ctx) }
 func (g *spanGate) ForceFlush(ctx context.Context) error { return g.next.ForceFlush(ctx) }
 

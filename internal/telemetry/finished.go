@@ -23,8 +23,8 @@ import (
 // about 90 % of the whole per-trigger cost (profile of BenchmarkReportAndBuild),
 // and on a 2-core node that CPU is taken from the reconcile. A finished span is
 // one allocation. tracetest.SpanStub.Snapshot is the SDK's public constructor of
-// a sdktrace.ReadOnlySpan; the span processors and exporters downstream are the
-// SDK's, unchanged.
+// a sdktrace.ReadOnlySpan; the batch span processors and exporters downstream
+// are the SDK's, unchanged.
 //
 // What the tracer would add is added here: the provider's resource and this
 // package's instrumentation scope; the sampling decision (this path runs only
@@ -33,22 +33,23 @@ import (
 // spans end (children first, the root last, with its child count).
 // TestFinishedSpansMatchTheTracer holds the two paths to the same output.
 type finishedSpans struct {
-	processors []sdktrace.SpanProcessor
-	resource   *resource.Resource
-	scope      instrumentation.Scope
-	limits     sdktrace.SpanLimits
+	gates    []*spanGate             // one per exporter: bounded queue, then batch span processor
+	tree     []sdktrace.ReadOnlySpan // the tree being emitted (only the builder calls emit)
+	resource *resource.Resource
+	scope    instrumentation.Scope
+	limits   sdktrace.SpanLimits
 	// attemptAttrs[i] is the attribute list of attempt i+1's commit span,
 	// built once and shared read-only by every such span.
 	attemptAttrs [][]attribute.KeyValue
 	attemptDrops []int
 }
 
-func newFinishedSpans(processors []sdktrace.SpanProcessor, res *resource.Resource, limits sdktrace.SpanLimits) *finishedSpans {
+func newFinishedSpans(gates []*spanGate, res *resource.Resource, limits sdktrace.SpanLimits) *finishedSpans {
 	f := &finishedSpans{
-		processors: processors,
-		resource:   res,
-		scope:      instrumentation.Scope{Name: ScopeName},
-		limits:     limits,
+		gates:    gates,
+		resource: res,
+		scope:    instrumentation.Scope{Name: ScopeName},
+		limits:   limits,
 	}
 	for i := range maxSharedAttempts {
 		attrs, dropped := f.limitAttrs([]attribute.KeyValue{AttemptKey.Int(i + 1)}, limits.AttributeCountLimit)
@@ -66,8 +67,13 @@ const maxSharedAttempts = 8
 // bounds are known and in order), one commit span per attempt, then the root,
 // which takes the span context root and, when the traceparent was valid, the
 // job's remote parent.
-func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace.SpanContext) {
+//
+// The tree goes to each span queue whole or not at all (spanGate.offer), so a
+// queue near its limit never exports children without their root. emit reports
+// whether any queue took it: only then may an exemplar name the root.
+func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace.SpanContext) bool {
 	r := &j.rec
+	tree := f.tree[:0]
 	children := 0
 	for _, p := range [...]struct {
 		name       string
@@ -80,7 +86,7 @@ func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace
 		if p.start.IsZero() || p.end.IsZero() || p.end.Before(p.start) {
 			continue
 		}
-		f.end(tracetest.SpanStub{Name: p.name, StartTime: p.start, EndTime: p.end}, root)
+		tree = append(tree, f.end(tracetest.SpanStub{Name: p.name, StartTime: p.start, EndTime: p.end}, root))
 		children++
 	}
 	for i, a := range r.Attempts {
@@ -106,7 +112,7 @@ func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace
 				s.Events = []sdktrace.Event{ev}
 			}
 		}
-		f.end(s, root)
+		tree = append(tree, f.end(s, root))
 		children++
 	}
 
@@ -116,24 +122,30 @@ func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace
 		StartTime: r.Trigger, EndTime: j.commit, ChildSpanCount: children,
 	}
 	s.Attributes, s.DroppedAttributes = f.limitAttrs(attrs, f.limits.AttributeCountLimit)
-	f.end(s, trace.SpanContext{})
+	tree = append(tree, f.end(s, trace.SpanContext{}))
+
+	taken := false
+	for _, g := range f.gates {
+		if g.offer(tree) {
+			taken = true
+		}
+	}
+	clear(tree) // the queues hold the spans themselves, not this slice
+	f.tree = tree[:0]
+	return taken
 }
 
 // end completes s as a span of the tracer's: under parent (a root passes the
 // zero context, which leaves the stub's own Parent and SpanContext in place),
-// with a new span id, the resource and the scope, and hands it to every
-// processor.
-func (f *finishedSpans) end(s tracetest.SpanStub, parent trace.SpanContext) {
+// with a new span id, the resource and the scope.
+func (f *finishedSpans) end(s tracetest.SpanStub, parent trace.SpanContext) sdktrace.ReadOnlySpan {
 	if parent.IsValid() {
 		s.Parent = parent
 		s.SpanContext = parent.WithSpanID(newSpanID()).WithRemote(false)
 	}
 	s.SpanKind = trace.SpanKindInternal
 	s.Resource, s.InstrumentationScope = f.resource, f.scope
-	ro := s.Snapshot()
-	for _, p := range f.processors {
-		p.OnEnd(ro)
-	}
+	return s.Snapshot()
 }
 
 // limitAttrs applies the SDK's span limits as its recordingSpan does: at most

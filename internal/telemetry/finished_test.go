@@ -74,7 +74,8 @@ func failedCommit(s exportedSpan) int {
 	return 0
 }
 
-// treeShapes are records covering every branch of a tree: a remote parent, failed
+// treeShapes are records covering every branch of a tree: remote parents (one
+// with the random trace flag, which both paths must carry on), failed
 // attempts, more attempts than finishedSpans prebuilds, phases left out (a bound
 // missing or out of order), a cluster policy with no namespace or policy ref, and
 // a value longer than the tight length limit in a multi-byte script.
@@ -83,6 +84,7 @@ func treeShapes() []*Record {
 	full.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 	failed := record(base.Add(time.Second), "pe-failed", 80*time.Millisecond)
+	failed.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b8-03" // sampled and random
 	failed.Attempts = []Attempt{
 		{Start: base.Add(time.Second + 60*time.Millisecond), End: base.Add(time.Second + 65*time.Millisecond), Err: "map full"},
 		{Start: base.Add(time.Second + 70*time.Millisecond), End: base.Add(time.Second + 80*time.Millisecond)},

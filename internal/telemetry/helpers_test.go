@@ -102,6 +102,11 @@ func counterValue(t testing.TB, rm metricdata.ResourceMetrics, name string, want
 	var total int64
 	switch d := m.Data.(type) {
 	case metricdata.Sum[int64]:
+		// Every int64 sum here is a counter: monotonic, and cumulative as the
+		// Prometheus and OTLP exports need.
+		if !d.IsMonotonic || d.Temporality != metricdata.CumulativeTemporality {
+			t.Fatalf("%s: monotonic %v, temporality %v; want a cumulative monotonic sum", name, d.IsMonotonic, d.Temporality)
+		}
 		for _, p := range d.DataPoints {
 			if hasAll(p.Attributes, want) {
 				total += p.Value

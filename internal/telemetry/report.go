@@ -69,21 +69,25 @@ func (t *Telemetry) Report(r *Record) {
 		t.reportThroughTracer(r, commit, latency)
 		return
 	}
-	if t.keep(latency) && !t.closing.Load() {
-		j := newJob(r, commit)
-		select {
-		case t.builds <- j:
-			if t.parked.Load() || len(t.builds) >= t.kickAt {
-				t.kickBuilder()
+	if t.keep(latency) {
+		if t.admit() {
+			j := newJob(r, commit)
+			select {
+			case t.builds <- j:
+				t.admitted()
+				if len(t.builds) >= t.kickAt {
+					t.kickBuilder()
+				}
+				return
+			default:
+				t.admitted()
+				j.release()
 			}
-			return
-		default:
-			// Queue full: the tree is dropped and its spans counted as a full
-			// span queue would count them; the point is still recorded, with no
-			// exemplar, so none names a trace that will not arrive.
-			j.release()
-			t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
 		}
+		// Queue full, or Shutdown has begun: the tree is dropped and its spans
+		// counted as a full span queue would count them; the point is still
+		// recorded, with no exemplar, so none names a trace that will not arrive.
+		t.spansDropped.Add(spanCount(r) * uint64(t.spanExporters))
 	}
 	if r.TraceParent != "" {
 		t.remoteParent(r) // counts an invalid one
@@ -140,6 +144,9 @@ func (t *Telemetry) remoteParent(r *Record) trace.SpanContext {
 // n-th fast trigger is kept when floor(n·f) steps up), which keeps exactly that
 // fraction without a random source.
 func (t *Telemetry) keep(latency time.Duration) bool {
+	if t.spanExporters == 0 {
+		return false // no trace would leave the process: no tree, and no exemplar naming one
+	}
 	f := t.cfg.fastFraction
 	if f >= 1 || latency >= t.cfg.slowThreshold {
 		return true

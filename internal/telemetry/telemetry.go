@@ -69,7 +69,8 @@ type Telemetry struct {
 	points         chan measurement // histogram points without exemplar, for the builder to record
 	kick           chan struct{}    // wakes the builder before its next tick
 	kickAt         int              // queued jobs that make Report kick the builder
-	parked         atomic.Bool      // the builder sleeps until kicked (nothing queued for a while)
+	parked         atomic.Bool      // the builder sleeps on the queues (nothing queued for a while); for tests
+	queuing        atomic.Int64     // callers admitted to queue and not done yet (see admit)
 	stopBuilder    chan struct{}
 	builderDone    chan struct{}
 	closing        atomic.Bool // Shutdown began: Report queues nothing more
@@ -169,7 +170,7 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	}
 	queue := t.cfg.spanQueueSize
-	var gates []sdktrace.SpanProcessor
+	var gates []*spanGate
 	for _, exp := range exporters {
 		inFlight := new(atomic.Int64)
 		health := &exportHealth{signal: "traces", effect: "spans dropped and counted", logger: t.cfg.logger}
@@ -369,7 +370,8 @@ func (t *Telemetry) ForceFlush(ctx context.Context) error {
 }
 
 // Shutdown builds the span trees still queued, stops the builder, then flushes
-// and stops the exporters. Report and the counters are no-ops afterwards.
+// and stops the exporters. Report and the counters stay safe to call
+// afterwards; what they record is no longer exported.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	var err error
 	if e := t.stopBuilds(ctx); e != nil {

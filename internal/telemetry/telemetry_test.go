@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -534,5 +535,46 @@ func TestStalledExportDropsAndCountsWithoutBlocking(t *testing.T) {
 	// What waited is bounded: the queue plus the one batch held by the exporter.
 	if arrived > 2*queue {
 		t.Errorf("%d spans arrived, more than the queue (%d) plus one batch can have held", arrived, queue)
+	}
+}
+
+// The counters, kept as atomic totals and observed at collection, reach the
+// Prometheus exposition as counters (_total, TYPE counter) with their labels
+// and exact values, and a pair never counted is not exposed.
+func TestMetricsHandlerServesCounters(t *testing.T) {
+	tel := newInMemory(t)
+	for range 3 {
+		tel.Suppressed(KindPolicyEndpoint, "redelivered")
+	}
+	tel.Delivered(KindClusterPolicyEndpoint, "relist")
+	tel.CommitDone(KindPolicyEndpoint, time.Millisecond, errors.New("map full"))
+	srv := httptest.NewServer(tel.MetricsHandler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(body)
+	for _, want := range []string{
+		"# TYPE npagent_policy_programming_suppressed_total counter",
+		`npagent_policy_programming_suppressed_total{npagent_policy_kind="PolicyEndpoint",otel_scope_name="` + ScopeName + `",otel_scope_schema_url="",otel_scope_version="",reason="redelivered"} 3`,
+		"# TYPE npagent_policy_deliveries_total counter",
+		`npagent_policy_deliveries_total{cause="relist",npagent_policy_kind="ClusterPolicyEndpoint",otel_scope_name="` + ScopeName + `",otel_scope_schema_url="",otel_scope_version=""} 1`,
+		"# TYPE npagent_dataplane_commit_failures_total counter",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("exposition lacks %q", want)
+		}
+	}
+	if strings.Contains(text, `reason="stale"`) {
+		t.Error("a reason never counted (stale) is exposed")
+	}
+	if t.Failed() {
+		t.Logf("exposition:\n%s", text)
 	}
 }
