@@ -27,8 +27,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/vishvananda/netlink"
@@ -80,27 +78,6 @@ func buildAgent(t *testing.T) string {
 		t.Fatalf("build agent: %v", buildErr)
 	}
 	return agentBin
-}
-
-// writeKubeconfig writes a kubeconfig file reaching rc's apiserver with rc's
-// credentials, as an operator would hand the agent.
-func writeKubeconfig(t *testing.T, rc *rest.Config, path string) {
-	t.Helper()
-	server := rc.Host
-	if !strings.Contains(server, "://") {
-		server = "https://" + server
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: rc.CAData, InsecureSkipTLSVerify: rc.Insecure}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{
-		ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData,
-		Token: rc.BearerToken, Username: rc.Username, Password: rc.Password,
-	}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	kc.CurrentContext = "test"
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatalf("write kubeconfig %s: %v", path, err)
-	}
 }
 
 // agentProcess is one running agent binary.
@@ -302,7 +279,7 @@ func startControlPlane(t *testing.T) (cp *testenv.ControlPlane, kubeconfig, stat
 	cp = testenv.Start(t)
 	dir := t.TempDir()
 	kubeconfig = filepath.Join(dir, "kubeconfig")
-	writeKubeconfig(t, cp.Config, kubeconfig)
+	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
 	return cp, kubeconfig, filepath.Join(dir, "state", "seen.state") // the agent creates the directory
 }
 
@@ -425,7 +402,7 @@ func TestAgentUnreachableAPIServer(t *testing.T) {
 
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	writeKubeconfig(t, &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+	testenv.WriteKubeconfig(t, &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
 
 	cmd := exec.Command(buildAgent(t), "--kubeconfig="+kubeconfig, "--node-ip=10.0.0.1", "--node-name=n",
 		"--dataplane=memory", "--state-file="+filepath.Join(dir, "seen.state"), "--metrics-addr=127.0.0.1:0",
@@ -480,7 +457,7 @@ func TestAgentEBPFWithoutPrivilegesNamesCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	writeKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:1", TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+	testenv.WriteKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:1", TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
 	if err := os.Chmod(kubeconfig, 0o644); err != nil {
 		t.Fatal(err)
 	}
