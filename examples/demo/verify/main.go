@@ -430,20 +430,38 @@ func hasSpan(spans []jaegerSpan, name string) bool {
 	return slices.ContainsFunc(spans, func(s jaegerSpan) bool { return s.OperationName == name })
 }
 
-// sampleSum sums the samples of name whose line contains every label, in a
-// Prometheus text exposition.
+// sampleSum sums the samples of name whose label set contains every label, in a
+// Prometheus or OpenMetrics text exposition. The value is the field after the
+// label set, so a timestamp or an exemplar ("# {trace_id=...} 0.5") after it is
+// not mistaken for it.
 func sampleSum(exposition, name string, labels ...string) float64 {
 	var sum float64
 	for line := range strings.SplitSeq(exposition, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok {
 			continue
 		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
+		var set string
+		switch {
+		case strings.HasPrefix(rest, "{"):
+			end := strings.Index(rest, "} ")
+			if end < 0 {
+				continue
+			}
+			set, rest = rest[:end+1], rest[end+2:]
+		case strings.HasPrefix(rest, " "):
+		default:
+			continue // another metric whose name starts with this one
 		}
-		f := strings.Fields(line)
-		if x, err := strconv.ParseFloat(f[len(f)-1], 64); ok && err == nil {
+		matches := true
+		for _, l := range labels {
+			matches = matches && strings.Contains(set, l)
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 || !matches {
+			continue
+		}
+		if x, err := strconv.ParseFloat(f[0], 64); err == nil {
 			sum += x
 		}
 	}
