@@ -169,7 +169,7 @@ func (t *Telemetry) runBuilder() {
 				return
 			}
 		}
-		if t.buildQueued() == 0 {
+		if t.buildQueued(t.stopBuilder) == 0 {
 			idle++
 		} else {
 			idle = 0
@@ -178,10 +178,15 @@ func (t *Telemetry) runBuilder() {
 }
 
 // buildQueued records the queued measurements and builds the queued jobs until
-// both queues are empty, and returns how many it took.
-func (t *Telemetry) buildQueued() int {
+// both queues are empty, or stop is closed, and returns how many it took.
+func (t *Telemetry) buildQueued(stop <-chan struct{}) int {
 	n := 0
 	for {
+		select {
+		case <-stop:
+			return n
+		default:
+		}
 		select {
 		case m := <-t.points:
 			m.record()
@@ -268,28 +273,30 @@ func (t *Telemetry) drainBuilds(ctx context.Context) error {
 	}
 }
 
-// stopBuilds stops admitting work, waits for the callers already admitted,
-// drains the queues and stops the builder; Report builds no spans afterwards.
-// If ctx ends first, what is still queued is abandoned with nothing lost
-// uncounted: points recorded without exemplar, spans counted as dropped. Safe
-// to call more than once.
+// stopBuilds stops admitting work, waits for the callers already admitted
+// (their sends never block, so the wait is short), drains the queues and stops
+// the builder; Report builds no spans afterwards. If ctx ends before the drain
+// does, the builder stops after the job in hand and what is still queued is
+// abandoned with nothing lost uncounted: points recorded without exemplar,
+// spans counted as dropped. Either way the builder has stopped when it returns,
+// so nothing reaches the span processors after Shutdown stops them. Safe to
+// call more than once.
 func (t *Telemetry) stopBuilds(ctx context.Context) error {
 	if t.builds == nil || !t.closing.CompareAndSwap(false, true) {
 		return nil
 	}
-	for t.queuing.Load() != 0 && ctx.Err() == nil {
+	for t.queuing.Load() != 0 {
 		runtime.Gosched() // an admitted caller is between its check and its send
 	}
 	err := t.drainBuilds(ctx)
 	close(t.stopBuilder)
-	select {
-	case <-t.builderDone:
-		t.builderStopped.Store(true)
-		t.buildQueued() // only this goroutine is left to
-	case <-ctx.Done():
-		err = ctx.Err()
+	<-t.builderDone // prompt: the builder checks stopBuilder between jobs
+	if err == nil {
+		t.buildQueued(nil) // flush markers of concurrent ForceFlush calls
+	} else {
 		t.abandonQueued()
 	}
+	t.builderStopped.Store(true)
 	return err
 }
 

@@ -364,3 +364,35 @@ func TestNoExemplarForATraceThatCannotArrive(t *testing.T) {
 		}
 	})
 }
+
+// A Shutdown whose context has already ended still stops the builder before it
+// returns, and what it could not build is accounted for: every record is a
+// point, every tree's spans arrived or are counted as dropped.
+func TestStopWithExpiredContextLosesNothingUncounted(t *testing.T) {
+	tel := newInMemory(t)
+	const records = 300
+	for i := range records {
+		tel.Report(record(base, fmt.Sprintf("pe-%d", i), 30*time.Millisecond))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = tel.stopBuilds(ctx) // ctx.Err() or nil, depending on how far the drain got
+	select {
+	case <-tel.builderDone:
+	default:
+		t.Fatal("stopBuilds returned with the builder still running")
+	}
+	if n := len(tel.builds); n != 0 {
+		t.Errorf("%d jobs left queued after stopBuilds", n)
+	}
+	var points uint64
+	for _, p := range latencyPoints(t, tel.collect(t)) {
+		points += p.Count
+	}
+	spans := uint64(len(tel.endedSpans(t)))
+	dropped, _ := tel.Dropped()
+	if points != records || spans+dropped != 5*records {
+		t.Fatalf("%d records: %d points, %d spans + %d dropped (want %d)", records, points, spans, dropped, 5*records)
+	}
+	t.Logf("%d trees built, %d abandoned", spans/5, dropped/5)
+}

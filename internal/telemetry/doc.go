@@ -47,7 +47,9 @@
 //     any span exists: triggers slower than the threshold are always traced, a fixed
 //     fraction of the faster ones are. An exemplar only ever names a trace that
 //     was kept and taken by a span queue; with no span exporter at all no tree
-//     is built and no point carries an exemplar.
+//     is built and no point carries an exemplar. (With OTEL_TRACES_SAMPLER set,
+//     spans pass the queues one by one, so a full queue can drop the root of a
+//     tree whose point already names it; the drop is counted.)
 //   - A trigger whose commit precedes it (clock skew between the controller and
 //     this node) yields no span and no point; it is counted under
 //     npagent.policy.programming.rejected{reason="clock_skew"}.

@@ -39,7 +39,8 @@ func (h *exportHealth) observe(err error) {
 // span only while fewer than limit admitted spans have not yet reached the
 // exporter (counted in inFlight, decremented by gatedExporter when a batch is
 // handed over); with the processor's queue sized to the same limit it can never
-// overflow, and every span that does not reach the exporter is counted here.
+// overflow, and every span that does not reach the exporter is counted here
+// (after Shutdown has stopped the processor nothing is handed to it any more).
 // The processor runs in drop mode, so OnEnd never blocks.
 type spanGate struct {
 	next     sdktrace.SpanProcessor

@@ -45,7 +45,8 @@ const (
 var traceContext = propagation.TraceContext{}
 
 // Report turns one record into a span tree and one histogram observation whose
-// exemplar names the root span. It never blocks on export. A record whose commit
+// exemplar names the root span (when the tree can reach an exporter: see the
+// package doc). It never blocks on export. A record whose commit
 // precedes its trigger (clock skew) yields neither and is counted; so is one
 // without a commit attempt or trigger time.
 //
