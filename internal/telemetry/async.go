@@ -53,19 +53,29 @@ type measurement struct {
 // here, so no point is ever lost.
 func (t *Telemetry) deferRecord(h metric.Float64Histogram, attrs *measureOptions, v float64) {
 	m := measurement{hist: h, attrs: attrs, value: v}
-	if t.admit() {
-		select {
-		case t.points <- m:
-			t.admitted()
-			if len(t.points) >= t.kickAt {
-				t.kickBuilder()
-			}
-			return
-		default:
-			t.admitted()
-		}
+	if !enqueue(t, t.points, m) {
+		m.record()
 	}
-	m.record()
+}
+
+// enqueue hands v to the builder through queue without ever blocking, kicking
+// the builder when the queue reaches kickAt. It returns false when v was not
+// queued: the queue is full, there is no builder (a nil queue), or Shutdown has
+// begun.
+func enqueue[T any](t *Telemetry, queue chan T, v T) bool {
+	if !t.admit() {
+		return false
+	}
+	defer t.admitted()
+	select {
+	case queue <- v:
+		if len(queue) >= t.kickAt {
+			t.kickBuilder()
+		}
+		return true
+	default:
+		return false
+	}
 }
 
 func (m measurement) record() { m.hist.Record(context.Background(), m.value, m.attrs.rec...) }

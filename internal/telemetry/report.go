@@ -71,20 +71,11 @@ func (t *Telemetry) Report(r *Record) {
 		return
 	}
 	if t.keep(latency) {
-		if t.admit() {
-			j := newJob(r, commit)
-			select {
-			case t.builds <- j:
-				t.admitted()
-				if len(t.builds) >= t.kickAt {
-					t.kickBuilder()
-				}
-				return
-			default:
-				t.admitted()
-				j.release()
-			}
+		j := newJob(r, commit)
+		if enqueue(t, t.builds, j) {
+			return
 		}
+		j.release()
 		// Queue full, or Shutdown has begun: the tree is dropped and its spans
 		// counted as a full span queue would count them; the point is still
 		// recorded, with no exemplar, so none names a trace that will not arrive.
