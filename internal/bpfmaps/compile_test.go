@@ -16,36 +16,13 @@ func TestCompiledEntriesMatchVerdict(t *testing.T) {
 	g := newPolicyGen(1)
 	m := NewMemory()
 	const pods, rounds, packets = 4, 400, 200
-	checked, allowed := 0, 0
-	for round := range rounds {
-		ifindex := 1 + round%pods
-		p := g.pod()
-		if _, err := m.Commit(ifindex, p); err != nil {
-			t.Fatalf("round %d: commit: %v", round, err)
-		}
-		for range packets {
-			pkt := g.packet()
-			for _, d := range []Direction{Ingress, Egress} {
-				pol := p.Ingress
-				if d == Egress {
-					pol = p.Egress
-				}
-				want := pol.Verdict(pkt.peer, pkt.proto, pkt.port)
-				if got := m.Verdict(ifindex, d, pkt.peer, pkt.proto, pkt.port); got != want {
-					t.Fatalf("round %d pod %d %s %v %v/%d: compiled verdict %v, Verdict %v\npolicy: %+v",
-						round, ifindex, d, pkt.peer, pkt.proto, pkt.port, got, want, pol)
-				}
-				checked++
-				if want {
-					allowed++
-				}
-			}
-		}
+	ifaces := make([]int, pods)
+	for i := range ifaces {
+		ifaces[i] = i + 1
 	}
-	// Both outcomes must be common, or the test proves little.
-	if allowed < checked/10 || allowed > checked*9/10 {
-		t.Fatalf("skewed sample: %d of %d packets allowed", allowed, checked)
-	}
+	checked, allowed := checkAgainstReference(t, g, m, ifaces, rounds, packets, func(ifindex int, d Direction, pkt packet) bool {
+		return m.Verdict(ifindex, d, pkt.peer, pkt.proto, pkt.port)
+	})
 	t.Logf("%d packets checked, %d allowed", checked, allowed)
 	for i := 1; i <= pods; i++ {
 		if _, err := m.Remove(i); err != nil {

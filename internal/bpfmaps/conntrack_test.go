@@ -80,11 +80,7 @@ func TestCommitAtomicUnderTraffic(t *testing.T) {
 		for range 200 {
 			pkt := g.packet()
 			for _, d := range []Direction{Ingress, Egress} {
-				pa, pb := a.Ingress, b.Ingress
-				if d == Egress {
-					pa, pb = a.Egress, b.Egress
-				}
-				p := probe{d: d, pkt: pkt, okA: pa.Verdict(pkt.peer, pkt.proto, pkt.port), okB: pb.Verdict(pkt.peer, pkt.proto, pkt.port)}
+				p := probe{d: d, pkt: pkt, okA: referenceVerdict(a, d, pkt), okB: referenceVerdict(b, d, pkt)}
 				if p.okA != p.okB {
 					differ++
 				}

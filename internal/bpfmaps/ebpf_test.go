@@ -64,35 +64,9 @@ func TestKernelVerdictsMatchVerdict(t *testing.T) {
 	if testing.Short() {
 		rounds = 40
 	}
-	checked, allowed := 0, 0
-	for round := range rounds {
-		ifindex := ifaces[round%len(ifaces)]
-		p := g.pod()
-		if _, err := e.Commit(ifindex, p); err != nil {
-			t.Fatalf("round %d: commit: %v", round, err)
-		}
-		for range packets {
-			pkt := g.packet()
-			for _, d := range []Direction{Ingress, Egress} {
-				pol := p.Ingress
-				if d == Egress {
-					pol = p.Egress
-				}
-				want := pol.Verdict(pkt.peer, pkt.proto, pkt.port)
-				if got := e.kernelVerdict(t, ifindex, d, pkt); got != want {
-					t.Fatalf("round %d %s %v %v/%d: kernel verdict %v, Verdict %v\npolicy: %+v",
-						round, d, pkt.peer, pkt.proto, pkt.port, got, want, pol)
-				}
-				checked++
-				if want {
-					allowed++
-				}
-			}
-		}
-	}
-	if allowed < checked/10 || allowed > checked*9/10 {
-		t.Fatalf("skewed sample: %d of %d packets allowed", allowed, checked)
-	}
+	checked, allowed := checkAgainstReference(t, g, e, ifaces, rounds, packets, func(ifindex int, d Direction, pkt packet) bool {
+		return e.kernelVerdict(t, ifindex, d, pkt)
+	})
 	t.Logf("%d packets checked in the kernel, %d allowed", checked, allowed)
 	for _, i := range ifaces {
 		if _, err := e.Remove(i); err != nil {

@@ -3,6 +3,7 @@ package bpfmaps
 import (
 	"math/rand/v2"
 	"net/netip"
+	"testing"
 )
 
 // policyGen draws random policies and packets from a small address universe, so
@@ -145,4 +146,49 @@ func (g *policyGen) packet() packet {
 		}
 	}
 	return p
+}
+
+// referenceVerdict is what a backend must answer for pkt in direction d of pod
+// policy p: the DirectionPolicy's own Verdict.
+func referenceVerdict(p PodPolicy, d Direction, pkt packet) bool {
+	pol := p.Ingress
+	if d == Egress {
+		pol = p.Egress
+	}
+	return pol.Verdict(pkt.peer, pkt.proto, pkt.port)
+}
+
+// checkAgainstReference is the property test both backends share: rounds random
+// pod policies from g are committed to dp, in turn to each of ifaces, and for
+// packets random packets per round, in both directions, the backend's verdict
+// must equal referenceVerdict. It fails on the first difference, and when one
+// outcome is so rare the sample proves little; it returns what it checked.
+func checkAgainstReference(t *testing.T, g *policyGen, dp Dataplane, ifaces []int, rounds, packets int,
+	backend func(ifindex int, d Direction, pkt packet) bool) (checked, allowed int) {
+	t.Helper()
+	for round := range rounds {
+		ifindex := ifaces[round%len(ifaces)]
+		p := g.pod()
+		if _, err := dp.Commit(ifindex, p); err != nil {
+			t.Fatalf("round %d: commit: %v", round, err)
+		}
+		for range packets {
+			pkt := g.packet()
+			for _, d := range []Direction{Ingress, Egress} {
+				want := referenceVerdict(p, d, pkt)
+				if got := backend(ifindex, d, pkt); got != want {
+					t.Fatalf("round %d pod %d %s %v %v/%d: backend verdict %v, Verdict %v\npolicy: %+v",
+						round, ifindex, d, pkt.peer, pkt.proto, pkt.port, got, want, p)
+				}
+				checked++
+				if want {
+					allowed++
+				}
+			}
+		}
+	}
+	if allowed < checked/10 || allowed > checked*9/10 {
+		t.Fatalf("skewed sample: %d of %d packets allowed", allowed, checked)
+	}
+	return checked, allowed
 }
