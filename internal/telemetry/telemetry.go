@@ -310,19 +310,13 @@ func (t *Telemetry) buildInstruments() error {
 				o.ObserveInt64(seenPending, g.pending())
 			}
 		}
-		return nil
-	}, spansDropped, exportsFailed, seenObjects, seenPending)
-	if err != nil {
-		return fmt.Errorf("telemetry instruments: register callback: %w", err)
-	}
-	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, c := range counters {
 			c.c.observe(o)
 		}
 		return nil
-	}, observed...)
+	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending)...)
 	if err != nil {
-		return fmt.Errorf("telemetry instruments: register counter callback: %w", err)
+		return fmt.Errorf("telemetry instruments: register callback: %w", err)
 	}
 
 	t.kindAttrs = newAttrCache("")
