@@ -94,26 +94,18 @@ func (t *Telemetry) Report(r *Record) {
 // histogram still counts it and no exemplar points at a trace that was discarded.
 func (t *Telemetry) reportThroughTracer(r *Record, commit time.Time, latency time.Duration) {
 	bg := context.Background()
-	var sc *spanScratch // taken from the pool only when a span tree or a traceparent needs it
 	parent := bg
 	if r.TraceParent != "" {
-		sc = scratchPool.Get().(*spanScratch)
-		sc.carrier = traceparentCarrier(r.TraceParent)
-		parent = traceContext.Extract(bg, &sc.carrier)
-		if !trace.SpanContextFromContext(parent).IsValid() {
-			t.traceparentInvalid.add(r.Kind, "")
+		if psc := t.remoteParent(r); psc.IsValid() {
+			parent = trace.ContextWithRemoteSpanContext(bg, psc)
 		}
 	}
 	pointCtx := bg
 	if t.keep(latency) {
-		if sc == nil {
-			sc = scratchPool.Get().(*spanScratch)
-		}
+		sc := scratchPool.Get().(*spanScratch)
 		if rootCtx := t.spanTree(parent, sc, r, commit); trace.SpanContextFromContext(rootCtx).IsSampled() {
 			pointCtx = rootCtx
 		}
-	}
-	if sc != nil {
 		sc.release()
 	}
 	t.latency.Record(pointCtx, latency.Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
@@ -228,8 +220,8 @@ func (t *Telemetry) child(ctx context.Context, sc *spanScratch, name string, sta
 	span.End(sc.end(end)...)
 }
 
-// spanScratch holds what one Report hands to the propagator and the tracer, reused
-// across calls through scratchPool.
+// spanScratch holds what one spanTree hands to the tracer (the tracer path),
+// reused across calls through scratchPool.
 type spanScratch struct {
 	attrs     []attribute.KeyValue
 	attempt   [1]attribute.KeyValue
@@ -241,9 +233,6 @@ type spanScratch struct {
 	// time on the heap.
 	stamps [8]stampOption
 	nStamp int
-	// carrier is the traceparent handed to the propagator by pointer: as a
-	// value in the TextMapCarrier interface the string would be boxed per call.
-	carrier traceparentCarrier
 }
 
 type stampOption struct {
@@ -295,7 +284,6 @@ func (sc *spanScratch) release() {
 	sc.endOpts = [1]trace.SpanEndOption{}
 	sc.stamps = [8]stampOption{}
 	sc.nStamp = 0
-	sc.carrier = ""
 	scratchPool.Put(sc)
 }
 

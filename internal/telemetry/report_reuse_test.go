@@ -12,10 +12,21 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// Report reuses a pooled scratch (attribute and option slices, memoised timestamp
-// options, the traceparent carrier) across calls. A record reported after a fuller
-// one must carry nothing of it: no stale attribute, timestamp, attempt or parent.
+// Report reuses pooled state across calls: the builder's jobs (a copy of each
+// record, inline attempts) and, on the tracer path (OTEL_TRACES_SAMPLER set), a
+// scratch of attribute and option slices and memoised timestamp options. A record
+// reported after a fuller one must carry nothing of it: no stale attribute,
+// timestamp, attempt or parent.
 func TestReportCarriesNothingOverFromThePreviousRecord(t *testing.T) {
+	for _, sampler := range []string{"", "always_on"} {
+		t.Run("OTEL_TRACES_SAMPLER="+sampler, func(t *testing.T) {
+			t.Setenv("OTEL_TRACES_SAMPLER", sampler)
+			testReportCarriesNothingOver(t)
+		})
+	}
+}
+
+func testReportCarriesNothingOver(t *testing.T) {
 	tel := newInMemory(t)
 	first := record(base, "pe-first", 80*time.Millisecond)
 	first.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
