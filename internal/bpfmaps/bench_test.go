@@ -125,22 +125,13 @@ func BenchmarkCommitSmall(b *testing.B) {
 			}
 		}
 	})
-	b.Run("map-in-map-swap", func(b *testing.B) {
-		keys, vals := make([]lpmKey4, 10), make([]ruleValue, 10)
-		for i := range keys {
-			keys[i] = lpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
-			vals[i].Count = 1
-		}
-		benchMapInMapSwap(b, ebpf.ArrayOfMaps, keys, vals)
-	})
-	b.Run("hash-of-maps-swap", func(b *testing.B) {
-		keys, vals := make([]lpmKey4, 10), make([]ruleValue, 10)
-		for i := range keys {
-			keys[i] = lpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
-			vals[i].Count = 1
-		}
-		benchMapInMapSwap(b, ebpf.HashOfMaps, keys, vals)
-	})
+	swapKeys, swapVals := make([]lpmKey4, 10), make([]ruleValue, 10)
+	for i := range swapKeys {
+		swapKeys[i] = lpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
+		swapVals[i].Count = 1
+	}
+	b.Run("map-in-map-swap", func(b *testing.B) { benchMapInMapSwap(b, ebpf.ArrayOfMaps, swapKeys, swapVals) })
+	b.Run("hash-of-maps-swap", func(b *testing.B) { benchMapInMapSwap(b, ebpf.HashOfMaps, swapKeys, swapVals) })
 }
 
 // BenchmarkCommitUnchanged: re-committing the committed policy (a relist) writes
