@@ -113,18 +113,39 @@ func (j *spanJob) release() {
 	jobPool.Put(j)
 }
 
-// spanCount is how many spans the job's tree has: the root, each phase with
-// both bounds in order, and one per attempt (what spanTree emits).
+// spanCount is how many spans the record's tree has: the root, each phase that
+// is drawn, and one per attempt (what both span builders emit).
 func spanCount(r *Record) uint64 {
 	n := uint64(1 + len(r.Attempts))
-	for _, p := range [...][2]time.Time{
-		{r.Trigger, r.Received}, {r.Received, r.WorkerStart}, {r.ComputeStart, r.ComputeEnd},
-	} {
-		if !p[0].IsZero() && !p[1].IsZero() && !p[1].Before(p[0]) {
+	for _, p := range phasesOf(r) {
+		if p.drawn() {
 			n++
 		}
 	}
 	return n
+}
+
+// phase is one of a record's child spans besides its commit attempts.
+type phase struct {
+	name       string
+	start, end time.Time
+}
+
+// phasesOf lists the record's phases: delivery, queue and compute.
+func phasesOf(r *Record) [3]phase {
+	return [3]phase{
+		{SpanDelivery, r.Trigger, r.Received},
+		{SpanQueue, r.Received, r.WorkerStart},
+		{SpanCompute, r.ComputeStart, r.ComputeEnd},
+	}
+}
+
+// drawn reports whether the phase gets a span. One with a missing bound, or one
+// that would end before it starts (controller and node clocks disagree by more
+// than the delivery took), is left out rather than drawn with a made-up
+// duration.
+func (p phase) drawn() bool {
+	return !p.start.IsZero() && !p.end.IsZero() && !p.end.Before(p.start)
 }
 
 // buildInterval is how often the builder wakes to build what is queued.

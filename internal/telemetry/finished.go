@@ -1,8 +1,6 @@
 package telemetry
 
 import (
-	"time"
-
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
@@ -75,15 +73,8 @@ func (f *finishedSpans) emit(nodeAttr attribute.KeyValue, j *spanJob, root trace
 	r := &j.rec
 	tree := f.tree[:0]
 	children := 0
-	for _, p := range [...]struct {
-		name       string
-		start, end time.Time
-	}{
-		{SpanDelivery, r.Trigger, r.Received},
-		{SpanQueue, r.Received, r.WorkerStart},
-		{SpanCompute, r.ComputeStart, r.ComputeEnd},
-	} {
-		if p.start.IsZero() || p.end.IsZero() || p.end.Before(p.start) {
+	for _, p := range phasesOf(r) {
+		if !p.drawn() {
 			continue
 		}
 		tree = append(tree, f.end(tracetest.SpanStub{Name: p.name, StartTime: p.start, EndTime: p.end}, root))

@@ -168,9 +168,12 @@ func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record,
 	root.SetAttributes(attrs...)
 	childCtx := trace.ContextWithSpan(context.Background(), root)
 
-	t.child(childCtx, sc, SpanDelivery, r.Trigger, r.Received)
-	t.child(childCtx, sc, SpanQueue, r.Received, r.WorkerStart)
-	t.child(childCtx, sc, SpanCompute, r.ComputeStart, r.ComputeEnd)
+	for _, p := range phasesOf(r) {
+		if p.drawn() {
+			_, span := t.tracer.Start(childCtx, p.name, sc.start(p.start)...)
+			span.End(sc.end(p.end)...)
+		}
+	}
 	for i, a := range r.Attempts {
 		_, span := t.tracer.Start(childCtx, SpanCommit, sc.start(a.Start)...)
 		sc.attempt[0] = AttemptKey.Int(i + 1)
@@ -207,17 +210,6 @@ func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *Record
 		PodsKey.Int(r.Pods),
 		EntriesKey.Int(r.Entries),
 	)
-}
-
-// child emits one phase span. A phase with a missing bound, or one that would end
-// before it starts (controller and node clocks disagree by more than the
-// delivery took), is left out rather than drawn with a made-up duration.
-func (t *Telemetry) child(ctx context.Context, sc *spanScratch, name string, start, end time.Time) {
-	if start.IsZero() || end.IsZero() || end.Before(start) {
-		return
-	}
-	_, span := t.tracer.Start(ctx, name, sc.start(start)...)
-	span.End(sc.end(end)...)
 }
 
 // spanScratch holds what one spanTree hands to the tracer (the tracer path),
