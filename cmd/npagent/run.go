@@ -21,6 +21,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
 )
@@ -93,10 +94,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
-	tel.ObserveGauges(
-		func() int64 { return int64(seenSet.Stats().Objects) },
-		func() int64 { return int64(seenSet.Stats().Pending) },
-	)
 
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
@@ -115,6 +112,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
 		return fmt.Errorf("reconcile: %w", err)
 	}
+	// Each count has one owner; telemetry reads them at each collection.
+	tel.ObserveCounts(func(c *report.Counts) {
+		ctrl.Counts(c)
+		st := seenSet.Stats()
+		c.Suppressed = st.Suppressed
+		c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
+	})
 
 	var stopping atomic.Bool
 	srv := &http.Server{
@@ -175,7 +179,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	st, cs := seenSet.Stats(), ctrl.Stats()
 	log.Info("npagent stopped", "uptime", time.Since(start).Round(time.Millisecond),
 		"reported", st.Reported, "accepted", st.Accepted, "pending", st.Pending,
-		"redelivered", st.Suppressed[seen.Redelivered], "persists", st.Persists,
+		"redelivered", st.Suppressed[report.Redelivered], "persists", st.Persists,
 		"syncs", cs.Syncs, "commits", cs.Commits, "commits_skipped", cs.CommitsSkipped,
 		"commit_failures", cs.CommitFailures, "entries_written", cs.EntriesWritten,
 		"objects", cs.Objects, "pods", cs.Pods)

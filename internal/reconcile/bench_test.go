@@ -24,6 +24,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -63,7 +64,7 @@ func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint {
 
 // offlineController builds a Controller whose informers never run: benchmarks feed its
 // caches and handlers directly. The REST config points nowhere; New dials nothing.
-func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver InterfaceResolver, sink Sink) *Controller {
+func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver InterfaceResolver, sink report.Sink) *Controller {
 	tb.Helper()
 	set, _ := seen.New(time.Now().Add(-time.Hour))
 	c, err := New(&rest.Config{Host: "https://127.0.0.1:1"}, Config{
@@ -83,8 +84,8 @@ func BenchmarkRedelivery(b *testing.B) {
 	const objects = 10000
 	c := offlineController(b, bpfmaps.NewMemory(), newLookupTableResolver(), nil)
 	pes := make([]*v1alpha1.PolicyEndpoint, objects)
-	store := c.informers[KindPolicyEndpoint].GetIndexer()
-	h := c.handler(KindPolicyEndpoint)
+	store := c.informers[report.KindPolicyEndpoint].GetIndexer()
+	h := c.handler(report.KindPolicyEndpoint)
 	for i := range pes {
 		pes[i] = benchPE(i, 100)
 		if err := store.Add(pes[i]); err != nil {
@@ -103,13 +104,13 @@ func BenchmarkRedelivery(b *testing.B) {
 		}
 	})
 	b.Run("relist", func(b *testing.B) {
-		transform := c.transform(KindPolicyEndpoint)
-		c.relists[KindPolicyEndpoint].begin()
+		transform := c.transform(report.KindPolicyEndpoint)
+		c.relists[report.KindPolicyEndpoint].begin()
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			if i%objects == 0 {
-				c.relists[KindPolicyEndpoint].begin() // a new relist every 10,000 objects
+				c.relists[report.KindPolicyEndpoint].begin() // a new relist every 10,000 objects
 			}
 			if _, err := transform(pes[i%objects]); err != nil {
 				b.Fatal(err)
@@ -217,14 +218,14 @@ func benchSync(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) {
 		resolver = r
 	}
 	c := offlineController(b, dp, resolver, nil)
-	store := c.informers[KindPolicyEndpoint].GetIndexer()
+	store := c.informers[report.KindPolicyEndpoint].GetIndexer()
 	pes := make([]*v1alpha1.PolicyEndpoint, objects)
 	for i := range pes {
 		pes[i] = benchPE(i, pods)
 		if err := store.Add(pes[i]); err != nil {
 			b.Fatal(err)
 		}
-		if c.sync(keyOf(KindPolicyEndpoint, pes[i]), time.Now()) != outcomeDone {
+		if c.sync(keyOf(report.KindPolicyEndpoint, pes[i]), time.Now()) != outcomeDone {
 			b.Fatalf("initial sync of %s failed", pes[i].Name)
 		}
 	}
@@ -239,7 +240,7 @@ func benchSync(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) {
 			b.Fatal(err)
 		}
 		pes[i%objects] = pe
-		if c.sync(keyOf(KindPolicyEndpoint, pe), time.Now()) != outcomeDone {
+		if c.sync(keyOf(report.KindPolicyEndpoint, pe), time.Now()) != outcomeDone {
 			b.Fatalf("sync of %s failed", pe.Name)
 		}
 		i++
@@ -292,7 +293,7 @@ func BenchmarkRelist10k(b *testing.B) {
 	a := startAgent(b, cp, agentOptions{nodeIP: benchNode, dp: mem, resolver: resolver})
 	testenv.Eventually(b, 5*time.Minute, "initial sync of every object", func() bool {
 		s := a.c.Stats()
-		return s.Delivered(KindPolicyEndpoint, CauseAdd) == objects && a.c.queue.Len() == 0 && s.Syncs >= objects
+		return s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) == objects && a.c.queue.Len() == 0 && s.Syncs >= objects
 	})
 	b.Logf("initial list and sync of %d objects: %v, %d dataplane writes", objects, time.Since(start).Round(time.Millisecond), a.c.Stats().DataplaneWrites())
 
@@ -303,7 +304,7 @@ func BenchmarkRelist10k(b *testing.B) {
 		// The reflector retries its watch with backoff while the apiserver is down, so
 		// the relist starts a while after the restart: time it from its first delivery.
 		relisted := func() uint64 {
-			return a.c.Stats().Delivered(KindPolicyEndpoint, CauseRelist) - before.Delivered(KindPolicyEndpoint, CauseRelist)
+			return a.c.Stats().Delivered(report.KindPolicyEndpoint, report.CauseRelist) - before.Delivered(report.KindPolicyEndpoint, report.CauseRelist)
 		}
 		testenv.Eventually(b, 5*time.Minute, "relist begins", func() bool { return relisted() > 0 })
 		first, cpu0 := time.Now(), cpuTime()

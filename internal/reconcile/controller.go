@@ -21,26 +21,9 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
-	"github.com/npagent/npagent/internal/telemetry/record"
 )
-
-// Sink receives what the loop reports. *telemetry.Telemetry satisfies it. Calls come
-// from event handlers and workers concurrently and must not block.
-type Sink interface {
-	// Report hands over one reported trigger, after a successful commit.
-	Report(r *record.Record)
-	// Suppressed counts an observation the seen-set did not accept, by reason name.
-	Suppressed(kind, reason string)
-	// Delivered counts a delivery by cause: "add", "update", "resync", "relist",
-	// "requeue", "delete".
-	Delivered(kind, cause string)
-	// CommitDone records one commit attempt of an object's pods (every dataplane call
-	// it made), its duration and error.
-	CommitDone(kind string, d time.Duration, err error)
-	// InvalidObject counts an object rejected for bad input; field has no indexes.
-	InvalidObject(kind, field string)
-}
 
 // Config configures New. Zero fields take the defaults stated.
 type Config struct {
@@ -52,8 +35,8 @@ type Config struct {
 	Dataplane bpfmaps.Dataplane
 	// Seen is the consume-once seen-set. Required.
 	Seen *seen.Set
-	// Sink receives reports and counts. Default: discarded.
-	Sink Sink
+	// Sink receives reports and commit attempts. Default: discarded.
+	Sink report.Sink
 	// Resolver maps pod IPs to interfaces. Default NewRouteResolver().
 	Resolver InterfaceResolver
 	// TriggerAnnotation is the trigger time annotation. Default
@@ -78,14 +61,14 @@ type Config struct {
 type Controller struct {
 	cfg           Config
 	log           *slog.Logger
-	sink          Sink
-	informers     [numKinds]cache.SharedIndexInformer
-	registrations [numKinds]cache.ResourceEventHandlerRegistration
+	sink          report.Sink
+	informers     [report.NumKinds]cache.SharedIndexInformer
+	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
 	queue         workqueue.TypedRateLimitingInterface[objectKey]
 	started       atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see transform).
-	relists [numKinds]relistTracker
+	relists [report.NumKinds]relistTracker
 
 	// mu guards objects and podIndex: the last valid version of every object this node
 	// cares about, and which of them select each local pod.
@@ -117,10 +100,10 @@ type objectState struct {
 	dirty []netip.Addr
 	// failed holds the failed commit attempts since the last success, oldest first,
 	// bounded by maxAttemptHistory: a trigger reported after retries carries them.
-	failed []record.Attempt
+	failed []report.Attempt
 	// lastCommit is the last successful attempt: the commit a trigger's ProgrammedAt
 	// refers to when the lister ran ahead of the event handlers.
-	lastCommit record.Attempt
+	lastCommit report.Attempt
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
 }
@@ -141,7 +124,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	cfg.NodeIP = cfg.NodeIP.Unmap()
 	if cfg.Sink == nil {
-		cfg.Sink = discardSink{}
+		cfg.Sink = report.Discard{}
 	}
 	if cfg.Resolver == nil {
 		cfg.Resolver = NewRouteResolver()
@@ -177,14 +160,14 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	kinds := [numKinds]struct {
+	kinds := [report.NumKinds]struct {
 		resource string
 		example  runtime.Object
 	}{
-		KindPolicyEndpoint:        {v1alpha1.ResourcePolicyEndpoints, &v1alpha1.PolicyEndpoint{}},
-		KindClusterPolicyEndpoint: {v1alpha1.ResourceClusterPolicyEndpoints, &v1alpha1.ClusterPolicyEndpoint{}},
+		report.KindPolicyEndpoint:        {v1alpha1.ResourcePolicyEndpoints, &v1alpha1.PolicyEndpoint{}},
+		report.KindClusterPolicyEndpoint: {v1alpha1.ResourceClusterPolicyEndpoints, &v1alpha1.ClusterPolicyEndpoint{}},
 	}
-	for kind := range numKinds {
+	for kind := range report.Kind(report.NumKinds) {
 		lw := newListWatch(rc, kinds[kind].resource, func() { c.relists[kind].begin() })
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
@@ -219,14 +202,14 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
 	}
 	pruned := c.pruneSeen()
-	c.log.Info("informer caches synced", "objects", len(c.informers[KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[KindClusterPolicyEndpoint].GetStore().ListKeys()),
+	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)
 	c.initialMu.Lock()
 	c.initialKeys = map[objectKey]struct{}{}
 	for kind, inf := range c.informers {
 		for _, k := range inf.GetStore().ListKeys() {
 			ns, name, _ := cache.SplitMetaNamespaceKey(k)
-			c.initialKeys[objectKey{kind: Kind(kind), namespace: ns, name: name}] = struct{}{}
+			c.initialKeys[objectKey{kind: report.Kind(kind), namespace: ns, name: name}] = struct{}{}
 		}
 	}
 	c.initialMu.Unlock()
@@ -282,8 +265,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	case outcomeDone, outcomeGiveUp:
 		c.queue.Forget(key)
 	case outcomeRetry:
-		c.stats.deliveries[key.kind][CauseRequeue].Add(1)
-		c.sink.Delivered(key.kind.String(), CauseRequeue.String())
+		c.stats.deliveries[key.kind][report.CauseRequeue].Add(1)
 		c.queue.AddRateLimited(key)
 	}
 	c.initialSynced(key)
@@ -408,8 +390,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 			if errors.As(err, &fe) {
 				field = fe.Field
 			}
-			c.stats.invalidObjects.Add(1)
-			c.sink.InvalidObject(key.kind.String(), field)
+			c.stats.invalid(key.kind, field)
 			log.Error("policy object rejected, not programmed", "err", err)
 		}
 		return c.commitDirty(key, st)
@@ -451,7 +432,7 @@ func (c *Controller) commitDirty(key objectKey, st *objectState) outcome {
 	st.dirty = res.notDone
 	c.mu.Unlock()
 	if res.calls > 0 {
-		c.sink.CommitDone(key.kind.String(), res.attempt.End.Sub(res.attempt.Start), res.err)
+		c.sink.Committed(key.kind, res.attemptWith(res.err))
 	}
 	if len(res.notDone) > 0 && !errors.Is(res.err, bpfmaps.ErrInvalidPolicy) {
 		return outcomeRetry
@@ -482,7 +463,7 @@ func (c *Controller) syncDeleted(key objectKey) outcome {
 		st.dirty = res.notDone
 		c.mu.Unlock()
 		if res.err != nil {
-			c.sink.CommitDone(key.kind.String(), res.attempt.End.Sub(res.attempt.Start), res.err)
+			c.sink.Committed(key.kind, res.attemptWith(res.err))
 			c.log.Error("commit after delete failed", "kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", st.uid, "err", res.err)
 			if errors.Is(res.err, bpfmaps.ErrInvalidPolicy) {
 				return outcomeGiveUp
@@ -491,7 +472,7 @@ func (c *Controller) syncDeleted(key objectKey) outcome {
 		return outcomeRetry
 	}
 	if res.calls > 0 {
-		c.sink.CommitDone(key.kind.String(), res.attempt.End.Sub(res.attempt.Start), nil)
+		c.sink.Committed(key.kind, res.attemptWith(nil))
 	}
 	c.mu.Lock()
 	if c.objects[key] == st {
@@ -505,30 +486,29 @@ func (c *Controller) syncDeleted(key objectKey) outcome {
 
 // finish turns a commit's outcome into seen-set calls, telemetry and a queue outcome.
 func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log *slog.Logger, res commitResult, workerStart, computeStart time.Time) outcome {
-	kind := key.kind.String()
+	kind := key.kind
 	uid := string(v.uid)
 	if res.err != nil {
 		c.mu.Lock()
 		st.dirty = res.notDone
-		st.failed = append(st.failed, record.Attempt{Start: res.attempt.Start, End: res.attempt.End, Err: res.err.Error()})
+		st.failed = append(st.failed, *res.attemptWith(res.err))
 		if len(st.failed) > maxAttemptHistory {
 			st.failed = st.failed[len(st.failed)-maxAttemptHistory:]
 		}
 		c.mu.Unlock()
 		c.cfg.Seen.Failed(uid)
-		c.sink.CommitDone(kind, res.attempt.End.Sub(res.attempt.Start), res.err)
+		c.sink.Committed(kind, res.attemptWith(res.err))
 		log.Error("commit failed", "pods", len(res.notDone), "err", res.err)
 		if errors.Is(res.err, bpfmaps.ErrInvalidPolicy) {
 			// The merged policy is one the dataplane can never take (too many port
 			// rules for a prefix, say); retrying the same input cannot help.
-			c.stats.invalidObjects.Add(1)
-			c.sink.InvalidObject(kind, "spec")
+			c.stats.invalid(kind, "spec")
 			return outcomeGiveUp
 		}
 		return outcomeRetry
 	}
 	if res.calls > 0 {
-		c.sink.CommitDone(kind, res.attempt.End.Sub(res.attempt.Start), nil)
+		c.sink.Committed(kind, res.attemptWith(nil))
 	}
 	if len(res.notDone) > 0 {
 		// A local pod's interface is not there yet (or could not be resolved). That is
@@ -574,7 +554,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
 	for _, r := range reports {
-		rec := &record.Record{
+		rec := &report.Record{
 			Kind:            kind,
 			Namespace:       key.namespace,
 			Name:            key.name,
@@ -596,9 +576,9 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 			// event): that commit ends the latency, and this sync's timings are not it.
 			a := prevCommit
 			if !a.End.Equal(r.ProgrammedAt) {
-				a = record.Attempt{Start: r.ProgrammedAt, End: r.ProgrammedAt}
+				a = report.Attempt{Start: r.ProgrammedAt, End: r.ProgrammedAt}
 			}
-			rec.Attempts = []record.Attempt{a}
+			rec.Attempts = []report.Attempt{a}
 			rec.WorkerStart, rec.ComputeStart, rec.ComputeEnd = time.Time{}, time.Time{}, time.Time{}
 		}
 		c.sink.Report(rec)
@@ -613,7 +593,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 }
 
 // lastAttempts returns the last n attempts (at least the successful one).
-func lastAttempts(attempts []record.Attempt, n int) []record.Attempt {
+func lastAttempts(attempts []report.Attempt, n int) []report.Attempt {
 	if len(attempts) == 0 {
 		return nil
 	}
@@ -681,13 +661,22 @@ func (c *Controller) index(st *objectState, compiled *compiledObject) {
 // commitResult is what one commit phase did.
 type commitResult struct {
 	computeEnd time.Time
-	attempt    record.Attempt // spans every dataplane call; Err unset
+	attempt    report.Attempt // spans every dataplane call; Err unset (see attemptWith)
 	calls      int            // dataplane Commit/Remove calls made
 	pods       int            // pods committed or removed
 	entries    int            // map entries written
 	notDone    []netip.Addr   // pods still to commit (interface missing, or failed)
 	resolveErr error          // first resolver error
 	err        error          // first dataplane error
+}
+
+// attemptWith returns the attempt with err's message, "" for nil.
+func (r *commitResult) attemptWith(err error) *report.Attempt {
+	a := r.attempt
+	if err != nil {
+		a.Err = err.Error()
+	}
+	return &a
 }
 
 // commitPods merges and commits the policy of each pod: every object that selects it
@@ -796,11 +785,3 @@ func union(lists ...[]netip.Addr) []netip.Addr {
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
 }
-
-type discardSink struct{}
-
-func (discardSink) Report(*record.Record)                   {}
-func (discardSink) Suppressed(string, string)               {}
-func (discardSink) Delivered(string, string)                {}
-func (discardSink) CommitDone(string, time.Duration, error) {}
-func (discardSink) InvalidObject(string, string)            {}

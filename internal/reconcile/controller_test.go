@@ -7,6 +7,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 )
 
 // These tests drive one Controller's handlers and sync directly, with its informer
@@ -32,14 +33,14 @@ func TestListerAheadOfHandler(t *testing.T) {
 	sink := newRecordingSink()
 	mem := bpfmaps.NewMemory()
 	c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7), sink)
-	store, h := c.informers[KindPolicyEndpoint].GetIndexer(), c.handler(KindPolicyEndpoint)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
 
 	v1, t1 := newVersion(benchPE(0, 1), nil)
 	if err := store.Add(v1); err != nil {
 		t.Fatal(err)
 	}
 	h.OnAdd(v1, false)
-	key := keyOf(KindPolicyEndpoint, v1)
+	key := keyOf(report.KindPolicyEndpoint, v1)
 	if c.sync(key, time.Now()) != outcomeDone || len(sink.recordsFor(string(v1.UID))) != 1 {
 		t.Fatalf("v1 not reported once")
 	}
@@ -81,13 +82,13 @@ func TestInvalidVersionFailsStatic(t *testing.T) {
 	sink := newRecordingSink()
 	mem := bpfmaps.NewMemory()
 	c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7), sink)
-	store, h := c.informers[KindPolicyEndpoint].GetIndexer(), c.handler(KindPolicyEndpoint)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
 	peer := addr("10.70.0.1") // benchPE(0)'s first ingress rule: 10.70.0.0/24 port 8000
 
 	v1, _ := newVersion(benchPE(0, 1), nil)
 	_ = store.Add(v1)
 	h.OnAdd(v1, false)
-	key := keyOf(KindPolicyEndpoint, v1)
+	key := keyOf(report.KindPolicyEndpoint, v1)
 	c.sync(key, time.Now())
 	if !mem.Verdict(7, bpfmaps.Ingress, peer, tcp, 8000) {
 		t.Fatal("v1 not in force")
@@ -102,15 +103,15 @@ func TestInvalidVersionFailsStatic(t *testing.T) {
 	if !mem.Verdict(7, bpfmaps.Ingress, peer, tcp, 8000) {
 		t.Error("the last valid version must stay in force")
 	}
-	if sink.count(sink.invalid, "PolicyEndpoint/spec.ingress.cidr") != 1 || len(sink.recordsFor(string(v1.UID))) != 1 {
-		t.Errorf("invalid counted %v, records %d", sink.invalid, len(sink.recordsFor(string(v1.UID))))
+	if n := invalidCount(c, report.KindPolicyEndpoint, "spec.ingress.cidr"); n != 1 || len(sink.recordsFor(string(v1.UID))) != 1 {
+		t.Errorf("invalid counted %d, records %d", n, len(sink.recordsFor(string(v1.UID))))
 	}
 	if newest, ok := c.cfg.Seen.Pending(string(v1.UID)); !ok || !newest.Equal(t2) {
 		t.Errorf("the invalid version's trigger must stay pending")
 	}
 	// A resync of the invalid version neither logs nor counts it again.
 	c.sync(key, time.Now())
-	if sink.count(sink.invalid, "PolicyEndpoint/spec.ingress.cidr") != 1 {
+	if invalidCount(c, report.KindPolicyEndpoint, "spec.ingress.cidr") != 1 {
 		t.Errorf("the same invalid version was counted twice")
 	}
 
@@ -138,12 +139,12 @@ func TestRecreatedUnderSameName(t *testing.T) {
 	sink := newRecordingSink()
 	mem := bpfmaps.NewMemory()
 	c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7, "10.60.0.2", 8), sink)
-	store, h := c.informers[KindPolicyEndpoint].GetIndexer(), c.handler(KindPolicyEndpoint)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
 
 	old, _ := newVersion(benchPE(0, 1), nil) // local pod 10.60.0.1
 	_ = store.Add(old)
 	h.OnAdd(old, false)
-	key := keyOf(KindPolicyEndpoint, old)
+	key := keyOf(report.KindPolicyEndpoint, old)
 	c.sync(key, time.Now())
 
 	// The delete and the create land in the cache before the worker runs.

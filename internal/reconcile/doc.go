@@ -2,7 +2,7 @@
 // PolicyEndpoint (all namespaces) and ClusterPolicyEndpoint, a rate-limited workqueue of
 // object keys, and workers that turn the objects selecting each local pod into one
 // bpfmaps.PodPolicy and commit it. It drives the seen-set (internal/seen) with what
-// happened, and hands each reported trigger time to a Sink as a record.Record.
+// happened, and hands each reported trigger time to a report.Sink as a report.Record.
 //
 // What it promises:
 //

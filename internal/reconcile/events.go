@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 )
 
@@ -42,14 +43,14 @@ import (
 // its mark stays until the next relist, and a resync of that object meanwhile is taken
 // for the relist's and not counted.
 
-func (c *Controller) handler(kind Kind) cache.ResourceEventHandler {
+func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, _ bool) {
 			m, err := meta.Accessor(obj)
 			if err != nil {
 				return
 			}
-			c.observe(kind, m, CauseAdd)
+			c.observe(kind, m, report.CauseAdd)
 			// Always synced: at agent start the dataplane may hold an older version
 			// (pinned state from the previous process) or pods may have changed.
 			c.queue.Add(keyOf(kind, m))
@@ -64,14 +65,14 @@ func (c *Controller) handler(kind Kind) cache.ResourceEventHandler {
 				return
 			}
 			if old.GetResourceVersion() != m.GetResourceVersion() {
-				c.observe(kind, m, CauseUpdate)
+				c.observe(kind, m, report.CauseUpdate)
 				c.queue.Add(keyOf(kind, m))
 				return
 			}
 			if c.relists[kind].consume(m.GetUID(), m.GetResourceVersion()) {
 				return // a relist re-delivery, counted by transform
 			}
-			if c.observe(kind, m, CauseResync) {
+			if c.observe(kind, m, report.CauseResync) {
 				c.queue.Add(keyOf(kind, m))
 			}
 		},
@@ -85,8 +86,7 @@ func (c *Controller) handler(kind Kind) cache.ResourceEventHandler {
 				key = objectKey{kind: kind, namespace: ns, name: name}
 				obj = tomb.Obj
 			}
-			c.stats.deliveries[kind][CauseDelete].Add(1)
-			c.sink.Delivered(kind.String(), CauseDelete.String())
+			c.stats.deliveries[kind][report.CauseDelete].Add(1)
 			if m, err := meta.Accessor(obj); err == nil && obj != nil {
 				key = keyOf(kind, m)
 				c.cfg.Seen.Forget(string(m.GetUID()))
@@ -100,9 +100,8 @@ func (c *Controller) handler(kind Kind) cache.ResourceEventHandler {
 
 // observe counts a delivery and tells the seen-set about its trigger. It reports
 // whether the seen-set accepted a new trigger (false without annotation).
-func (c *Controller) observe(kind Kind, m metav1.Object, cause Cause) bool {
+func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cause) bool {
 	c.stats.deliveries[kind][cause].Add(1)
-	c.sink.Delivered(kind.String(), cause.String())
 	value, ok := m.GetAnnotations()[c.cfg.TriggerAnnotation]
 	if !ok {
 		return false // nothing to measure
@@ -110,30 +109,23 @@ func (c *Controller) observe(kind Kind, m metav1.Object, cause Cause) bool {
 	trigger, err := seen.ParseTrigger(value)
 	if err != nil {
 		c.cfg.Seen.ObserveInvalid(string(m.GetUID()))
-		c.sink.Suppressed(kind.String(), seen.InvalidAnnotation.String())
-		if cause == CauseAdd || cause == CauseUpdate {
+		if cause == report.CauseAdd || cause == report.CauseUpdate {
 			// Logged and counted once per write, not per re-delivery. The object is
 			// still programmed: a bad timestamp must not cost enforcement.
-			c.stats.invalidObjects.Add(1)
-			c.sink.InvalidObject(kind.String(), "metadata.annotations["+c.cfg.TriggerAnnotation+"]")
+			c.stats.invalid(kind, "metadata.annotations["+c.cfg.TriggerAnnotation+"]")
 			c.log.Warn("invalid trigger annotation: latency not measured", "kind", kind.String(),
 				"namespace", m.GetNamespace(), "name", m.GetName(), "uid", m.GetUID(),
 				"field", "metadata.annotations["+c.cfg.TriggerAnnotation+"]", "err", err)
 		}
 		return false
 	}
-	r := c.cfg.Seen.Observe(string(m.GetUID()), trigger, time.Now())
-	if r != seen.Accepted {
-		c.sink.Suppressed(kind.String(), r.String())
-		return false
-	}
-	return true
+	return c.cfg.Seen.Observe(string(m.GetUID()), trigger, time.Now()) == report.Accepted
 }
 
 // transform runs on every object a list, WatchList stream or watch event brings, before
 // the informer caches it (never on resync). It drops managedFields, which the agent
 // never reads, and detects relist re-deliveries (see the comment at the top).
-func (c *Controller) transform(kind Kind) cache.TransformFunc {
+func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		m, err := meta.Accessor(obj)
 		if err != nil {
@@ -154,7 +146,7 @@ func (c *Controller) transform(kind Kind) cache.TransformFunc {
 		if !c.relists[kind].mark(m.GetUID(), m.GetResourceVersion()) {
 			return obj, nil // second transform of the same relist (WatchList mode)
 		}
-		if c.observe(kind, m, CauseRelist) {
+		if c.observe(kind, m, report.CauseRelist) {
 			c.queue.Add(keyOf(kind, m))
 		}
 		return obj, nil
@@ -217,6 +209,6 @@ func (t *relistTracker) consume(uid types.UID, rv string) bool {
 	return true
 }
 
-func keyOf(kind Kind, m metav1.Object) objectKey {
+func keyOf(kind report.Kind, m metav1.Object) objectKey {
 	return objectKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
 }

@@ -20,64 +20,48 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
-	"github.com/npagent/npagent/internal/telemetry"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
 // recordingSink keeps everything the loop reports, for assertions.
 type recordingSink struct {
 	mu         sync.Mutex
-	records    []*telemetry.Record
-	suppressed map[string]int // kind/reason
-	delivered  map[string]int // kind/cause
+	records    []*report.Record
 	commits    int
 	commitErrs int
-	invalid    map[string]int // kind/field
 }
 
-func newRecordingSink() *recordingSink {
-	return &recordingSink{suppressed: map[string]int{}, delivered: map[string]int{}, invalid: map[string]int{}}
-}
+func newRecordingSink() *recordingSink { return &recordingSink{} }
 
-func (s *recordingSink) Report(r *telemetry.Record) {
+func (s *recordingSink) Report(r *report.Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.records = append(s.records, r)
 }
 
-func (s *recordingSink) Suppressed(kind, reason string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.suppressed[kind+"/"+reason]++
-}
-
-func (s *recordingSink) Delivered(kind, cause string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.delivered[kind+"/"+cause]++
-}
-
-func (s *recordingSink) CommitDone(kind string, d time.Duration, err error) {
+func (s *recordingSink) Committed(_ report.Kind, a *report.Attempt) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.commits++
-	if err != nil {
+	if a.Err != "" {
 		s.commitErrs++
 	}
 }
 
-func (s *recordingSink) InvalidObject(kind, field string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.invalid[kind+"/"+field]++
+// invalidCount is the loop's count of rejected versions of kind k in field.
+func invalidCount(c *Controller, k report.Kind, field string) uint64 {
+	var counts report.Counts
+	c.Counts(&counts)
+	return counts.InvalidObjects[report.InvalidObject{Kind: k, Field: field}]
 }
 
 // recordsFor returns the records of one uid, oldest first.
-func (s *recordingSink) recordsFor(uid string) []*telemetry.Record {
+func (s *recordingSink) recordsFor(uid string) []*report.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*telemetry.Record
+	var out []*report.Record
 	for _, r := range s.records {
 		if r.UID == uid {
 			out = append(out, r)
@@ -90,12 +74,6 @@ func (s *recordingSink) recordCount() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.records)
-}
-
-func (s *recordingSink) count(m map[string]int, key string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return m[key]
 }
 
 // lookupTableResolver is the tests' InterfaceResolver: a pure lookup table from pod IP
@@ -291,7 +269,7 @@ func remove(t testing.TB, cp *testenv.ControlPlane, obj client.Object) {
 }
 
 // triggersOf returns the reported trigger times of the records, sorted.
-func triggersOf(recs []*telemetry.Record) []time.Time {
+func triggersOf(recs []*report.Record) []time.Time {
 	out := make([]time.Time, len(recs))
 	for i, r := range recs {
 		out[i] = r.Trigger

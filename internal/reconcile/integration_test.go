@@ -10,7 +10,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
-	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
@@ -60,7 +60,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 1 })
 
 	rec := a.sink.recordsFor(string(web.UID))[0]
-	if !rec.Trigger.Equal(t1) || rec.Kind != "PolicyEndpoint" || rec.Namespace != "life" || rec.Name != "web" ||
+	if !rec.Trigger.Equal(t1) || rec.Kind != report.KindPolicyEndpoint || rec.Namespace != "life" || rec.Name != "web" ||
 		rec.PolicyRef != "web" || rec.Pods != 2 || rec.Entries == 0 || len(rec.Attempts) != 1 || rec.Attempts[0].Err != "" ||
 		rec.ResourceVersion == "" {
 		t.Errorf("record = %+v", rec)
@@ -115,7 +115,7 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	}
 	create(t, cp, deny)
 	testenv.Eventually(t, 20*time.Second, "record for the CPE", func() bool { return len(a.sink.recordsFor(string(deny.UID))) == 1 })
-	if r := a.sink.recordsFor(string(deny.UID))[0]; r.Kind != "ClusterPolicyEndpoint" || r.Namespace != "" || r.Pods != 2 {
+	if r := a.sink.recordsFor(string(deny.UID))[0]; r.Kind != report.KindClusterPolicyEndpoint || r.Namespace != "" || r.Pods != 2 {
 		t.Errorf("CPE record = %+v (pods: both local pods)", r)
 	}
 	if mem.Verdict(11, bpfmaps.Ingress, addr("10.2.66.1"), tcp, 8080) || !mem.Verdict(11, bpfmaps.Ingress, addr("10.2.3.4"), tcp, 8080) {
@@ -150,8 +150,8 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 		t.Errorf("seen-set still holds %d pending triggers after every delete", st.Pending)
 	}
 	s := a.c.Stats()
-	if s.Delivered(KindPolicyEndpoint, CauseAdd) < 2 || s.Delivered(KindPolicyEndpoint, CauseUpdate) < 1 || s.Delivered(KindPolicyEndpoint, CauseDelete) != 2 ||
-		s.Delivered(KindClusterPolicyEndpoint, CauseDelete) != 1 {
+	if s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) < 2 || s.Delivered(report.KindPolicyEndpoint, report.CauseUpdate) < 1 || s.Delivered(report.KindPolicyEndpoint, report.CauseDelete) != 2 ||
+		s.Delivered(report.KindClusterPolicyEndpoint, report.CauseDelete) != 1 {
 		t.Errorf("deliveries = %+v", s.Deliveries)
 	}
 }
@@ -167,7 +167,7 @@ func testNoLocalPods(t *testing.T, cp *testenv.ControlPlane) {
 	pe := ingressPE("remote", "elsewhere", []v1alpha1.PodEndpoint{pod("192.0.2.98", "10.1.8.1")}, "10.0.0.0/8", 80)
 	create(t, cp, pe)
 	testenv.Eventually(t, 20*time.Second, "no-local-work counted", func() bool {
-		return a.seen.Stats().Suppressed[seen.NoLocalPods] >= 1
+		return a.seen.Stats().Suppressed[report.NoLocalPods] >= 1
 	})
 	s := a.c.Stats()
 	if s.NoLocalWork == before.NoLocalWork || s.Commits != before.Commits || len(mem.Pods()) != 0 {
@@ -236,7 +236,7 @@ func testFailedCommits(t *testing.T, cp *testenv.ControlPlane) {
 		t.Errorf("latency %v does not cover the retries", rec.Latency())
 	}
 	s := a.c.Stats()
-	if s.CommitFailures != 2 || s.Delivered(KindPolicyEndpoint, CauseRequeue) < 2 {
+	if s.CommitFailures != 2 || s.Delivered(report.KindPolicyEndpoint, report.CauseRequeue) < 2 {
 		t.Errorf("stats = %+v: want 2 failures, ≥2 requeues", s)
 	}
 	if a.sink.commitErrs != 2 {
@@ -266,12 +266,12 @@ func testBadInput(t *testing.T, cp *testenv.ControlPlane) {
 	create(t, cp, good)
 	testenv.Eventually(t, 20*time.Second, "good object reported", func() bool { return len(a.sink.recordsFor(string(good.UID))) == 1 })
 	testenv.Eventually(t, 20*time.Second, "three invalid objects counted", func() bool { return a.c.Stats().InvalidObjects == 3 })
-	for field, want := range map[string]int{
-		"PolicyEndpoint/spec.ingress.cidr":                1,
-		"PolicyEndpoint/spec.ingress.ports.port":          1,
-		"PolicyEndpoint/spec.podSelectorEndpoints.hostIP": 1,
+	for field, want := range map[string]uint64{
+		"spec.ingress.cidr":                1,
+		"spec.ingress.ports.port":          1,
+		"spec.podSelectorEndpoints.hostIP": 1,
 	} {
-		if got := a.sink.count(a.sink.invalid, field); got != want {
+		if got := invalidCount(a.c, report.KindPolicyEndpoint, field); got != want {
 			t.Errorf("InvalidObject %s = %d, want %d", field, got, want)
 		}
 	}
@@ -313,7 +313,7 @@ func testTwoNodes(t *testing.T, cp *testenv.ControlPlane) {
 		return len(a.sink.recordsFor(string(both.UID))) == 1 && len(a.sink.recordsFor(string(onlyA.UID))) == 1
 	})
 	testenv.Eventually(t, 20*time.Second, "B reports its object", func() bool { return len(b.sink.recordsFor(string(both.UID))) == 1 })
-	testenv.Eventually(t, 20*time.Second, "B consumed only-a without work", func() bool { return b.seen.Stats().Suppressed[seen.NoLocalPods] >= 1 })
+	testenv.Eventually(t, 20*time.Second, "B consumed only-a without work", func() bool { return b.seen.Stats().Suppressed[report.NoLocalPods] >= 1 })
 	if n := len(b.sink.recordsFor(string(onlyA.UID))); n != 0 {
 		t.Errorf("B reported %d records for an object without pods on B", n)
 	}
@@ -341,7 +341,7 @@ func testResync(t *testing.T, cp *testenv.ControlPlane) {
 	records, before := a.sink.recordCount(), a.c.Stats()
 	time.Sleep(3500 * time.Millisecond)
 	s := a.c.Stats()
-	if resyncs := s.Delivered(KindPolicyEndpoint, CauseResync) - before.Delivered(KindPolicyEndpoint, CauseResync); resyncs < 2 {
+	if resyncs := s.Delivered(report.KindPolicyEndpoint, report.CauseResync) - before.Delivered(report.KindPolicyEndpoint, report.CauseResync); resyncs < 2 {
 		t.Errorf("%d resync deliveries of PolicyEndpoints in 3.5s with a 1s period, want ≥2", resyncs)
 	}
 	if n := a.sink.recordCount(); n != records {
@@ -350,10 +350,10 @@ func testResync(t *testing.T, cp *testenv.ControlPlane) {
 	if s.DataplaneWrites() != before.DataplaneWrites() || s.Syncs != before.Syncs {
 		t.Errorf("resyncs caused work: writes %d→%d, syncs %d→%d", before.DataplaneWrites(), s.DataplaneWrites(), before.Syncs, s.Syncs)
 	}
-	if a.seen.Stats().Suppressed[seen.Redelivered] == 0 || a.sink.count(a.sink.suppressed, "PolicyEndpoint/redelivered") == 0 {
+	if a.seen.Stats().Suppressed[report.Redelivered] == 0 {
 		t.Errorf("resyncs not counted as redelivered")
 	}
-	if a.sink.count(a.sink.delivered, "PolicyEndpoint/relist") != 0 {
+	if s.Delivered(report.KindPolicyEndpoint, report.CauseRelist) != before.Delivered(report.KindPolicyEndpoint, report.CauseRelist) {
 		t.Errorf("resyncs counted as relists")
 	}
 }
@@ -375,12 +375,12 @@ func TestRelist(t *testing.T) {
 	remote := ingressPE("relist", "remote", []v1alpha1.PodEndpoint{pod("192.0.2.250", "10.9.9.9")}, "10.2.0.0/16", 80)
 	create(t, cp, remote)
 	testenv.Eventually(t, 20*time.Second, "three records", func() bool { return a.sink.recordCount() == 3 })
-	testenv.Eventually(t, 20*time.Second, "remote consumed", func() bool { return a.seen.Stats().Suppressed[seen.NoLocalPods] == 1 })
+	testenv.Eventually(t, 20*time.Second, "remote consumed", func() bool { return a.seen.Stats().Suppressed[report.NoLocalPods] == 1 })
 	before := a.c.Stats()
 
 	cp.RestartAPIServer(t)
 	testenv.Eventually(t, 60*time.Second, "relist of the 4 PolicyEndpoints counted", func() bool {
-		return a.c.Stats().Delivered(KindPolicyEndpoint, CauseRelist)-before.Delivered(KindPolicyEndpoint, CauseRelist) >= 4
+		return a.c.Stats().Delivered(report.KindPolicyEndpoint, report.CauseRelist)-before.Delivered(report.KindPolicyEndpoint, report.CauseRelist) >= 4
 	})
 	// Let anything the relist might have queued run.
 	time.Sleep(time.Second)
@@ -391,11 +391,11 @@ func TestRelist(t *testing.T) {
 	if s.DataplaneWrites() != before.DataplaneWrites() {
 		t.Errorf("relist wrote to the dataplane: %d → %d", before.DataplaneWrites(), s.DataplaneWrites())
 	}
-	if got := s.Delivered(KindPolicyEndpoint, CauseRelist) - before.Delivered(KindPolicyEndpoint, CauseRelist); got != 4 {
+	if got := s.Delivered(report.KindPolicyEndpoint, report.CauseRelist) - before.Delivered(report.KindPolicyEndpoint, report.CauseRelist); got != 4 {
 		t.Errorf("%d relist deliveries, want 4 (one per object)", got)
 	}
-	if s.Delivered(KindPolicyEndpoint, CauseUpdate) != before.Delivered(KindPolicyEndpoint, CauseUpdate) ||
-		s.Delivered(KindPolicyEndpoint, CauseResync) != before.Delivered(KindPolicyEndpoint, CauseResync) {
+	if s.Delivered(report.KindPolicyEndpoint, report.CauseUpdate) != before.Delivered(report.KindPolicyEndpoint, report.CauseUpdate) ||
+		s.Delivered(report.KindPolicyEndpoint, report.CauseResync) != before.Delivered(report.KindPolicyEndpoint, report.CauseResync) {
 		t.Errorf("relist counted as update or resync: before %v after %v", before.Deliveries, s.Deliveries)
 	}
 	// The loop still works after the relist.
@@ -447,7 +447,7 @@ func testAgentRestart(t *testing.T, cp *testenv.ControlPlane) {
 	if n := len(second.sink.recordsFor(string(kept.UID))); n != 0 {
 		t.Errorf("the unchanged object was reported %d times after the restart", n)
 	}
-	if s := second.c.Stats(); s.Delivered(KindPolicyEndpoint, CauseAdd) < 2 {
+	if s := second.c.Stats(); s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) < 2 {
 		t.Errorf("initial list not counted as adds: %+v", s.Deliveries)
 	}
 	if !mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 81) || mem.Verdict(121, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {

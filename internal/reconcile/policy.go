@@ -13,6 +13,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 )
 
 // FieldError rejects an object for bad input in one field. Path names the exact element
@@ -71,7 +72,7 @@ type compiledObject struct {
 func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
 	spec := root("spec")
 	c := &compiledObject{
-		key:             objectKey{kind: KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
+		key:             objectKey{kind: report.KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
 		uid:             pe.UID,
 		resourceVersion: pe.ResourceVersion,
 	}
@@ -117,7 +118,7 @@ var directionField = [2]string{bpfmaps.Ingress: "ingress", bpfmaps.Egress: "egre
 func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
 	spec := root("spec")
 	c := &compiledObject{
-		key:             objectKey{kind: KindClusterPolicyEndpoint, name: cpe.Name},
+		key:             objectKey{kind: report.KindClusterPolicyEndpoint, name: cpe.Name},
 		uid:             cpe.UID,
 		resourceVersion: cpe.ResourceVersion,
 		tier:            cpe.Spec.Tier,
@@ -264,12 +265,12 @@ func mergePodPolicy(objs []*compiledObject) bpfmaps.PodPolicy {
 	for _, o := range objs {
 		for d := range dirs {
 			switch o.key.kind {
-			case KindPolicyEndpoint:
+			case report.KindPolicyEndpoint:
 				if o.isolated[d] {
 					dirs[d].Isolated = true
 					dirs[d].Allow = append(dirs[d].Allow, o.allow[d]...)
 				}
-			case KindClusterPolicyEndpoint:
+			case report.KindClusterPolicyEndpoint:
 				if o.tier == v1alpha1.TierAdmin {
 					dirs[d].Admin = append(dirs[d].Admin, o.tierRules[d]...)
 				} else {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -75,7 +76,7 @@ func TestCompilePolicyEndpointConverts(t *testing.T) {
 	if len(c.allow[bpfmaps.Egress]) != 0 {
 		t.Errorf("egress rules of a direction the policy does not isolate were kept: %+v", c.allow[bpfmaps.Egress])
 	}
-	if c.key != (objectKey{kind: KindPolicyEndpoint, namespace: "shop", name: "web"}) || c.uid != "u1" || c.resourceVersion != "7" {
+	if c.key != (objectKey{kind: report.KindPolicyEndpoint, namespace: "shop", name: "web"}) || c.uid != "u1" || c.resourceVersion != "7" {
 		t.Errorf("identity = %+v %q %q", c.key, c.uid, c.resourceVersion)
 	}
 }
@@ -178,7 +179,7 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 	if !reflect.DeepEqual(c.tierRules[bpfmaps.Egress], want) {
 		t.Errorf("egress tier rules:\n got %+v\nwant %+v", c.tierRules[bpfmaps.Egress], want)
 	}
-	if c.tier != v1alpha1.TierAdmin || c.key.kind != KindClusterPolicyEndpoint {
+	if c.tier != v1alpha1.TierAdmin || c.key.kind != report.KindClusterPolicyEndpoint {
 		t.Errorf("tier %q kind %v", c.tier, c.key.kind)
 	}
 

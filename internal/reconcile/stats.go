@@ -1,17 +1,17 @@
 package reconcile
 
-import "sync/atomic"
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
 
-// NumKinds and NumCauses size Stats.Deliveries.
-const (
-	NumKinds  = int(numKinds)
-	NumCauses = int(numCauses)
+	"github.com/npagent/npagent/internal/report"
 )
 
 // Stats is a snapshot of the loop's counters, cumulative since New.
 type Stats struct {
 	// Deliveries counts informer deliveries and requeues, by Kind and Cause.
-	Deliveries [NumKinds][NumCauses]uint64
+	Deliveries [report.NumKinds][report.NumCauses]uint64
 	// Syncs counts keys a worker processed.
 	Syncs uint64
 	// Commits counts successful dataplane Commit calls (one per pod), Skipped included.
@@ -43,10 +43,10 @@ type Stats struct {
 func (s Stats) DataplaneWrites() uint64 { return s.Commits - s.CommitsSkipped + s.Removes }
 
 // Delivered returns the deliveries of one kind and cause.
-func (s Stats) Delivered(k Kind, c Cause) uint64 { return s.Deliveries[k][c] }
+func (s Stats) Delivered(k report.Kind, c report.Cause) uint64 { return s.Deliveries[k][c] }
 
 type counters struct {
-	deliveries     [numKinds][numCauses]atomic.Uint64
+	deliveries     [report.NumKinds][report.NumCauses]atomic.Uint64
 	syncs          atomic.Uint64
 	commits        atomic.Uint64
 	commitsSkipped atomic.Uint64
@@ -57,6 +57,34 @@ type counters struct {
 	invalidObjects atomic.Uint64
 	interfaceWaits atomic.Uint64
 	reports        atomic.Uint64
+
+	// invalidByField splits invalidObjects by kind and field, for Counts.
+	invalidMu      sync.Mutex
+	invalidByField map[report.InvalidObject]uint64
+}
+
+// invalid counts one rejected object version of kind k in field.
+func (c *counters) invalid(k report.Kind, field string) {
+	c.invalidObjects.Add(1)
+	c.invalidMu.Lock()
+	if c.invalidByField == nil {
+		c.invalidByField = map[report.InvalidObject]uint64{}
+	}
+	c.invalidByField[report.InvalidObject{Kind: k, Field: field}]++
+	c.invalidMu.Unlock()
+}
+
+// Counts copies the counters the loop owns (deliveries by kind and cause,
+// rejected object versions by kind and field) into dst, for telemetry.
+func (c *Controller) Counts(dst *report.Counts) {
+	for k := range dst.Deliveries {
+		for cause := range dst.Deliveries[k] {
+			dst.Deliveries[k][cause] = c.stats.deliveries[k][cause].Load()
+		}
+	}
+	c.stats.invalidMu.Lock()
+	dst.InvalidObjects = maps.Clone(c.stats.invalidByField)
+	c.stats.invalidMu.Unlock()
 }
 
 // Stats returns a snapshot of the counters.

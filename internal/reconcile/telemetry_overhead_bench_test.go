@@ -17,6 +17,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
 )
@@ -34,7 +35,7 @@ import (
 //
 // The telemetry settings compared:
 //
-//   - off: no Sink (the loop's discard sink), as the agent runs without telemetry;
+//   - off: no report.Sink (the loop's discard sink), as the agent runs without telemetry;
 //   - on: telemetry.New with OTLP off and the default sampling (every trigger traced),
 //     spans going through the real bounded queue and batch span processor to an
 //     exporter that counts and discards them; metrics aggregated for the Prometheus
@@ -232,16 +233,9 @@ func (s *timedSink) endUpdate() {
 	s.current = 0
 }
 
-func (s *timedSink) Report(r *telemetry.Record) { s.timed(func() { s.tel.Report(r) }) }
-func (s *timedSink) Suppressed(kind, reason string) {
-	s.timed(func() { s.tel.Suppressed(kind, reason) })
-}
-func (s *timedSink) Delivered(kind, cause string) { s.timed(func() { s.tel.Delivered(kind, cause) }) }
-func (s *timedSink) CommitDone(kind string, d time.Duration, err error) {
-	s.timed(func() { s.tel.CommitDone(kind, d, err) })
-}
-func (s *timedSink) InvalidObject(kind, field string) {
-	s.timed(func() { s.tel.InvalidObject(kind, field) })
+func (s *timedSink) Report(r *report.Record) { s.timed(func() { s.tel.Report(r) }) }
+func (s *timedSink) Committed(k report.Kind, a *report.Attempt) {
+	s.timed(func() { s.tel.Committed(k, a) })
 }
 
 // overheadPods is how many local pods the 100 objects select (10 objects each).
@@ -281,7 +275,7 @@ func newOverheadRig(b *testing.B, v overheadVariant, dp bpfmaps.Dataplane, resol
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sink Sink // nil: New installs the discard sink, as the agent does with telemetry off
+	var sink report.Sink // nil: New installs the discard sink, as the agent does with telemetry off
 	if v.on {
 		r.spans = &discardSpanExporter{}
 		opts := append([]telemetry.Option{
@@ -305,8 +299,8 @@ func newOverheadRig(b *testing.B, v overheadVariant, dp bpfmaps.Dataplane, resol
 		b.Fatal(err)
 	}
 	b.Cleanup(r.c.queue.ShutDown)
-	r.store = r.c.informers[KindPolicyEndpoint].GetIndexer()
-	r.handler = r.c.handler(KindPolicyEndpoint)
+	r.store = r.c.informers[report.KindPolicyEndpoint].GetIndexer()
+	r.handler = r.c.handler(report.KindPolicyEndpoint)
 	r.pes = make([]*v1alpha1.PolicyEndpoint, objects)
 	for i := range r.pes {
 		pe := benchPE(i, overheadPods)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 // benchUIDs returns n distinct canonical UUID strings.
@@ -27,7 +29,7 @@ func committedSet(tb testing.TB, uids []string, opts ...Option) *Set {
 		tb.Fatal(err)
 	}
 	for _, uid := range uids {
-		if r := s.Observe(uid, at(1), at(1)); r != Accepted {
+		if r := s.Observe(uid, at(1), at(1)); r != report.Accepted {
 			tb.Fatalf("Observe(%s) = %s", uid, r)
 		}
 		s.NoLocalWork(uid, at(1))
@@ -67,7 +69,7 @@ func BenchmarkObserveRedelivered(b *testing.B) {
 			cpu := threadCPU(b)
 			i := 0
 			for b.Loop() {
-				if s.Observe(uids[i%len(uids)], trigger, received) != Redelivered {
+				if s.Observe(uids[i%len(uids)], trigger, received) != report.Redelivered {
 					b.Fatal("not redelivered")
 				}
 				i++
@@ -108,7 +110,7 @@ func BenchmarkObserveAccepted(b *testing.B) {
 				if n == b.N {
 					break
 				}
-				if r := s.Observe(uid, at(float64(round*10+v+1)), at(1)); r != Accepted {
+				if r := s.Observe(uid, at(float64(round*10+v+1)), at(1)); r != report.Accepted {
 					b.Fatalf("Observe = %s", r)
 				}
 				n++

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 // TestConcurrentHandlersAndWorkers runs informer handlers, workers (one per
@@ -110,8 +112,8 @@ func TestConcurrentHandlersAndWorkers(t *testing.T) {
 	}
 	checkBalance(t, s)
 	st := s.Stats()
-	if st.Reported == 0 || st.Suppressed[Redelivered] == 0 {
+	if st.Reported == 0 || st.Suppressed[report.Redelivered] == 0 {
 		t.Fatalf("the run exercised nothing: %+v", st)
 	}
-	t.Logf("reported %d, redelivered %d, writes %d", st.Reported, st.Suppressed[Redelivered], st.Persists)
+	t.Logf("reported %d, redelivered %d, writes %d", st.Reported, st.Suppressed[report.Redelivered], st.Persists)
 }

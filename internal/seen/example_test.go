@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 )
 
@@ -41,7 +42,7 @@ func ExampleSet() {
 	fmt.Println("reports after resync:", len(reports))
 
 	st := set.Stats()
-	fmt.Println("redelivered:", st.Suppressed[seen.Redelivered])
+	fmt.Println("redelivered:", st.Suppressed[report.Redelivered])
 	// Output:
 	// event: accepted
 	// report: trigger 2026-03-01T12:00:05.25Z latency 300ms attempts 2

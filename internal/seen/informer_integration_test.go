@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -30,13 +31,13 @@ type observer struct {
 	set *seen.Set
 
 	mu       sync.Mutex
-	answers  map[seen.Reason]int
+	answers  map[report.Reason]int
 	events   int
 	reported map[string]int // uid/trigger → reports
 }
 
 func newObserver(t *testing.T, set *seen.Set) *observer {
-	return &observer{t: t, set: set, answers: map[seen.Reason]int{}, reported: map[string]int{}}
+	return &observer{t: t, set: set, answers: map[report.Reason]int{}, reported: map[string]int{}}
 }
 
 func (o *observer) handle(obj any) {
@@ -52,12 +53,12 @@ func (o *observer) handle(obj any) {
 	o.events++
 	if err != nil {
 		o.set.ObserveInvalid(uid)
-		o.answers[seen.InvalidAnnotation]++
+		o.answers[report.InvalidAnnotation]++
 		return
 	}
 	r := o.set.Observe(uid, trigger, received)
 	o.answers[r]++
-	if r != seen.Accepted {
+	if r != report.Accepted {
 		return
 	}
 	reports, err := o.set.Committed(uid, trigger, time.Now())
@@ -71,14 +72,14 @@ func (o *observer) handle(obj any) {
 
 type snapshot struct {
 	events   int
-	answers  map[seen.Reason]int
+	answers  map[report.Reason]int
 	reported int
 }
 
 func (o *observer) snapshot() snapshot {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	s := snapshot{events: o.events, answers: map[seen.Reason]int{}}
+	s := snapshot{events: o.events, answers: map[report.Reason]int{}}
 	for k, v := range o.answers {
 		s.answers[k] = v
 	}
@@ -168,11 +169,11 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "two resync rounds", func() bool { return o.snapshot().events >= afterAdd.events+2*n })
 	stop()
 	s := o.snapshot()
-	if got := s.answers[seen.Redelivered]; got < 2*n {
+	if got := s.answers[report.Redelivered]; got < 2*n {
 		t.Errorf("resync: %d redelivered answers, want at least %d", got, 2*n)
 	}
-	if s.reported != n || s.answers[seen.Accepted] != n {
-		t.Errorf("resync: accepted %d, reported %d; want %d and %d", s.answers[seen.Accepted], s.reported, n, n)
+	if s.reported != n || s.answers[report.Accepted] != n {
+		t.Errorf("resync: accepted %d, reported %d; want %d and %d", s.answers[report.Accepted], s.reported, n, n)
 	}
 
 	// Relist: an informer without resync, then an apiserver restart. With the watch
@@ -185,7 +186,7 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	cp.RestartAPIServer(t)
 	testenv.Eventually(t, 60*time.Second, "relist after the apiserver restart", func() bool { return o2.snapshot().events >= beforeRestart.events+n })
 	relisted := o2.snapshot()
-	if got := relisted.answers[seen.Redelivered]; got != relisted.events {
+	if got := relisted.answers[report.Redelivered]; got != relisted.events {
 		t.Errorf("relist: %d of %d deliveries answered redelivered (answers %v)", got, relisted.events, relisted.answers)
 	}
 
@@ -201,7 +202,7 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "the genuine update reported", func() bool { return o2.snapshot().reported == 1 })
 	stop2()
-	if got := o2.snapshot().answers[seen.Accepted]; got != 1 {
+	if got := o2.snapshot().answers[report.Accepted]; got != 1 {
 		t.Errorf("after the restart: %d accepted, want exactly 1 (the genuine update)", got)
 	}
 
@@ -218,8 +219,8 @@ func TestInformerRedeliveriesSuppressed(t *testing.T) {
 	stop3 := runInformer(t, client, 0, o3)
 	testenv.Eventually(t, 10*time.Second, "initial list after the agent restart", func() bool { return o3.snapshot().events >= n })
 	stop3()
-	if s := o3.snapshot(); s.reported != 0 || s.answers[seen.Redelivered] != s.events {
-		t.Errorf("agent restart: %d reported, %d of %d redelivered (answers %v); want 0 and all", s.reported, s.answers[seen.Redelivered], s.events, s.answers)
+	if s := o3.snapshot(); s.reported != 0 || s.answers[report.Redelivered] != s.events {
+		t.Errorf("agent restart: %d reported, %d of %d redelivered (answers %v); want 0 and all", s.reported, s.answers[report.Redelivered], s.events, s.answers)
 	}
 
 	for _, obs := range []*observer{o, o2, o3} {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 // The property test drives a Set the way the agent does — a controller
@@ -67,7 +69,7 @@ type simulation struct {
 // coverage counts what the generator exercised, over all seeds.
 type coverage struct {
 	reports, programmedAhead, restarts, crashes uint64
-	byReason                                    [NumReasons]uint64
+	byReason                                    [report.NumReasons]uint64
 	restored                                    uint64
 }
 
@@ -150,16 +152,16 @@ func (sim *simulation) observe(o *simObject, v int, inOrder bool) {
 	sim.tick()
 	got := sim.set.Observe(o.uid, time.Unix(0, trigger), sim.now())
 	sim.cov.byReason[got]++
-	if inOrder && trigger > o.touched && trigger > sim.set.guard && got != Accepted {
+	if inOrder && trigger > o.touched && trigger > sim.set.guard && got != report.Accepted {
 		sim.fatalf("%s: new trigger %d (newest touched %d, guard %d) answered %s, want accepted",
 			o.uid, trigger, o.touched, sim.set.guard, got)
 	}
 	// A trigger still owed a report is pending (redelivered) or, if
 	// overflow dropped it, accepted again: never stale or before_start.
-	if sim.unresolved[o.uid][trigger] && got != Redelivered && got != Accepted {
+	if sim.unresolved[o.uid][trigger] && got != report.Redelivered && got != report.Accepted {
 		sim.fatalf("%s: unresolved trigger %d answered %s", o.uid, trigger, got)
 	}
-	if got == Accepted {
+	if got == report.Accepted {
 		sim.addUnresolved(o.uid, trigger)
 	}
 	o.touched = max(o.touched, trigger)
@@ -254,13 +256,13 @@ func (sim *simulation) work(o *simObject) {
 func (sim *simulation) checkStats() {
 	sim.t.Helper()
 	st := sim.set.Stats()
-	ends := st.Reported + st.Suppressed[NoLocalPods] + st.Suppressed[Deleted] + st.Suppressed[Overflow] + uint64(st.Pending)
+	ends := st.Reported + st.Suppressed[report.NoLocalPods] + st.Suppressed[report.Deleted] + st.Suppressed[report.Overflow] + uint64(st.Pending)
 	if st.Accepted+st.Restored != ends {
 		sim.fatalf("accounting: accepted %d + restored %d != reported %d + no_local_pods %d + deleted %d + overflow %d + pending %d",
-			st.Accepted, st.Restored, st.Reported, st.Suppressed[NoLocalPods], st.Suppressed[Deleted], st.Suppressed[Overflow], st.Pending)
+			st.Accepted, st.Restored, st.Reported, st.Suppressed[report.NoLocalPods], st.Suppressed[report.Deleted], st.Suppressed[report.Overflow], st.Pending)
 	}
-	if sim.dropped > sim.overflowed+st.Suppressed[Overflow] {
-		sim.fatalf("%d owed triggers went unreported, only %d overflowed", sim.dropped, sim.overflowed+st.Suppressed[Overflow])
+	if sim.dropped > sim.overflowed+st.Suppressed[report.Overflow] {
+		sim.fatalf("%d owed triggers went unreported, only %d overflowed", sim.dropped, sim.overflowed+st.Suppressed[report.Overflow])
 	}
 	if st.Objects > len(sim.live) {
 		sim.fatalf("%d tracked objects for %d live ones", st.Objects, len(sim.live))
@@ -312,7 +314,7 @@ func (sim *simulation) stop(graceful bool) {
 	} else {
 		sim.cov.crashes++
 	}
-	sim.overflowed += sim.set.Stats().Suppressed[Overflow]
+	sim.overflowed += sim.set.Stats().Suppressed[report.Overflow]
 	sim.unresolved = cloneTriggers(sim.durable) // what the next process restores
 	if sim.path == "" {
 		sim.unresolved = map[string]map[int64]bool{}
@@ -401,7 +403,7 @@ func TestPropertyInvariants(t *testing.T) {
 		}
 		t.Logf("coverage over %d seeds: %+v", seeds, *cov)
 		// The generator must reach every path, or the invariants prove little.
-		for r := Accepted; r <= BeforeStart; r++ {
+		for r := report.Accepted; r <= report.BeforeStart; r++ {
 			if cov.byReason[r] == 0 {
 				t.Errorf("no observation answered %s", r)
 			}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 // clock is a settable time source for WithNow.
@@ -42,7 +44,7 @@ func TestRestartMeasuresDowntimeChanges(t *testing.T) {
 	path := statePath(t)
 	clk := &clock{t: at(0)}
 	s1 := restart(t, at(0), path, WithNow(clk.now))
-	mustObserve(t, s1, uidA, at(10), at(10.1), Accepted)
+	mustObserve(t, s1, uidA, at(10), at(10.1), report.Accepted)
 	mustCommit(t, s1, uidA, at(10), at(10.2))
 	clk.set(at(100)) // shutdown
 	if err := s1.Persist(); err != nil {
@@ -51,8 +53,8 @@ func TestRestartMeasuresDowntimeChanges(t *testing.T) {
 
 	// Downtime: uidA changed at 150, uidC created at 160; agent back at 200.
 	s2 := restart(t, at(200), path, WithNow(clk.now))
-	mustObserve(t, s2, uidA, at(150), at(201), Accepted)
-	mustObserve(t, s2, uidC, at(160), at(201), Accepted)
+	mustObserve(t, s2, uidA, at(150), at(201), report.Accepted)
+	mustObserve(t, s2, uidC, at(160), at(201), report.Accepted)
 	for _, c := range []struct {
 		uid     string
 		trigger time.Time
@@ -61,7 +63,7 @@ func TestRestartMeasuresDowntimeChanges(t *testing.T) {
 		if len(got) != 1 || !got[0].Trigger.Equal(c.trigger) {
 			t.Fatalf("%s: reported %v, want [%s]", c.uid, triggersOf(got), c.trigger)
 		}
-		mustObserve(t, s2, c.uid, c.trigger, at(230), Redelivered)
+		mustObserve(t, s2, c.uid, c.trigger, at(230), report.Redelivered)
 		if again := mustCommit(t, s2, c.uid, c.trigger, at(231)); len(again) != 0 {
 			t.Fatalf("%s: reported again %v", c.uid, triggersOf(again))
 		}
@@ -71,8 +73,8 @@ func TestRestartMeasuresDowntimeChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustObserve(t, noState, uidA, at(150), at(201), BeforeStart)
-	mustObserve(t, noState, uidC, at(160), at(201), BeforeStart)
+	mustObserve(t, noState, uidA, at(150), at(201), report.BeforeStart)
+	mustObserve(t, noState, uidC, at(160), at(201), report.BeforeStart)
 }
 
 // TestPendingAtShutdownReportedAfterRestart: a trigger accepted but never
@@ -83,11 +85,11 @@ func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 	path := statePath(t)
 	clk := &clock{t: at(0)}
 	s1 := restart(t, at(0), path, WithNow(clk.now))
-	mustObserve(t, s1, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s1, uidA, at(10), at(10), report.Accepted)
 	mustCommit(t, s1, uidA, at(10), at(11))
-	mustObserve(t, s1, uidA, at(50), at(50.5), Accepted) // commit still failing at shutdown
+	mustObserve(t, s1, uidA, at(50), at(50.5), report.Accepted) // commit still failing at shutdown
 	s1.Failed(uidA)
-	mustObserve(t, s1, uidB, at(60), at(60.5), Accepted) // never committed at all
+	mustObserve(t, s1, uidB, at(60), at(60.5), report.Accepted) // never committed at all
 	clk.set(at(100))
 	if err := s1.Persist(); err != nil {
 		t.Fatal(err)
@@ -98,8 +100,8 @@ func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 		t.Fatalf("restored %d pending %d, want 2 and 2", st.Restored, st.Pending)
 	}
 	// uidA is listed unchanged; uidB was changed again at 150 during the downtime.
-	mustObserve(t, s2, uidA, at(50), at(201), Redelivered)
-	mustObserve(t, s2, uidB, at(150), at(201), Accepted)
+	mustObserve(t, s2, uidA, at(50), at(201), report.Redelivered)
+	mustObserve(t, s2, uidB, at(150), at(201), report.Accepted)
 
 	got := mustCommit(t, s2, uidA, at(50), at(202))
 	if len(got) != 1 || !got[0].Trigger.Equal(at(50)) || !got[0].ReceivedAt.Equal(at(50.5)) || got[0].Attempts != 2 {
@@ -118,15 +120,15 @@ func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 func TestCrashAfterCommitDoesNotReportAgain(t *testing.T) {
 	path := statePath(t)
 	s1 := restart(t, at(0), path)
-	mustObserve(t, s1, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s1, uidB, at(11), at(11), Accepted)
+	mustObserve(t, s1, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s1, uidB, at(11), at(11), report.Accepted)
 	mustCommit(t, s1, uidA, at(10), at(12))
 	mustCommit(t, s1, uidB, at(11), at(13))
 	// crash: s1 is abandoned without Persist
 
 	s2 := restart(t, at(20), path)
-	mustObserve(t, s2, uidA, at(10), at(21), Redelivered)
-	mustObserve(t, s2, uidB, at(11), at(21), Redelivered)
+	mustObserve(t, s2, uidA, at(10), at(21), report.Redelivered)
+	mustObserve(t, s2, uidB, at(11), at(21), report.Redelivered)
 }
 
 // TestRestartKeepsOldObjectsBeforeStart: objects that predate the first
@@ -136,27 +138,27 @@ func TestRestartKeepsOldObjectsBeforeStart(t *testing.T) {
 	path := statePath(t)
 	clk := &clock{t: at(0)}
 	s1 := restart(t, at(0), path, WithNow(clk.now))
-	mustObserve(t, s1, uidA, at(-50), at(1), BeforeStart)
+	mustObserve(t, s1, uidA, at(-50), at(1), report.BeforeStart)
 	clk.set(at(100))
 	if err := s1.Persist(); err != nil {
 		t.Fatal(err)
 	}
 	s2 := restart(t, at(200), path, WithNow(clk.now))
-	mustObserve(t, s2, uidA, at(-50), at(201), Redelivered)
+	mustObserve(t, s2, uidA, at(-50), at(201), report.Redelivered)
 	// An older version arriving late is still before the original start.
-	mustObserve(t, s2, "old-object", at(-40), at(201), BeforeStart)
+	mustObserve(t, s2, "old-object", at(-40), at(201), report.BeforeStart)
 }
 
 func TestNonUUIDUIDsSurviveRestart(t *testing.T) {
 	path := statePath(t)
 	s1 := restart(t, at(0), path)
 	for _, uid := range []string{"plain-name", "6F1C2A9E-3B7D-4C1E-9A2F-0D4B5E6F7A81", ""} {
-		mustObserve(t, s1, uid, at(10), at(10), Accepted)
+		mustObserve(t, s1, uid, at(10), at(10), report.Accepted)
 		mustCommit(t, s1, uid, at(10), at(11))
 	}
 	s2 := restart(t, at(20), path)
 	for _, uid := range []string{"plain-name", "6F1C2A9E-3B7D-4C1E-9A2F-0D4B5E6F7A81", ""} {
-		mustObserve(t, s2, uid, at(10), at(21), Redelivered)
+		mustObserve(t, s2, uid, at(10), at(21), report.Redelivered)
 	}
 	if got := s2.Stats().Objects; got != 3 {
 		t.Fatalf("objects = %d, want 3", got)
@@ -168,7 +170,7 @@ func TestDamagedStateIsReportedAndIgnored(t *testing.T) {
 		path := statePath(t)
 		s := restart(t, at(0), path)
 		for i, uid := range []string{uidA, uidB, "plain"} {
-			mustObserve(t, s, uid, at(10+float64(i)), at(10), Accepted)
+			mustObserve(t, s, uid, at(10+float64(i)), at(10), report.Accepted)
 			mustCommit(t, s, uid, at(10+float64(i)), at(11))
 		}
 		if err := s.Persist(); err != nil {
@@ -218,7 +220,7 @@ func TestDamagedStateIsReportedAndIgnored(t *testing.T) {
 				t.Fatalf("objects = %d after a damaged restore, want 0", got)
 			}
 			// The guard is the process start: uidA's old trigger is before_start.
-			mustObserve(t, s, uidA, at(10), at(101), BeforeStart)
+			mustObserve(t, s, uidA, at(10), at(101), report.BeforeStart)
 		})
 	}
 	t.Run("good copy restores", func(t *testing.T) {
@@ -227,7 +229,7 @@ func TestDamagedStateIsReportedAndIgnored(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := restart(t, at(100), path)
-		mustObserve(t, s, uidA, at(10), at(101), Redelivered)
+		mustObserve(t, s, uidA, at(10), at(101), report.Redelivered)
 	})
 }
 
@@ -240,10 +242,10 @@ func TestDamagedStateIsReplacedByNextWrite(t *testing.T) {
 	if err == nil {
 		t.Fatal("want a restore error")
 	}
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
 	mustCommit(t, s, uidA, at(10), at(11))
 	s2 := restart(t, at(20), path)
-	mustObserve(t, s2, uidA, at(10), at(21), Redelivered)
+	mustObserve(t, s2, uidA, at(10), at(21), report.Redelivered)
 }
 
 func TestMissingStateFileIsAFirstStart(t *testing.T) {
@@ -251,7 +253,7 @@ func TestMissingStateFileIsAFirstStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("missing state file: %v", err)
 	}
-	mustObserve(t, s, uidA, at(-1), at(1), BeforeStart)
+	mustObserve(t, s, uidA, at(-1), at(1), report.BeforeStart)
 }
 
 // TestPersistErrorStillReturnsReports: a failed write must not swallow the
@@ -259,7 +261,7 @@ func TestMissingStateFileIsAFirstStart(t *testing.T) {
 func TestPersistErrorStillReturnsReports(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "missing-dir", "seen.state")
 	s := restart(t, at(0), path)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
 	reports, err := s.Committed(uidA, at(10), at(11))
 	if len(reports) != 1 {
 		t.Fatalf("reported %v, want one despite the write error", triggersOf(reports))
@@ -284,7 +286,7 @@ func TestConcurrentCommitsShareOneWrite(t *testing.T) {
 	uids := make([]string, n)
 	for i := range uids {
 		uids[i] = "object-" + string(rune('a'+i))
-		mustObserve(t, s, uids[i], at(10), at(10), Accepted)
+		mustObserve(t, s, uids[i], at(10), at(10), report.Accepted)
 	}
 	s.writeMu.Lock() // a write is in progress
 	var wg sync.WaitGroup
@@ -314,7 +316,7 @@ func TestConcurrentCommitsShareOneWrite(t *testing.T) {
 	}
 	s2 := restart(t, at(20), path)
 	for _, uid := range uids {
-		mustObserve(t, s2, uid, at(10), at(21), Redelivered)
+		mustObserve(t, s2, uid, at(10), at(21), report.Redelivered)
 	}
 }
 
@@ -328,5 +330,5 @@ func TestRestoredWatermarkLaterThanStartIsCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := restart(t, at(100), path)
-	mustObserve(t, s2, uidA, at(150), at(151), Accepted)
+	mustObserve(t, s2, uidA, at(150), at(151), report.Accepted)
 }

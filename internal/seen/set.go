@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 type config struct {
@@ -120,14 +122,14 @@ type Report struct {
 // Suppressed[Deleted] + Suppressed[Overflow] + Pending, at every snapshot.
 // The other reasons count observations that were never accepted.
 type Stats struct {
-	Objects       int                // tracked uids
-	Pending       int                // pending triggers over all uids
-	Accepted      uint64             // Observe → Accepted
-	Restored      uint64             // pending triggers restored from the state file
-	Reported      uint64             // triggers returned by Committed
-	Suppressed    [NumReasons]uint64 // by Reason; the Accepted slot is always 0
-	PersistErrors uint64             // failed state writes
-	Persists      uint64             // successful state writes (each one fsync'd rename)
+	Objects       int                       // tracked uids
+	Pending       int                       // pending triggers over all uids
+	Accepted      uint64                    // Observe → Accepted
+	Restored      uint64                    // pending triggers restored from the state file
+	Reported      uint64                    // triggers returned by Committed
+	Suppressed    [report.NumReasons]uint64 // by Reason; the Accepted slot is always 0
+	PersistErrors uint64                    // failed state writes
+	Persists      uint64                    // successful state writes (each one fsync'd rename)
 }
 
 // numShards splits the set so a state write, which encodes one shard at a
@@ -215,7 +217,7 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 			for len(e.pend.triggers) > cfg.maxPending { // a smaller bound than the last run's
 				mid := len(e.pend.triggers) / 2
 				e.pend.triggers = slices.Delete(e.pend.triggers, mid, mid+1)
-				sh.stats.Suppressed[Overflow]++
+				sh.stats.Suppressed[report.Overflow]++
 			}
 			sh.stats.Restored += uint64(n)
 			sh.pendingCount += len(e.pend.triggers)
@@ -277,28 +279,28 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 // invalid_annotation. When the object already has the maximum of pending
 // triggers, one in the middle (possibly this one) is dropped and counted
 // overflow; the answer is still Accepted, as the trigger was.
-func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
+func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	t, valid := unixNano(trigger)
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if !valid {
-		sh.stats.Suppressed[InvalidAnnotation]++
-		return InvalidAnnotation
+		sh.stats.Suppressed[report.InvalidAnnotation]++
+		return report.InvalidAnnotation
 	}
 	e, found := sh.get(&k)
 	if found {
 		switch {
 		case t == e.consumed:
-			sh.stats.Suppressed[Redelivered]++
-			return Redelivered
+			sh.stats.Suppressed[report.Redelivered]++
+			return report.Redelivered
 		case t < e.consumed:
-			sh.stats.Suppressed[Stale]++
-			return Stale
+			sh.stats.Suppressed[report.Stale]++
+			return report.Stale
 		case e.pend != nil && e.pend.contains(t):
-			sh.stats.Suppressed[Redelivered]++
-			return Redelivered
+			sh.stats.Suppressed[report.Redelivered]++
+			return report.Redelivered
 		}
 	}
 	if (!found || e.flags&flagGuarded != 0) && t <= s.guard {
@@ -314,8 +316,8 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		}
 		sh.put(&k, e)
 		s.changeSeq.Add(1)
-		sh.stats.Suppressed[BeforeStart]++
-		return BeforeStart
+		sh.stats.Suppressed[report.BeforeStart]++
+		return report.BeforeStart
 	}
 	if !found {
 		e = entry{consumed: noTime}
@@ -345,13 +347,13 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) Reason {
 		// for) and the newest (the one the next commit reports last).
 		mid := len(p.triggers) / 2
 		p.triggers = slices.Delete(p.triggers, mid, mid+1)
-		sh.stats.Suppressed[Overflow]++
+		sh.stats.Suppressed[report.Overflow]++
 		sh.pendingCount--
 	}
 	e.flags &^= flagGuarded
 	sh.put(&k, e)
 	s.changeSeq.Add(1)
-	return Accepted
+	return report.Accepted
 }
 
 // ObserveInvalid counts an event whose annotation could not be parsed
@@ -360,7 +362,7 @@ func (s *Set) ObserveInvalid(uid string) {
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	sh.stats.Suppressed[InvalidAnnotation]++
+	sh.stats.Suppressed[report.InvalidAnnotation]++
 	sh.mu.Unlock()
 }
 
@@ -486,7 +488,7 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 		}
 		p.triggers = slices.Delete(p.triggers, 0, n)
 		sh.pendingCount -= n
-		sh.stats.Suppressed[NoLocalPods] += uint64(n)
+		sh.stats.Suppressed[report.NoLocalPods] += uint64(n)
 	}
 	// A guarded uid's triggers ≤ guard stay the guard's business, so their
 	// events count before_start rather than redelivered.
@@ -523,7 +525,7 @@ func (sh *shard) dropPending(e entry) {
 	}
 	n := len(e.pend.triggers)
 	sh.pendingCount -= n
-	sh.stats.Suppressed[Deleted] += uint64(n)
+	sh.stats.Suppressed[report.Deleted] += uint64(n)
 }
 
 // Prune drops the entries (restored or otherwise) whose uid keep rejects,

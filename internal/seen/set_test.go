@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/npagent/npagent/internal/report"
 )
 
 // base is an arbitrary wall-clock origin for the tests' trigger times.
@@ -27,7 +29,7 @@ func newTestSet(t *testing.T, opts ...Option) *Set {
 	return s
 }
 
-func mustObserve(t *testing.T, s *Set, uid string, trigger, received time.Time, want Reason) {
+func mustObserve(t *testing.T, s *Set, uid string, trigger, received time.Time, want report.Reason) {
 	t.Helper()
 	if got := s.Observe(uid, trigger, received); got != want {
 		t.Fatalf("Observe(%s, %s) = %s, want %s", uid, trigger.Format(time.RFC3339Nano), got, want)
@@ -55,10 +57,10 @@ func triggersOf(reports []Report) []time.Time {
 func checkBalance(t *testing.T, s *Set) {
 	t.Helper()
 	st := s.Stats()
-	ends := st.Reported + st.Suppressed[NoLocalPods] + st.Suppressed[Deleted] + st.Suppressed[Overflow] + uint64(st.Pending)
+	ends := st.Reported + st.Suppressed[report.NoLocalPods] + st.Suppressed[report.Deleted] + st.Suppressed[report.Overflow] + uint64(st.Pending)
 	if st.Accepted+st.Restored != ends {
 		t.Fatalf("accounting: accepted %d + restored %d != reported %d + no_local_pods %d + deleted %d + overflow %d + pending %d",
-			st.Accepted, st.Restored, st.Reported, st.Suppressed[NoLocalPods], st.Suppressed[Deleted], st.Suppressed[Overflow], st.Pending)
+			st.Accepted, st.Restored, st.Reported, st.Suppressed[report.NoLocalPods], st.Suppressed[report.Deleted], st.Suppressed[report.Overflow], st.Pending)
 	}
 }
 
@@ -69,7 +71,7 @@ func TestRedeliveryTable(t *testing.T) {
 	trigger := at(10)
 	reportOnce := func(t *testing.T, s *Set) {
 		t.Helper()
-		mustObserve(t, s, uidA, trigger, at(10.1), Accepted)
+		mustObserve(t, s, uidA, trigger, at(10.1), report.Accepted)
 		if got := mustCommit(t, s, uidA, trigger, at(10.2)); len(got) != 1 || !got[0].Trigger.Equal(trigger) {
 			t.Fatalf("first commit reported %v, want [%s]", triggersOf(got), trigger)
 		}
@@ -78,19 +80,19 @@ func TestRedeliveryTable(t *testing.T) {
 		s := newTestSet(t)
 		reportOnce(t, s)
 		for i := range 5 { // five resync periods: OnUpdate(old, new) same resourceVersion
-			mustObserve(t, s, uidA, trigger, at(100+float64(i)), Redelivered)
+			mustObserve(t, s, uidA, trigger, at(100+float64(i)), report.Redelivered)
 			if got := mustCommit(t, s, uidA, trigger, at(100.5+float64(i))); len(got) != 0 {
 				t.Fatalf("resync %d reported %v", i, triggersOf(got))
 			}
 		}
-		if got := s.Stats().Suppressed[Redelivered]; got != 5 {
+		if got := s.Stats().Suppressed[report.Redelivered]; got != 5 {
 			t.Fatalf("redelivered = %d, want 5", got)
 		}
 	})
 	t.Run("relist", func(t *testing.T) {
 		s := newTestSet(t)
 		reportOnce(t, s)
-		mustObserve(t, s, uidB, at(11), at(11.1), Accepted)
+		mustObserve(t, s, uidB, at(11), at(11.1), report.Accepted)
 		mustCommit(t, s, uidB, at(11), at(11.2))
 		// 410 Gone: OnUpdate(cached, listed) for every object.
 		for _, uid := range []string{uidA, uidB} {
@@ -98,7 +100,7 @@ func TestRedeliveryTable(t *testing.T) {
 			if uid == uidB {
 				tr = at(11)
 			}
-			mustObserve(t, s, uid, tr, at(200), Redelivered)
+			mustObserve(t, s, uid, tr, at(200), report.Redelivered)
 			if got := mustCommit(t, s, uid, tr, at(200.1)); len(got) != 0 {
 				t.Fatalf("relist of %s reported %v", uid, triggersOf(got))
 			}
@@ -106,10 +108,10 @@ func TestRedeliveryTable(t *testing.T) {
 	})
 	t.Run("workqueue requeue", func(t *testing.T) {
 		s := newTestSet(t)
-		mustObserve(t, s, uidA, trigger, at(10.1), Accepted)
+		mustObserve(t, s, uidA, trigger, at(10.1), report.Accepted)
 		// An event from another watched object requeues the key while the
 		// trigger is pending: same trigger, no new pending entry.
-		mustObserve(t, s, uidA, trigger, at(10.15), Redelivered)
+		mustObserve(t, s, uidA, trigger, at(10.15), report.Redelivered)
 		if got := mustCommit(t, s, uidA, trigger, at(10.2)); len(got) != 1 {
 			t.Fatalf("commit reported %v, want one", triggersOf(got))
 		}
@@ -132,7 +134,7 @@ func TestRedeliveryTable(t *testing.T) {
 			t.Fatalf("restore: %v", err)
 		}
 		// The initial list delivers every object again.
-		mustObserve(t, s2, uidA, trigger, at(501), Redelivered)
+		mustObserve(t, s2, uidA, trigger, at(501), report.Redelivered)
 		if got := mustCommit(t, s2, uidA, trigger, at(502)); len(got) != 0 {
 			t.Fatalf("restart reported %v", triggersOf(got))
 		}
@@ -142,7 +144,7 @@ func TestRedeliveryTable(t *testing.T) {
 func TestFailedCommitReportedOnceOnSuccess(t *testing.T) {
 	for failures := 1; failures <= 2; failures++ {
 		s := newTestSet(t)
-		mustObserve(t, s, uidA, at(10), at(10.5), Accepted)
+		mustObserve(t, s, uidA, at(10), at(10.5), report.Accepted)
 		for range failures {
 			s.Failed(uidA)
 		}
@@ -165,9 +167,9 @@ func TestFailedCommitReportedOnceOnSuccess(t *testing.T) {
 
 func TestAttemptsCountOnlyFailuresAfterAcceptance(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
 	s.Failed(uidA)
-	mustObserve(t, s, uidA, at(11), at(11), Accepted)
+	mustObserve(t, s, uidA, at(11), at(11), report.Accepted)
 	s.Failed(uidA)
 	got := mustCommit(t, s, uidA, at(11), at(12))
 	if len(got) != 2 || got[0].Attempts != 3 || got[1].Attempts != 2 {
@@ -178,8 +180,8 @@ func TestAttemptsCountOnlyFailuresAfterAcceptance(t *testing.T) {
 func TestCoalescedTriggersBothReportedOldestFirst(t *testing.T) {
 	s := newTestSet(t)
 	// Delivered out of order to show the ordering comes from the set.
-	mustObserve(t, s, uidA, at(20), at(20.1), Accepted)
-	mustObserve(t, s, uidA, at(15), at(20.2), Accepted)
+	mustObserve(t, s, uidA, at(20), at(20.1), report.Accepted)
+	mustObserve(t, s, uidA, at(15), at(20.2), report.Accepted)
 	got := mustCommit(t, s, uidA, at(20), at(21))
 	if want := []time.Time{at(15), at(20)}; !slices.EqualFunc(triggersOf(got), want, time.Time.Equal) {
 		t.Fatalf("reported %v, want %v", triggersOf(got), want)
@@ -189,8 +191,8 @@ func TestCoalescedTriggersBothReportedOldestFirst(t *testing.T) {
 
 func TestCommitBelowNewestKeepsNewerPending(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, uidA, at(20), at(20), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, uidA, at(20), at(20), report.Accepted)
 	if got := mustCommit(t, s, uidA, at(10), at(21)); len(got) != 1 || !got[0].Trigger.Equal(at(10)) {
 		t.Fatalf("reported %v, want [%s]", triggersOf(got), at(10))
 	}
@@ -201,10 +203,10 @@ func TestCommitBelowNewestKeepsNewerPending(t *testing.T) {
 
 func TestStaleTrigger(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(20), at(20), Accepted)
+	mustObserve(t, s, uidA, at(20), at(20), report.Accepted)
 	mustCommit(t, s, uidA, at(20), at(21))
-	mustObserve(t, s, uidA, at(15), at(22), Stale)
-	if got := s.Stats().Suppressed[Stale]; got != 1 {
+	mustObserve(t, s, uidA, at(15), at(22), report.Stale)
+	if got := s.Stats().Suppressed[report.Stale]; got != 1 {
 		t.Fatalf("stale = %d, want 1", got)
 	}
 }
@@ -213,10 +215,10 @@ func TestDeleteAndRecreateSameNameIsReported(t *testing.T) {
 	// Same namespace/name, new uid: the controller stamps the new object with
 	// its own trigger, which can even equal the old one's.
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
 	mustCommit(t, s, uidA, at(10), at(11))
 	s.Forget(uidA)
-	mustObserve(t, s, uidB, at(10), at(12), Accepted)
+	mustObserve(t, s, uidB, at(10), at(12), report.Accepted)
 	if got := mustCommit(t, s, uidB, at(10), at(13)); len(got) != 1 || got[0].UID != uidB {
 		t.Fatalf("recreated object reported %+v, want one report for %s", got, uidB)
 	}
@@ -227,20 +229,20 @@ func TestDeleteAndRecreateSameNameIsReported(t *testing.T) {
 
 func TestBeforeStartWithoutState(t *testing.T) {
 	s := newTestSet(t) // guard at(0)
-	mustObserve(t, s, uidA, at(-60), at(1), BeforeStart)
+	mustObserve(t, s, uidA, at(-60), at(1), report.BeforeStart)
 	// The object's next resync is a re-delivery, not another before_start.
-	mustObserve(t, s, uidA, at(-60), at(31), Redelivered)
+	mustObserve(t, s, uidA, at(-60), at(31), report.Redelivered)
 	if got := mustCommit(t, s, uidA, at(-60), at(2)); len(got) != 0 {
 		t.Fatalf("before_start trigger reported %v", triggersOf(got))
 	}
 	// A change made after the start is measured.
-	mustObserve(t, s, uidA, at(5), at(5.1), Accepted)
+	mustObserve(t, s, uidA, at(5), at(5.1), report.Accepted)
 	if got := mustCommit(t, s, uidA, at(5), at(6)); len(got) != 1 {
 		t.Fatalf("post-start change reported %v, want one", triggersOf(got))
 	}
 	st := s.Stats()
-	if st.Suppressed[BeforeStart] != 1 || st.Suppressed[Redelivered] != 1 {
-		t.Fatalf("before_start %d redelivered %d, want 1 and 1", st.Suppressed[BeforeStart], st.Suppressed[Redelivered])
+	if st.Suppressed[report.BeforeStart] != 1 || st.Suppressed[report.Redelivered] != 1 {
+		t.Fatalf("before_start %d redelivered %d, want 1 and 1", st.Suppressed[report.BeforeStart], st.Suppressed[report.Redelivered])
 	}
 }
 
@@ -248,15 +250,15 @@ func TestGuardedUIDLaterOldTriggerStaysBeforeStart(t *testing.T) {
 	// A stale list gives the older version first, then the watch delivers a
 	// newer one that is still older than the start: neither is measured.
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(-60), at(1), BeforeStart)
-	mustObserve(t, s, uidA, at(-30), at(1.1), BeforeStart)
+	mustObserve(t, s, uidA, at(-60), at(1), report.BeforeStart)
+	mustObserve(t, s, uidA, at(-30), at(1.1), report.BeforeStart)
 }
 
 func TestInvalidAnnotationCounted(t *testing.T) {
 	s := newTestSet(t)
 	s.ObserveInvalid(uidA)
-	mustObserve(t, s, uidA, time.Time{}, at(1), InvalidAnnotation)
-	if got := s.Stats().Suppressed[InvalidAnnotation]; got != 2 {
+	mustObserve(t, s, uidA, time.Time{}, at(1), report.InvalidAnnotation)
+	if got := s.Stats().Suppressed[report.InvalidAnnotation]; got != 2 {
 		t.Fatalf("invalid_annotation = %d, want 2", got)
 	}
 	if got := s.Stats().Objects; got != 0 {
@@ -266,14 +268,14 @@ func TestInvalidAnnotationCounted(t *testing.T) {
 
 func TestNoLocalWorkConsumesWithoutReport(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, uidA, at(11), at(11), Accepted)
-	mustObserve(t, s, uidA, at(12), at(12), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, uidA, at(11), at(11), report.Accepted)
+	mustObserve(t, s, uidA, at(12), at(12), report.Accepted)
 	s.NoLocalWork(uidA, at(11))
-	if got := s.Stats().Suppressed[NoLocalPods]; got != 2 {
+	if got := s.Stats().Suppressed[report.NoLocalPods]; got != 2 {
 		t.Fatalf("no_local_pods = %d, want 2", got)
 	}
-	mustObserve(t, s, uidA, at(11), at(13), Redelivered)
+	mustObserve(t, s, uidA, at(11), at(13), report.Redelivered)
 	// A pod of the object lands on this node: the next trigger is measured.
 	if got := mustCommit(t, s, uidA, at(12), at(14)); len(got) != 1 || !got[0].Trigger.Equal(at(12)) {
 		t.Fatalf("reported %v, want [%s]", triggersOf(got), at(12))
@@ -283,12 +285,12 @@ func TestNoLocalWorkConsumesWithoutReport(t *testing.T) {
 
 func TestForgetCountsPendingDeleted(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, uidA, at(11), at(11), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, uidA, at(11), at(11), report.Accepted)
 	s.Forget(uidA)
 	st := s.Stats()
-	if st.Suppressed[Deleted] != 2 || st.Objects != 0 || st.Pending != 0 {
-		t.Fatalf("after Forget: deleted %d objects %d pending %d, want 2 0 0", st.Suppressed[Deleted], st.Objects, st.Pending)
+	if st.Suppressed[report.Deleted] != 2 || st.Objects != 0 || st.Pending != 0 {
+		t.Fatalf("after Forget: deleted %d objects %d pending %d, want 2 0 0", st.Suppressed[report.Deleted], st.Objects, st.Pending)
 	}
 	checkBalance(t, s)
 }
@@ -296,13 +298,13 @@ func TestForgetCountsPendingDeleted(t *testing.T) {
 func TestOverflowKeepsOldestAndNewest(t *testing.T) {
 	s := newTestSet(t, WithMaxPending(3))
 	for i := 1; i <= 6; i++ {
-		mustObserve(t, s, uidA, at(float64(i)), at(float64(i)), Accepted)
+		mustObserve(t, s, uidA, at(float64(i)), at(float64(i)), report.Accepted)
 	}
 	got := triggersOf(mustCommit(t, s, uidA, at(6), at(7)))
 	if len(got) != 3 || !got[0].Equal(at(1)) || !got[2].Equal(at(6)) {
 		t.Fatalf("reported %v, want 3 triggers from %s to %s", got, at(1), at(6))
 	}
-	if o := s.Stats().Suppressed[Overflow]; o != 3 {
+	if o := s.Stats().Suppressed[report.Overflow]; o != 3 {
 		t.Fatalf("overflow = %d, want 3", o)
 	}
 	checkBalance(t, s)
@@ -310,17 +312,17 @@ func TestOverflowKeepsOldestAndNewest(t *testing.T) {
 
 func TestPruneDropsEntriesOfGoneObjects(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, uidB, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, uidB, at(10), at(10), report.Accepted)
 	mustCommit(t, s, uidB, at(10), at(11))
-	mustObserve(t, s, "not-a-uuid", at(10), at(10), Accepted)
+	mustObserve(t, s, "not-a-uuid", at(10), at(10), report.Accepted)
 	live := map[string]bool{uidB: true}
 	if n := s.Prune(func(uid string) bool { return live[uid] }); n != 2 {
 		t.Fatalf("Prune dropped %d, want 2", n)
 	}
 	st := s.Stats()
-	if st.Objects != 1 || st.Suppressed[Deleted] != 2 {
-		t.Fatalf("objects %d deleted %d, want 1 and 2", st.Objects, st.Suppressed[Deleted])
+	if st.Objects != 1 || st.Suppressed[report.Deleted] != 2 {
+		t.Fatalf("objects %d deleted %d, want 1 and 2", st.Objects, st.Suppressed[report.Deleted])
 	}
 	checkBalance(t, s)
 }
@@ -328,8 +330,8 @@ func TestPruneDropsEntriesOfGoneObjects(t *testing.T) {
 func TestNonUUIDKeysAreDistinct(t *testing.T) {
 	s := newTestSet(t)
 	upper := "6F1C2A9E-3B7D-4C1E-9A2F-0D4B5E6F7A81" // not canonical: string-keyed
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, upper, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, upper, at(10), at(10), report.Accepted)
 	if got := mustCommit(t, s, upper, at(10), at(11)); len(got) != 1 || got[0].UID != upper {
 		t.Fatalf("reported %+v, want one for %s", got, upper)
 	}
@@ -343,13 +345,13 @@ func TestNonUUIDKeysAreDistinct(t *testing.T) {
 // be measured, once, ending at the commit that programmed it.
 func TestListerAheadOfHandler(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10.1), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10.1), report.Accepted)
 	got := mustCommit(t, s, uidA, at(12), at(12.5)) // lister already holds at(12)
 	if len(got) != 1 || !got[0].Trigger.Equal(at(10)) || !got[0].ProgrammedAt.IsZero() {
 		t.Fatalf("first commit reported %+v, want [%s] without ProgrammedAt", got, at(10))
 	}
-	mustObserve(t, s, uidA, at(12), at(12.6), Accepted) // the handler catches up
-	mustObserve(t, s, uidA, at(12), at(13), Redelivered)
+	mustObserve(t, s, uidA, at(12), at(12.6), report.Accepted) // the handler catches up
+	mustObserve(t, s, uidA, at(12), at(13), report.Redelivered)
 	got = mustCommit(t, s, uidA, at(12), at(13.5))
 	if len(got) != 1 || !got[0].Trigger.Equal(at(12)) || !got[0].ProgrammedAt.Equal(at(12.5)) {
 		t.Fatalf("second commit reported %+v, want [%s] programmed at %s", got, at(12), at(12.5))
@@ -374,20 +376,20 @@ func TestCommitWithoutAnnotationChangesNothing(t *testing.T) {
 }
 
 func TestReasonNames(t *testing.T) {
-	want := map[Reason]string{
-		Accepted: "accepted", Redelivered: "redelivered", Stale: "stale", BeforeStart: "before_start",
-		InvalidAnnotation: "invalid_annotation", NoLocalPods: "no_local_pods", Deleted: "deleted", Overflow: "overflow",
+	want := map[report.Reason]string{
+		report.Accepted: "accepted", report.Redelivered: "redelivered", report.Stale: "stale", report.BeforeStart: "before_start",
+		report.InvalidAnnotation: "invalid_annotation", report.NoLocalPods: "no_local_pods", report.Deleted: "deleted", report.Overflow: "overflow",
 	}
 	for r, name := range want {
 		if r.String() != name {
 			t.Errorf("Reason(%d).String() = %q, want %q", r, r.String(), name)
 		}
 	}
-	rs := Reasons()
-	if len(rs) != NumReasons-1 || slices.Contains(rs, Accepted) {
-		t.Fatalf("Reasons() = %v, want the %d suppression reasons", rs, NumReasons-1)
+	rs := report.Reasons()
+	if len(rs) != report.NumReasons-1 || slices.Contains(rs, report.Accepted) {
+		t.Fatalf("Reasons() = %v, want the %d suppression reasons", rs, report.NumReasons-1)
 	}
-	if got := Reason(200).String(); got != "Reason(200)" {
+	if got := report.Reason(200).String(); got != "Reason(200)" {
 		t.Fatalf("unknown reason prints %q", got)
 	}
 }
@@ -396,15 +398,15 @@ func TestReasonNames(t *testing.T) {
 // re-observes every object.
 func TestObserveRedeliveredDoesNotAllocate(t *testing.T) {
 	s := newTestSet(t)
-	mustObserve(t, s, uidA, at(10), at(10), Accepted)
-	mustObserve(t, s, uidB, at(10), at(10), Accepted)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	mustObserve(t, s, uidB, at(10), at(10), report.Accepted)
 	mustCommit(t, s, uidB, at(10), at(11))
 	for _, c := range []struct {
 		name string
 		uid  string
 	}{{"pending", uidA}, {"consumed", uidB}} {
 		allocs := testing.AllocsPerRun(1000, func() {
-			if s.Observe(c.uid, at(10), at(20)) != Redelivered {
+			if s.Observe(c.uid, at(10), at(20)) != report.Redelivered {
 				t.Fatal("not redelivered")
 			}
 		})

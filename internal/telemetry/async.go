@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -18,8 +19,8 @@ import (
 // returns) and its commit time. A job with flushed set is a flush marker instead: the builder closes it
 // once every job and measurement queued before it is done.
 type spanJob struct {
-	rec      Record
-	attempts [4]Attempt // inline storage for rec.Attempts, so a copy allocates nothing in the common case
+	rec      report.Record
+	attempts [4]report.Attempt // inline storage for rec.Attempts, so a copy allocates nothing in the common case
 	commit   time.Time
 	parent   trace.SpanContext // remote parent from a valid traceparent, else zero (set by the builder)
 	flushed  chan struct{}
@@ -28,7 +29,7 @@ type spanJob struct {
 var jobPool = sync.Pool{New: func() any { return new(spanJob) }}
 
 // newJob copies r into a pooled job.
-func newJob(r *Record, commit time.Time) *spanJob {
+func newJob(r *report.Record, commit time.Time) *spanJob {
 	j := jobPool.Get().(*spanJob)
 	j.rec = *r
 	if n := len(r.Attempts); n <= len(j.attempts) {
@@ -115,7 +116,7 @@ func (j *spanJob) release() {
 
 // spanCount is how many spans the record's tree has: the root, each phase that
 // is drawn, and one per attempt (what both span builders emit).
-func spanCount(r *Record) uint64 {
+func spanCount(r *report.Record) uint64 {
 	n := uint64(1 + len(r.Attempts))
 	for _, p := range phasesOf(r) {
 		if p.drawn() {
@@ -132,7 +133,7 @@ type phase struct {
 }
 
 // phasesOf lists the record's phases: delivery, queue and compute.
-func phasesOf(r *Record) [3]phase {
+func phasesOf(r *report.Record) [3]phase {
 	return [3]phase{
 		{SpanDelivery, r.Trigger, r.Received},
 		{SpanQueue, r.Received, r.WorkerStart},
@@ -274,7 +275,7 @@ func (t *Telemetry) buildJob(j *spanJob) {
 	if t.finished.emit(t.nodeAttr, j, root) {
 		ctx = trace.ContextWithSpanContext(ctx, root)
 	} // else no span queue took the tree: no exemplar may name it
-	t.latency.Record(ctx, j.commit.Sub(r.Trigger).Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
+	t.latency.Record(ctx, j.commit.Sub(r.Trigger).Seconds(), t.latencySets[r.Kind].rec...)
 }
 
 // drainBuilds waits until every job queued so far is built (its spans ended and
@@ -345,7 +346,7 @@ func (t *Telemetry) abandonQueued() {
 				continue
 			}
 			t.spansDropped.Add(spanCount(&j.rec) * uint64(t.spanExporters))
-			t.latency.Record(context.Background(), j.commit.Sub(j.rec.Trigger).Seconds(), t.kindAttrs.get(j.rec.Kind, "").rec...)
+			t.latency.Record(context.Background(), j.commit.Sub(j.rec.Trigger).Seconds(), t.latencySets[j.rec.Kind].rec...)
 			j.release()
 		default:
 			return

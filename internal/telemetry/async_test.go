@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -224,7 +225,7 @@ func TestStopWhileReportingLosesNothing(t *testing.T) {
 			wg.Go(func() {
 				for i := range 150 {
 					tel.Report(record(base, fmt.Sprintf("pe-%d-%d-%d", round, g, i), 30*time.Millisecond))
-					tel.CommitDone(KindPolicyEndpoint, time.Millisecond, nil)
+					tel.Committed(report.KindPolicyEndpoint, attempt(base, time.Millisecond, ""))
 					reported.Add(1)
 				}
 			})
@@ -254,12 +255,12 @@ func TestStopWhileReportingLosesNothing(t *testing.T) {
 	}
 }
 
-// A parked builder is woken by a point alone (CommitDone), not only by a
+// A parked builder is woken by a point alone (Committed), not only by a
 // traced record, and records it without any flush.
 func TestParkedBuilderWokenByAPoint(t *testing.T) {
 	tel := newInMemory(t)
 	waitParked(t, tel)
-	tel.CommitDone(KindPolicyEndpoint, 3*time.Millisecond, nil)
+	tel.Committed(report.KindPolicyEndpoint, attempt(base, 3*time.Millisecond, ""))
 	deadline := time.Now().Add(time.Second)
 	for {
 		var rm metricdata.ResourceMetrics

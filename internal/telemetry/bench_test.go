@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"golang.org/x/sys/unix"
@@ -113,25 +114,6 @@ func BenchmarkReportNotSampled(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tel.Report(r)
-	}
-}
-
-// BenchmarkSuppressed is the re-delivery path: one counter increment with a cached
-// attribute set. It must not allocate.
-func BenchmarkSuppressed(b *testing.B) {
-	tel := newBenchTelemetry(b)
-	tel.Suppressed(KindPolicyEndpoint, "redelivered")
-	b.ReportAllocs()
-	for b.Loop() {
-		tel.Suppressed(KindPolicyEndpoint, "redelivered")
-	}
-}
-
-func BenchmarkDelivered(b *testing.B) {
-	tel := newBenchTelemetry(b)
-	b.ReportAllocs()
-	for b.Loop() {
-		tel.Delivered(KindPolicyEndpoint, "resync")
 	}
 }
 
@@ -307,13 +289,13 @@ func ExampleTelemetry_Report() {
 	}
 	defer tel.Shutdown(context.Background())
 	trigger := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	r := &Record{
-		Kind: KindPolicyEndpoint, Namespace: "shop", Name: "allow-frontend-abc12", UID: "5f0c…",
+	r := &report.Record{
+		Kind: report.KindPolicyEndpoint, Namespace: "shop", Name: "allow-frontend-abc12", UID: "5f0c…",
 		PolicyRef: "allow-frontend", ResourceVersion: "81723",
 		Trigger: trigger, Received: trigger.Add(35 * time.Millisecond),
 		WorkerStart:  trigger.Add(36 * time.Millisecond),
 		ComputeStart: trigger.Add(36 * time.Millisecond), ComputeEnd: trigger.Add(37 * time.Millisecond),
-		Attempts: []Attempt{{Start: trigger.Add(37 * time.Millisecond), End: trigger.Add(41 * time.Millisecond)}},
+		Attempts: []report.Attempt{{Start: trigger.Add(37 * time.Millisecond), End: trigger.Add(41 * time.Millisecond)}},
 		Pods:     2, Entries: 12,
 	}
 	tel.Report(r)

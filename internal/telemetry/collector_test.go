@@ -31,6 +31,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
@@ -322,7 +323,7 @@ func TestThroughRealCollector(t *testing.T) {
 		}
 		pe := attrValue(root.GetAttributes(), PolicyNameKey)
 		if attrValue(root.GetAttributes(), "k8s.node.name") != "node-e2e" ||
-			attrValue(root.GetAttributes(), KindKey) != KindPolicyEndpoint ||
+			attrValue(root.GetAttributes(), KindKey) != report.KindPolicyEndpoint.String() ||
 			attrValue(root.GetAttributes(), PodsKey) != "3" || attrValue(root.GetAttributes(), EntriesKey) != "17" {
 			t.Errorf("root %s attributes %v", pe, root.GetAttributes())
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -79,13 +80,13 @@ func failedCommit(s exportedSpan) int {
 // attempts, more attempts than finishedSpans prebuilds, phases left out (a bound
 // missing or out of order), a cluster policy with no namespace or policy ref, and
 // a value longer than the tight length limit in a multi-byte script.
-func treeShapes() []*Record {
+func treeShapes() []*report.Record {
 	full := record(base, "pe-full", 80*time.Millisecond)
 	full.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 	failed := record(base.Add(time.Second), "pe-failed", 80*time.Millisecond)
 	failed.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b8-03" // sampled and random
-	failed.Attempts = []Attempt{
+	failed.Attempts = []report.Attempt{
 		{Start: base.Add(time.Second + 60*time.Millisecond), End: base.Add(time.Second + 65*time.Millisecond), Err: "map full"},
 		{Start: base.Add(time.Second + 70*time.Millisecond), End: base.Add(time.Second + 80*time.Millisecond)},
 	}
@@ -94,7 +95,7 @@ func treeShapes() []*Record {
 	many.Attempts = nil
 	for i := range maxSharedAttempts + 3 {
 		at := base.Add(2*time.Second + 60*time.Millisecond + time.Duration(i)*time.Millisecond)
-		a := Attempt{Start: at, End: at.Add(500 * time.Microsecond)}
+		a := report.Attempt{Start: at, End: at.Add(500 * time.Microsecond)}
 		if i < maxSharedAttempts+2 {
 			a.Err = fmt.Sprintf("interface not found (%d)", i)
 		}
@@ -102,12 +103,12 @@ func treeShapes() []*Record {
 	}
 
 	gaps := record(base.Add(3*time.Second), "cpe-gaps", 80*time.Millisecond)
-	gaps.Kind, gaps.Namespace, gaps.PolicyRef = KindClusterPolicyEndpoint, "", ""
+	gaps.Kind, gaps.Namespace, gaps.PolicyRef = report.KindClusterPolicyEndpoint, "", ""
 	gaps.Received = time.Time{}                                // no delivery span, no queue span
 	gaps.ComputeEnd = gaps.ComputeStart.Add(-time.Millisecond) // out of order: no compute span
 
 	long := record(base.Add(4*time.Second), "pe-"+strings.Repeat("ü", 20), 80*time.Millisecond)
-	return []*Record{full, failed, many, gaps, long}
+	return []*report.Record{full, failed, many, gaps, long}
 }
 
 // exportedSpan is a span with its ids replaced by its place in the tree.
@@ -120,7 +121,7 @@ type exportedSpan struct {
 // exportTrees reports records through a fresh Telemetry, building the trees
 // through the tracer when viaTracer (OTEL_TRACES_SAMPLER set), else through the
 // builder, and returns the exported spans sorted by key.
-func exportTrees(t *testing.T, viaTracer bool, records []*Record) []exportedSpan {
+func exportTrees(t *testing.T, viaTracer bool, records []*report.Record) []exportedSpan {
 	t.Helper()
 	if viaTracer {
 		t.Setenv("OTEL_TRACES_SAMPLER", "always_on")

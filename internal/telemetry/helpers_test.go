@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -136,9 +137,9 @@ func hasAll(set attribute.Set, want []attribute.KeyValue) bool {
 
 // record builds a plausible record: trigger at base, received 40ms later, worker
 // 5ms after that, compute 2ms, then the given attempts.
-func record(base time.Time, name string, latency time.Duration) *Record {
-	return &Record{
-		Kind:            KindPolicyEndpoint,
+func record(base time.Time, name string, latency time.Duration) *report.Record {
+	return &report.Record{
+		Kind:            report.KindPolicyEndpoint,
 		Namespace:       "team-a",
 		Name:            name,
 		UID:             "uid-" + name,
@@ -149,8 +150,13 @@ func record(base time.Time, name string, latency time.Duration) *Record {
 		WorkerStart:     base.Add(latency / 2),
 		ComputeStart:    base.Add(latency / 2),
 		ComputeEnd:      base.Add(latency * 3 / 4),
-		Attempts:        []Attempt{{Start: base.Add(latency * 3 / 4), End: base.Add(latency)}},
+		Attempts:        []report.Attempt{{Start: base.Add(latency * 3 / 4), End: base.Add(latency)}},
 		Pods:            3,
 		Entries:         17,
 	}
+}
+
+// attempt is a commit attempt of duration d starting at start; err "" = success.
+func attempt(start time.Time, d time.Duration, err string) *report.Attempt {
+	return &report.Attempt{Start: start, End: start.Add(d), Err: err}
 }

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -60,112 +61,98 @@ const (
 	histogramMaxScale = 20
 )
 
-// maxCachedPairs caps the distinct attribute pairs per instrument. Label values
-// come from the code (kinds, reasons, causes, field names), so the cap only bites
-// on a bug; beyond it values fold into "other" and cardinality stays bounded.
-const maxCachedPairs = 64
+// maxFieldSeries caps the distinct field names of the invalid-objects counter.
+// Field names come from the code, so the cap only bites on a bug; beyond it
+// fields are exported under "other" and cardinality stays bounded.
+const maxFieldSeries = 64
 
 const otherValue = "other"
 
 // measureOptions is a pre-built attribute set wrapped as the option kinds, so
-// recording with it allocates nothing, and the running total of a counter
-// kept under that set.
+// recording or observing with it allocates nothing.
 type measureOptions struct {
 	rec     []metric.RecordOption
 	observe []metric.ObserveOption
-	total   atomic.Int64
 }
 
-func newMeasureOptions(set attribute.Set) *measureOptions {
-	opt := metric.WithAttributeSet(set)
+func newMeasureOptions(kvs ...attribute.KeyValue) *measureOptions {
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
 	return &measureOptions{rec: []metric.RecordOption{opt}, observe: []metric.ObserveOption{opt}}
 }
 
-// counter is a monotonic count per attribute pair, kept in atomics on the
-// caller's side and read by the meter at each collection (an observable
-// counter; exported like a synchronous one: a cumulative monotonic sum).
-//
-// Why not a synchronous Int64Counter: its Add looks the attribute set up in the
-// SDK's aggregation map under a lock; on the reconcile path, with the caches cold
-// from the commit's system calls, that measured about 1 µs per call in
-// BenchmarkTelemetryOverheadPaired. Here a call is one atomic add on a
-// pre-built entry. A pair never counted is not exported, as with Add.
-type counter struct {
-	inst  metric.Int64ObservableCounter
-	attrs *attrCache
-}
+// byKind holds one attribute set per policy kind.
+type byKind [report.NumKinds]*measureOptions
 
-func (c *counter) add(kind, value string) { c.attrs.get(kind, value).total.Add(1) }
-
-// observe reports every counted pair's total; the meter calls it, through the
-// callback New registers, on each collection.
-func (c *counter) observe(o metric.Observer) {
-	c.attrs.mu.RLock()
-	defer c.attrs.mu.RUnlock()
-	for _, m := range c.attrs.entries {
-		if n := m.total.Load(); n > 0 {
-			o.ObserveInt64(c.inst, n, m.observe...)
-		}
+func newByKind(extra ...attribute.KeyValue) byKind {
+	var b byKind
+	for k := range report.NumKinds {
+		b[k] = newMeasureOptions(append([]attribute.KeyValue{KindKey.String(report.Kind(k).String())}, extra...)...)
 	}
+	return b
 }
 
-// attrCache maps an attribute pair (kind plus one more, or kind alone) to its
-// pre-built measureOptions. Lookups take a read lock and allocate nothing.
-type attrCache struct {
-	kindKey, otherKey attribute.Key // otherKey "" means the set holds the kind alone
-	mu                sync.RWMutex
-	entries           map[[2]string]*measureOptions
+// kindCounter is a count per policy kind, and per value of at most one more
+// attribute, that telemetry keeps itself (what it rejects or fails to parse): an
+// atomic total the meter reads at collection, so counting allocates nothing.
+type kindCounter struct {
+	inst   metric.Int64ObservableCounter
+	sets   []byKind // one per value of the extra attribute; one without it
+	totals [][report.NumKinds]atomic.Int64
 }
 
-func newAttrCache(otherKey attribute.Key, warm ...[2]string) *attrCache {
-	c := &attrCache{kindKey: KindKey, otherKey: otherKey, entries: make(map[[2]string]*measureOptions)}
-	c.insert([2]string{otherValue, otherValue})
-	for _, kind := range []string{KindPolicyEndpoint, KindClusterPolicyEndpoint} {
-		for _, w := range warm {
-			c.insert([2]string{kind, w[1]})
-		}
-		if len(warm) == 0 {
-			c.insert([2]string{kind, ""})
-		}
+// newKindCounter builds the sets: values are the extra attribute's values, none
+// for a counter by kind alone.
+func newKindCounter(values ...attribute.KeyValue) kindCounter {
+	if len(values) == 0 {
+		return kindCounter{sets: []byKind{newByKind()}, totals: make([][report.NumKinds]atomic.Int64, 1)}
+	}
+	c := kindCounter{totals: make([][report.NumKinds]atomic.Int64, len(values))}
+	for _, v := range values {
+		c.sets = append(c.sets, newByKind(v))
 	}
 	return c
 }
 
-func (c *attrCache) insert(k [2]string) *measureOptions {
-	kvs := []attribute.KeyValue{c.kindKey.String(k[0])}
-	if c.otherKey != "" {
-		kvs = append(kvs, c.otherKey.String(k[1]))
+// add counts one for kind k and the extra attribute's value number v.
+func (c *kindCounter) add(k report.Kind, v int) {
+	if int(k) < report.NumKinds {
+		c.totals[v][k].Add(1)
 	}
-	m := newMeasureOptions(attribute.NewSet(kvs...))
-	c.entries[k] = m
+}
+
+func (c *kindCounter) observe(o metric.Observer) {
+	for v := range c.totals {
+		for k := range c.totals[v] {
+			if n := c.totals[v][k].Load(); n > 0 {
+				o.ObserveInt64(c.inst, n, c.sets[v][k].observe...)
+			}
+		}
+	}
+}
+
+// fieldSets builds, at collection time, the attribute sets of the
+// invalid-objects counter, one per (kind, field), bounded by maxFieldSeries.
+type fieldSets struct {
+	mu   sync.Mutex
+	sets map[report.InvalidObject]*measureOptions
+}
+
+func (f *fieldSets) get(key report.InvalidObject) *measureOptions {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m, ok := f.sets[key]; ok {
+		return m
+	}
+	if f.sets == nil {
+		f.sets = map[report.InvalidObject]*measureOptions{}
+	}
+	if len(f.sets) >= maxFieldSeries {
+		key.Field = otherValue
+		if m, ok := f.sets[key]; ok {
+			return m
+		}
+	}
+	m := newMeasureOptions(KindKey.String(key.Kind.String()), FieldKey.String(key.Field))
+	f.sets[key] = m
 	return m
-}
-
-func (c *attrCache) get(kind, value string) *measureOptions {
-	k := [2]string{kind, value}
-	c.mu.RLock()
-	m, ok := c.entries[k]
-	c.mu.RUnlock()
-	if ok {
-		return m
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m, ok := c.entries[k]; ok {
-		return m
-	}
-	if len(c.entries) >= maxCachedPairs {
-		return c.entries[[2]string{otherValue, otherValue}]
-	}
-	return c.insert(k)
-}
-
-// pairs builds warm-up keys for newAttrCache from the values the loop is known
-// to use.
-func pairs(values ...string) [][2]string {
-	out := make([][2]string, len(values))
-	for i, v := range values {
-		out[i] = [2]string{"", v}
-	}
-	return out
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -35,11 +36,16 @@ const (
 	EntriesKey               = attribute.Key("npagent.commit.map_entries")
 )
 
+// Reject reasons: indexes of the reason values of Telemetry.rejected
+// ("clock_skew", "no_commit").
 const (
-	rejectClockSkew = "clock_skew"
-	rejectNoCommit  = "no_commit"
-	outcomeSuccess  = "success"
-	outcomeFailure  = "failure"
+	rejectClockSkew = iota
+	rejectNoCommit
+)
+
+const (
+	outcomeSuccess = "success"
+	outcomeFailure = "failure"
 )
 
 var traceContext = propagation.TraceContext{}
@@ -55,7 +61,10 @@ var traceContext = propagation.TraceContext{}
 // the builder goroutine parses the traceparent, chooses the ids, emits the tree
 // and records the point with its exemplar. When OTEL_TRACES_SAMPLER is set,
 // Report does it all itself (reportThroughTracer).
-func (t *Telemetry) Report(r *Record) {
+func (t *Telemetry) Report(r *report.Record) {
+	if int(r.Kind) >= report.NumKinds {
+		return // not a kind the loop hands over: nothing to attribute it to
+	}
 	commit := r.Committed()
 	if commit.IsZero() || r.Trigger.IsZero() {
 		t.rejected.add(r.Kind, rejectNoCommit)
@@ -84,7 +93,7 @@ func (t *Telemetry) Report(r *Record) {
 	if r.TraceParent != "" {
 		t.remoteParent(r) // counts an invalid one
 	}
-	t.deferRecord(t.latency, t.kindAttrs.get(r.Kind, ""), latency.Seconds())
+	t.deferRecord(t.latency, t.latencySets[r.Kind], latency.Seconds())
 }
 
 // reportThroughTracer is Report when OTEL_TRACES_SAMPLER is set: the tree goes
@@ -92,7 +101,7 @@ func (t *Telemetry) Report(r *Record) {
 // the root span's context when the sampler kept it, so that it carries an
 // exemplar naming it; else with a context holding no span at all, so the
 // histogram still counts it and no exemplar points at a trace that was discarded.
-func (t *Telemetry) reportThroughTracer(r *Record, commit time.Time, latency time.Duration) {
+func (t *Telemetry) reportThroughTracer(r *report.Record, commit time.Time, latency time.Duration) {
 	bg := context.Background()
 	parent := bg
 	if r.TraceParent != "" {
@@ -108,16 +117,16 @@ func (t *Telemetry) reportThroughTracer(r *Record, commit time.Time, latency tim
 		}
 		sc.release()
 	}
-	t.latency.Record(pointCtx, latency.Seconds(), t.kindAttrs.get(r.Kind, "").rec...)
+	t.latency.Record(pointCtx, latency.Seconds(), t.latencySets[r.Kind].rec...)
 }
 
 // remoteParent parses the record's traceparent annotation, counting it when it
 // is invalid; the zero SpanContext means none.
-func (t *Telemetry) remoteParent(r *Record) trace.SpanContext {
+func (t *Telemetry) remoteParent(r *report.Record) trace.SpanContext {
 	carrier := traceparentCarrier(r.TraceParent)
 	psc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), &carrier))
 	if !psc.IsValid() {
-		t.traceparentInvalid.add(r.Kind, "")
+		t.traceparentInvalid.add(r.Kind, 0)
 		return trace.SpanContext{}
 	}
 	return psc
@@ -160,7 +169,7 @@ func (t *Telemetry) keep(latency time.Duration) bool {
 // OTEL_TRACES_SAMPLER can name reads them, and Report's own sampling decision
 // is taken before the span exists.
 // The SDK copies what it keeps, so nothing of the scratch outlives the call.
-func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record, commit time.Time) context.Context {
+func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *report.Record, commit time.Time) context.Context {
 	attrs := rootAttributes(sc.attrs[:0], t.nodeAttr, r)
 	sc.attrs = attrs
 
@@ -192,14 +201,14 @@ func (t *Telemetry) spanTree(parent context.Context, sc *spanScratch, r *Record,
 // rootAttributes appends the root span's attributes for r to dst: the node,
 // the object (namespace when namespaced, kind, name, uid, the policy it came
 // from), the version and trigger time, and what the commit did.
-func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *Record) []attribute.KeyValue {
+func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *report.Record) []attribute.KeyValue {
 	if node.Valid() {
 		dst = append(dst, node)
 	}
 	if r.Namespace != "" {
 		dst = append(dst, semconv.K8SNamespaceName(r.Namespace))
 	}
-	dst = append(dst, KindKey.String(r.Kind), PolicyNameKey.String(r.Name), PolicyUIDKey.String(r.UID))
+	dst = append(dst, KindKey.String(r.Kind.String()), PolicyNameKey.String(r.Name), PolicyUIDKey.String(r.UID))
 	if r.PolicyRef != "" {
 		dst = append(dst, PolicyRefKey.String(r.PolicyRef))
 	}
@@ -292,31 +301,16 @@ func (c traceparentCarrier) Get(key string) string {
 func (traceparentCarrier) Set(string, string) {}
 func (traceparentCarrier) Keys() []string     { return []string{"traceparent"} }
 
-// Suppressed counts a suppressed observation: reason is the seen-set's reason
-// name ("redelivered", "stale", ...), kind the policy kind. Allocates nothing.
-func (t *Telemetry) Suppressed(kind, reason string) {
-	t.suppressed.add(kind, reason)
-}
-
-// Delivered counts an informer delivery by cause: "resync", "relist", "update",
-// "add", "requeue". Allocates nothing.
-func (t *Telemetry) Delivered(kind, cause string) {
-	t.deliveries.add(kind, cause)
-}
-
-// CommitDone records one dataplane commit attempt's duration and outcome (the
+// Committed records one dataplane commit attempt's duration and outcome (the
 // duration through the measurement queue, like a point of Report's).
-func (t *Telemetry) CommitDone(kind string, d time.Duration, err error) {
-	outcome := outcomeSuccess
-	if err != nil {
-		outcome = outcomeFailure
-		t.commitFailures.add(kind, "")
+func (t *Telemetry) Committed(k report.Kind, a *report.Attempt) {
+	if int(k) >= report.NumKinds {
+		return
 	}
-	t.deferRecord(t.commitDuration, t.commitAttrs.get(kind, outcome), d.Seconds())
-}
-
-// InvalidObject counts an object rejected for bad input; field names the field
-// (for example "spec.podSelector").
-func (t *Telemetry) InvalidObject(kind, field string) {
-	t.invalidObjects.add(kind, field)
+	outcome := 0
+	if a.Err != "" {
+		outcome = 1
+		t.commitFailures.add(k, 0)
+	}
+	t.deferRecord(t.commitDuration, t.commitSets[outcome][k], a.Duration().Seconds())
 }

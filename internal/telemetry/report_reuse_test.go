@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -30,7 +31,7 @@ func testReportCarriesNothingOver(t *testing.T) {
 	tel := newInMemory(t)
 	first := record(base, "pe-first", 80*time.Millisecond)
 	first.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	first.Attempts = []Attempt{
+	first.Attempts = []report.Attempt{
 		{Start: base.Add(60 * time.Millisecond), End: base.Add(65 * time.Millisecond), Err: "map full"},
 		{Start: base.Add(70 * time.Millisecond), End: base.Add(80 * time.Millisecond)},
 	}
@@ -38,7 +39,7 @@ func testReportCarriesNothingOver(t *testing.T) {
 
 	secondBase := base.Add(time.Hour)
 	second := record(secondBase, "cpe-second", 20*time.Millisecond)
-	second.Kind, second.Namespace, second.PolicyRef = KindClusterPolicyEndpoint, "", ""
+	second.Kind, second.Namespace, second.PolicyRef = report.KindClusterPolicyEndpoint, "", ""
 	tel.Report(second)
 
 	spans := tel.endedSpans(t)
@@ -60,7 +61,7 @@ func testReportCarriesNothingOver(t *testing.T) {
 	}
 	want := map[attribute.Key]attribute.Value{
 		"k8s.node.name":          attribute.StringValue("node-a"),
-		KindKey:                  attribute.StringValue(KindClusterPolicyEndpoint),
+		KindKey:                  attribute.StringValue(report.KindClusterPolicyEndpoint.String()),
 		PolicyNameKey:            attribute.StringValue("cpe-second"),
 		PolicyUIDKey:             attribute.StringValue("uid-cpe-second"),
 		PolicyResourceVersionKey: attribute.StringValue("1234"),

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/google/uuid"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -39,17 +40,21 @@ type Telemetry struct {
 	tracer trace.Tracer
 	prom   *prometheus.Registry
 
-	latency            metric.Float64Histogram
-	commitDuration     metric.Float64Histogram
-	suppressed         counter
-	rejected           counter
-	deliveries         counter
-	invalidObjects     counter
-	traceparentInvalid counter
-	commitFailures     counter
+	latency        metric.Float64Histogram
+	commitDuration metric.Float64Histogram
+	// What telemetry itself counts: records it could not turn into a point, by
+	// reason; traceparents that did not parse; failed commit attempts.
+	rejected           kindCounter // by reject reason
+	traceparentInvalid kindCounter
+	commitFailures     kindCounter
 
-	kindAttrs   *attrCache // the latency histogram's sets
-	commitAttrs *attrCache // the commit duration histogram's sets
+	latencySets byKind                                             // the latency histogram's sets
+	commitSets  [2]byKind                                          // the commit duration histogram's sets, by outcome (0 success, 1 failure)
+	causeSets   [report.NumKinds][report.NumCauses]*measureOptions // deliveries
+	reasonSets  [report.NumReasons]*measureOptions                 // suppressions
+	fieldSets   fieldSets                                          // invalid objects
+
+	counts atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -58,8 +63,6 @@ type Telemetry struct {
 	spansDropped        atomic.Uint64 // refused by a full span queue
 	spansFailed         atomic.Uint64 // handed to an exporter whose export failed
 	metricExportsFailed atomic.Uint64
-
-	gauges atomic.Pointer[gaugeFuncs]
 
 	// Asynchronous span building (nil builds: spans are built in Report, which
 	// happens when OTEL_TRACES_SAMPLER is set, since only a synchronous build
@@ -77,8 +80,6 @@ type Telemetry struct {
 	builderStopped atomic.Bool
 	spanExporters  int // span processors behind the tracer, for counting a dropped tree's spans
 }
-
-type gaugeFuncs struct{ objects, pending func() int64 }
 
 // New builds providers, exporters (OTLP gRPC for traces and metrics, honouring the
 // standard OTEL_EXPORTER_OTLP_* variables incl. TLS, headers and insecure; plus a
@@ -253,32 +254,47 @@ func (t *Telemetry) buildInstruments() error {
 	t.latency, err = m.Float64Histogram(LatencyName, metric.WithUnit("s"),
 		metric.WithDescription("Time from a policy change's trigger time to its commit in this node's dataplane, per reported trigger."))
 	check(err)
-	counters := []struct {
-		c           *counter
+	t.latencySets = newByKind()
+	for i, outcome := range [2]string{outcomeSuccess, outcomeFailure} {
+		t.commitSets[i] = newByKind(OutcomeKey.String(outcome))
+	}
+	for k := range report.NumKinds {
+		for c := range report.NumCauses {
+			t.causeSets[k][c] = newMeasureOptions(KindKey.String(report.Kind(k).String()), CauseKey.String(report.Cause(c).String()))
+		}
+	}
+	for _, r := range report.Reasons() {
+		t.reasonSets[r] = newMeasureOptions(ReasonKey.String(r.String()))
+	}
+
+	t.rejected = newKindCounter(ReasonKey.String("clock_skew"), ReasonKey.String("no_commit"))
+	t.traceparentInvalid = newKindCounter()
+	t.commitFailures = newKindCounter()
+	own := []struct {
+		c           *kindCounter
 		name, unit  string
 		description string
-		attrs       *attrCache
 	}{
-		{&t.suppressed, SuppressedName, "{trigger}", "Trigger observations not reported, by the seen-set's reason.",
-			newAttrCache(ReasonKey, pairs("redelivered", "stale", "before_start", "invalid_annotation", "no_local_pods", "deleted", "overflow")...)},
-		{&t.rejected, RejectedName, "{trigger}", "Reported triggers that yielded no observation (clock_skew: committed before the trigger time).",
-			newAttrCache(ReasonKey, pairs(rejectClockSkew, rejectNoCommit)...)},
-		{&t.deliveries, DeliveriesName, "{delivery}", "Informer deliveries of policy objects, by cause.",
-			newAttrCache(CauseKey, pairs("resync", "relist", "update", "add", "requeue")...)},
-		{&t.invalidObjects, InvalidObjectsName, "{object}", "Policy objects rejected for bad input, by field.",
-			newAttrCache(FieldKey)},
-		{&t.traceparentInvalid, TraceparentInvalidName, "{annotation}", "traceparent annotations that did not parse; their spans start new traces.",
-			newAttrCache("")},
-		{&t.commitFailures, CommitFailuresName, "{attempt}", "Failed dataplane commit attempts.",
-			newAttrCache("")},
+		{&t.rejected, RejectedName, "{trigger}", "Reported triggers that yielded no observation (clock_skew: committed before the trigger time; no_commit: no attempt or no trigger time)."},
+		{&t.traceparentInvalid, TraceparentInvalidName, "{annotation}", "traceparent annotations that did not parse; their spans start new traces."},
+		{&t.commitFailures, CommitFailuresName, "{attempt}", "Failed dataplane commit attempts."},
 	}
 	observed := []metric.Observable{}
-	for _, c := range counters {
-		c.c.attrs = c.attrs
+	for _, c := range own {
 		c.c.inst, err = m.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.description))
 		check(err)
 		observed = append(observed, c.c.inst)
 	}
+	suppressed, err := m.Int64ObservableCounter(SuppressedName, metric.WithUnit("{trigger}"),
+		metric.WithDescription("Trigger observations and pending triggers not reported, by the seen-set's reason."))
+	check(err)
+	deliveries, err := m.Int64ObservableCounter(DeliveriesName, metric.WithUnit("{delivery}"),
+		metric.WithDescription("Informer deliveries of policy objects, by cause."))
+	check(err)
+	invalidObjects, err := m.Int64ObservableCounter(InvalidObjectsName, metric.WithUnit("{object}"),
+		metric.WithDescription("Policy objects rejected for bad input, by field."))
+	check(err)
+	observed = append(observed, suppressed, deliveries, invalidObjects)
 	t.commitDuration, err = m.Float64Histogram(CommitDurationName, metric.WithUnit("s"),
 		metric.WithDescription("Duration of each dataplane commit attempt."))
 	check(err)
@@ -302,25 +318,19 @@ func (t *Telemetry) buildInstruments() error {
 		spans, exports := t.Dropped()
 		o.ObserveInt64(spansDropped, int64(spans))
 		o.ObserveInt64(exportsFailed, int64(exports))
-		if g := t.gauges.Load(); g != nil {
-			if g.objects != nil {
-				o.ObserveInt64(seenObjects, g.objects())
-			}
-			if g.pending != nil {
-				o.ObserveInt64(seenPending, g.pending())
-			}
-		}
-		for _, c := range counters {
+		for _, c := range own {
 			c.c.observe(o)
+		}
+		if fill := t.counts.Load(); fill != nil {
+			var c report.Counts
+			(*fill)(&c)
+			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
 		}
 		return nil
 	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending)...)
 	if err != nil {
 		return fmt.Errorf("telemetry instruments: register callback: %w", err)
 	}
-
-	t.kindAttrs = newAttrCache("")
-	t.commitAttrs = newAttrCache(OutcomeKey, pairs(outcomeSuccess, outcomeFailure)...)
 	return nil
 }
 
@@ -347,11 +357,38 @@ func (t *Telemetry) Dropped() (spans, metricExports uint64) {
 	return t.spansDropped.Load() + t.spansFailed.Load(), t.metricExportsFailed.Load()
 }
 
-// ObserveGauges registers the callbacks for the gauges the reconcile loop owns:
-// the seen-set's object count and pending trigger count. They are called on each
-// collection, from the collecting goroutine; a later call replaces both.
-func (t *Telemetry) ObserveGauges(seenObjects, seenPending func() int64) {
-	t.gauges.Store(&gaugeFuncs{objects: seenObjects, pending: seenPending})
+// ObserveCounts registers fill, which copies the counters their owners keep (the
+// reconcile loop's deliveries and invalid objects, the seen-set's suppressions
+// and size) into a Counts on each collection, from the collecting goroutine.
+// Telemetry keeps no copy of them. A later call replaces fill.
+func (t *Telemetry) ObserveCounts(fill func(*report.Counts)) {
+	t.counts.Store(&fill)
+}
+
+// observeCounts exports one Counts snapshot.
+func (t *Telemetry) observeCounts(o metric.Observer, c *report.Counts, suppressed, deliveries, invalid metric.Int64ObservableCounter, objects, pending metric.Int64ObservableGauge) {
+	for k := range c.Deliveries {
+		for cause, n := range c.Deliveries[k] {
+			if n > 0 {
+				o.ObserveInt64(deliveries, int64(n), t.causeSets[k][cause].observe...)
+			}
+		}
+	}
+	for _, r := range report.Reasons() {
+		if n := c.Suppressed[r]; n > 0 {
+			o.ObserveInt64(suppressed, int64(n), t.reasonSets[r].observe...)
+		}
+	}
+	// Fields beyond the cap share one set: sum them before observing it once.
+	totals := make(map[*measureOptions]int64, len(c.InvalidObjects))
+	for key, n := range c.InvalidObjects {
+		totals[t.fieldSets.get(key)] += int64(n)
+	}
+	for set, n := range totals {
+		o.ObserveInt64(invalid, n, set.observe...)
+	}
+	o.ObserveInt64(objects, c.SeenObjects)
+	o.ObserveInt64(pending, c.SeenPending)
 }
 
 // ForceFlush builds the span trees of every record reported so far, then exports

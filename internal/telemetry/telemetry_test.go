@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -38,7 +39,7 @@ func TestReportSpanTree(t *testing.T) {
 	tel := newInMemory(t)
 	r := record(base, "pe-1", 400*time.Millisecond)
 	// A failed attempt, then the successful retry.
-	r.Attempts = []Attempt{
+	r.Attempts = []report.Attempt{
 		{Start: base.Add(300 * time.Millisecond), End: base.Add(320 * time.Millisecond), Err: "bpf map update: no space left on device"},
 		{Start: base.Add(380 * time.Millisecond), End: base.Add(400 * time.Millisecond)},
 	}
@@ -69,7 +70,7 @@ func TestReportSpanTree(t *testing.T) {
 	want := map[attribute.Key]attribute.Value{
 		"k8s.node.name":          attribute.StringValue("node-a"),
 		"k8s.namespace.name":     attribute.StringValue("team-a"),
-		KindKey:                  attribute.StringValue(KindPolicyEndpoint),
+		KindKey:                  attribute.StringValue(report.KindPolicyEndpoint.String()),
 		PolicyNameKey:            attribute.StringValue("pe-1"),
 		PolicyUIDKey:             attribute.StringValue("uid-pe-1"),
 		PolicyRefKey:             attribute.StringValue("np-pe-1"),
@@ -150,8 +151,8 @@ func TestReportSpanTree(t *testing.T) {
 	if math.Abs(pts[0].Sum-0.4) > 1e-9 {
 		t.Errorf("latency sum %v, want 0.4", pts[0].Sum)
 	}
-	if kind, _ := pts[0].Attributes.Value(KindKey); kind.AsString() != KindPolicyEndpoint || pts[0].Attributes.Len() != 1 {
-		t.Errorf("latency attributes %v, want only %s=%s", pts[0].Attributes.ToSlice(), KindKey, KindPolicyEndpoint)
+	if kind, _ := pts[0].Attributes.Value(KindKey); kind.AsString() != report.KindPolicyEndpoint.String() || pts[0].Attributes.Len() != 1 {
+		t.Errorf("latency attributes %v, want only %s=%s", pts[0].Attributes.ToSlice(), KindKey, report.KindPolicyEndpoint)
 	}
 	if len(pts[0].Exemplars) != 1 {
 		t.Fatalf("%d exemplars, want 1", len(pts[0].Exemplars))
@@ -174,7 +175,7 @@ func names(spans tracetest.SpanStubs) []string {
 func TestReportClusterScopedOmitsNamespace(t *testing.T) {
 	tel := newInMemory(t)
 	r := record(base, "cpe-1", 50*time.Millisecond)
-	r.Kind, r.Namespace, r.PolicyRef = KindClusterPolicyEndpoint, "", ""
+	r.Kind, r.Namespace, r.PolicyRef = report.KindClusterPolicyEndpoint, "", ""
 	tel.Report(r)
 	spans := tel.endedSpans(t)
 	for _, s := range spans {
@@ -188,7 +189,7 @@ func TestReportClusterScopedOmitsNamespace(t *testing.T) {
 		if _, ok := a[PolicyRefKey]; ok {
 			t.Errorf("root span without policyRef has %s", PolicyRefKey)
 		}
-		if a[KindKey].AsString() != KindClusterPolicyEndpoint {
+		if a[KindKey].AsString() != report.KindClusterPolicyEndpoint.String() {
 			t.Errorf("kind %q", a[KindKey].AsString())
 		}
 		return
@@ -263,7 +264,7 @@ func TestReportClockSkewYieldsNothing(t *testing.T) {
 			t.Errorf("latency point with count %d, want no observation", p.Count)
 		}
 	}
-	if got := counterValue(t, rm, RejectedName, ReasonKey.String("clock_skew"), KindKey.String(KindPolicyEndpoint)); got != 1 {
+	if got := counterValue(t, rm, RejectedName, ReasonKey.String("clock_skew"), KindKey.String(report.KindPolicyEndpoint.String())); got != 1 {
 		t.Errorf("rejected{clock_skew} = %d, want 1", got)
 	}
 	if got := counterValue(t, rm, RejectedName, ReasonKey.String("no_commit")); got != 1 {
@@ -347,48 +348,73 @@ func TestSamplingDropAllFastKeepsCountNoExemplars(t *testing.T) {
 	}
 }
 
-func TestSuppressedAndDeliveredAllocateNothing(t *testing.T) {
+// The counts their owners keep (reconcile's deliveries and invalid objects, the
+// seen-set's suppressions and size) are exported from the snapshot ObserveCounts
+// fills at each collection, each under its own attribute set.
+func TestCountsExportedFromTheirOwners(t *testing.T) {
 	tel := newInMemory(t)
-	// Warm up: the first use of an unknown pair builds its attribute set.
-	tel.Suppressed(KindPolicyEndpoint, "redelivered")
-	tel.Delivered(KindClusterPolicyEndpoint, "resync")
-	if a := testing.AllocsPerRun(1000, func() { tel.Suppressed(KindPolicyEndpoint, "redelivered") }); a != 0 {
-		t.Errorf("Suppressed: %v allocs per call, want 0", a)
-	}
-	if a := testing.AllocsPerRun(1000, func() { tel.Delivered(KindClusterPolicyEndpoint, "resync") }); a != 0 {
-		t.Errorf("Delivered: %v allocs per call, want 0", a)
-	}
+	var c report.Counts
+	c.Suppressed[report.Redelivered] = 1002
+	c.Suppressed[report.NoLocalPods] = 3
+	c.Deliveries[report.KindClusterPolicyEndpoint][report.CauseResync] = 1002
+	c.InvalidObjects = map[report.InvalidObject]uint64{{Kind: report.KindPolicyEndpoint, Field: "spec.ingress.cidr"}: 2}
+	c.SeenObjects, c.SeenPending = 42, 7
+	tel.ObserveCounts(func(dst *report.Counts) { *dst = c })
 	rm := tel.collect(t)
-	if got := counterValue(t, rm, SuppressedName, ReasonKey.String("redelivered"), KindKey.String(KindPolicyEndpoint)); got != 1002 {
-		t.Errorf("suppressed{redelivered} = %d, want 1002 (1 + 1000 runs + AllocsPerRun's warm-up)", got)
+	if got := counterValue(t, rm, SuppressedName, ReasonKey.String("redelivered")); got != 1002 {
+		t.Errorf("suppressed{redelivered} = %d, want 1002", got)
 	}
-	if got := counterValue(t, rm, DeliveriesName, CauseKey.String("resync"), KindKey.String(KindClusterPolicyEndpoint)); got != 1002 {
+	if got := counterValue(t, rm, SuppressedName, ReasonKey.String("no_local_pods")); got != 3 {
+		t.Errorf("suppressed{no_local_pods} = %d, want 3", got)
+	}
+	if got := counterValue(t, rm, DeliveriesName, CauseKey.String("resync"), KindKey.String(report.KindClusterPolicyEndpoint.String())); got != 1002 {
 		t.Errorf("deliveries{resync} = %d, want 1002", got)
+	}
+	if got := counterValue(t, rm, InvalidObjectsName, FieldKey.String("spec.ingress.cidr"), KindKey.String(report.KindPolicyEndpoint.String())); got != 2 {
+		t.Errorf("invalid_objects{spec.ingress.cidr} = %d, want 2", got)
+	}
+	if got := counterValue(t, rm, SeenObjectsName); got != 42 {
+		t.Errorf("seen objects %d, want 42", got)
+	}
+	if got := counterValue(t, rm, SeenPendingName); got != 7 {
+		t.Errorf("seen pending %d, want 7", got)
 	}
 }
 
+// Field names are bounded by the code; a bug that made them unbounded still
+// exports at most maxFieldSeries series, the rest summed under "other".
 func TestAttributeCardinalityIsCapped(t *testing.T) {
 	tel := newInMemory(t)
-	for i := range 3 * maxCachedPairs {
-		tel.InvalidObject(KindPolicyEndpoint, fmt.Sprintf("spec.field%d", i))
+	invalid := map[report.InvalidObject]uint64{}
+	for i := range 3 * maxFieldSeries {
+		invalid[report.InvalidObject{Kind: report.KindPolicyEndpoint, Field: fmt.Sprintf("spec.field%d", i)}] = 1
 	}
+	tel.ObserveCounts(func(dst *report.Counts) { dst.InvalidObjects = invalid })
 	m, ok := findMetric(tel.collect(t), InvalidObjectsName)
 	if !ok {
 		t.Fatal("no invalid-objects metric")
 	}
-	if n := len(m.Data.(metricdata.Sum[int64]).DataPoints); n > maxCachedPairs {
-		t.Errorf("%d series, want at most %d", n, maxCachedPairs)
+	points := m.Data.(metricdata.Sum[int64]).DataPoints
+	if n := len(points); n > maxFieldSeries+1 {
+		t.Errorf("%d series, want at most %d", n, maxFieldSeries+1)
+	}
+	var sum int64
+	for _, p := range points {
+		sum += p.Value
+	}
+	if sum != 3*maxFieldSeries {
+		t.Errorf("invalid objects sum to %d over the series, want %d (nothing lost to the cap)", sum, 3*maxFieldSeries)
 	}
 }
 
-func TestCommitDoneAndGauges(t *testing.T) {
+func TestCommittedAndGauges(t *testing.T) {
 	tel := newInMemory(t)
-	tel.CommitDone(KindPolicyEndpoint, 3*time.Millisecond, nil)
-	tel.CommitDone(KindPolicyEndpoint, 12*time.Millisecond, errors.New("map full"))
-	tel.ObserveGauges(func() int64 { return 42 }, func() int64 { return 7 })
+	tel.Committed(report.KindPolicyEndpoint, attempt(base, 3*time.Millisecond, ""))
+	tel.Committed(report.KindPolicyEndpoint, attempt(base, 12*time.Millisecond, "map full"))
+	tel.ObserveCounts(func(c *report.Counts) { c.SeenObjects, c.SeenPending = 42, 7 })
 
 	rm := tel.collect(t)
-	if got := counterValue(t, rm, CommitFailuresName, KindKey.String(KindPolicyEndpoint)); got != 1 {
+	if got := counterValue(t, rm, CommitFailuresName, KindKey.String(report.KindPolicyEndpoint.String())); got != 1 {
 		t.Errorf("commit failures %d, want 1", got)
 	}
 	if got := counterValue(t, rm, SeenObjectsName); got != 42 {
@@ -543,11 +569,11 @@ func TestStalledExportDropsAndCountsWithoutBlocking(t *testing.T) {
 // and exact values, and a pair never counted is not exposed.
 func TestMetricsHandlerServesCounters(t *testing.T) {
 	tel := newInMemory(t)
-	for range 3 {
-		tel.Suppressed(KindPolicyEndpoint, "redelivered")
-	}
-	tel.Delivered(KindClusterPolicyEndpoint, "relist")
-	tel.CommitDone(KindPolicyEndpoint, time.Millisecond, errors.New("map full"))
+	tel.ObserveCounts(func(c *report.Counts) {
+		c.Suppressed[report.Redelivered] = 3
+		c.Deliveries[report.KindClusterPolicyEndpoint][report.CauseRelist] = 1
+	})
+	tel.Committed(report.KindPolicyEndpoint, attempt(base, time.Millisecond, "map full"))
 	srv := httptest.NewServer(tel.MetricsHandler())
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
@@ -562,7 +588,7 @@ func TestMetricsHandlerServesCounters(t *testing.T) {
 	text := string(body)
 	for _, want := range []string{
 		"# TYPE npagent_policy_programming_suppressed_total counter",
-		`npagent_policy_programming_suppressed_total{npagent_policy_kind="PolicyEndpoint",otel_scope_name="` + ScopeName + `",otel_scope_schema_url="",otel_scope_version="",reason="redelivered"} 3`,
+		`npagent_policy_programming_suppressed_total{otel_scope_name="` + ScopeName + `",otel_scope_schema_url="",otel_scope_version="",reason="redelivered"} 3`,
 		"# TYPE npagent_policy_deliveries_total counter",
 		`npagent_policy_deliveries_total{cause="relist",npagent_policy_kind="ClusterPolicyEndpoint",otel_scope_name="` + ScopeName + `",otel_scope_schema_url="",otel_scope_version=""} 1`,
 		"# TYPE npagent_dataplane_commit_failures_total counter",

@@ -1,0 +1,123 @@
+package report
+
+import "strconv"
+
+// Kind is the kind of a policy object.
+type Kind uint8
+
+// Policy kinds.
+const (
+	KindPolicyEndpoint Kind = iota
+	KindClusterPolicyEndpoint
+
+	// NumKinds is the number of Kind values.
+	NumKinds = int(KindClusterPolicyEndpoint) + 1
+)
+
+var kindNames = [NumKinds]string{"PolicyEndpoint", "ClusterPolicyEndpoint"}
+
+// String returns the Kubernetes kind name, also the value of the
+// npagent.policy.kind attribute.
+func (k Kind) String() string {
+	if int(k) < NumKinds {
+		return kindNames[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Cause is why an object reached the reconcile loop.
+type Cause uint8
+
+// Delivery causes.
+const (
+	// CauseAdd: the informer saw the object for the first time (initial list included).
+	CauseAdd Cause = iota
+	// CauseUpdate: a new resourceVersion (a genuine write).
+	CauseUpdate
+	// CauseResync: the informer's periodic resync re-delivered the cached object.
+	CauseResync
+	// CauseRelist: a list after a watch failure delivered the object again unchanged.
+	CauseRelist
+	// CauseRequeue: a worker put the key back (commit failure, interface not there yet).
+	CauseRequeue
+	// CauseDelete: the object was deleted.
+	CauseDelete
+
+	// NumCauses is the number of Cause values.
+	NumCauses = int(CauseDelete) + 1
+)
+
+var causeNames = [NumCauses]string{"add", "update", "resync", "relist", "requeue", "delete"}
+
+// String returns the cause's name, the value of the cause attribute.
+func (c Cause) String() string {
+	if int(c) < NumCauses {
+		return causeNames[c]
+	}
+	return "Cause(" + strconv.Itoa(int(c)) + ")"
+}
+
+// Reason says why an observation or a pending trigger was not reported.
+// Accepted is not a suppression: it is the seen-set's answer for a trigger that
+// became pending.
+type Reason uint8
+
+const (
+	// Accepted: the trigger became pending; it will end reported or counted
+	// under exactly one of the reasons below.
+	Accepted Reason = iota
+	// Redelivered: the trigger equals a pending or consumed trigger of the uid
+	// (resync, relist, requeue, restart).
+	Redelivered
+	// Stale: the trigger is older than the uid's consumed trigger.
+	Stale
+	// BeforeStart: the trigger is not newer than the start guard (the restored
+	// watermark, or the process start without state) and nothing was persisted
+	// or accepted for the uid.
+	BeforeStart
+	// InvalidAnnotation: the trigger annotation could not be parsed, or the
+	// time is outside what int64 Unix nanoseconds can hold.
+	InvalidAnnotation
+	// NoLocalPods: a pending trigger consumed without a report: the object has
+	// nothing on this node.
+	NoLocalPods
+	// Deleted: a pending trigger dropped because its object was deleted.
+	Deleted
+	// Overflow: a pending trigger dropped because the per-object bound was
+	// exceeded (the oldest and the newest are always kept).
+	Overflow
+
+	// NumReasons is the number of Reason values, Accepted included; it sizes
+	// arrays indexed by Reason, whose Accepted slot stays zero.
+	NumReasons = int(Overflow) + 1
+)
+
+var reasonNames = [NumReasons]string{
+	Accepted:          "accepted",
+	Redelivered:       "redelivered",
+	Stale:             "stale",
+	BeforeStart:       "before_start",
+	InvalidAnnotation: "invalid_annotation",
+	NoLocalPods:       "no_local_pods",
+	Deleted:           "deleted",
+	Overflow:          "overflow",
+}
+
+// String returns the snake_case name, the value of the reason attribute
+// ("redelivered", "before_start", ...; "accepted" for Accepted).
+func (r Reason) String() string {
+	if int(r) < NumReasons {
+		return reasonNames[r]
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Reasons returns every suppression reason (Accepted excluded), in declaration
+// order.
+func Reasons() []Reason {
+	rs := make([]Reason, 0, NumReasons-1)
+	for r := Redelivered; int(r) < NumReasons; r++ {
+		rs = append(rs, r)
+	}
+	return rs
+}

@@ -1,0 +1,48 @@
+package report
+
+// Sink receives what the reconcile loop reports as it happens. Calls come from
+// workers concurrently; they must not block and never fail.
+//
+// Counts are not pushed through the Sink: each count has one owner (the loop, the
+// seen-set) that keeps it as an atomic total, and the Sink's implementation reads
+// a Counts snapshot when it collects.
+type Sink interface {
+	// Report hands over one reported trigger, after a successful commit. r is
+	// the Sink's to keep.
+	Report(r *Record)
+	// Committed records one commit attempt of an object of kind k, failed (Err
+	// set) or not, whether or not it reported a trigger.
+	Committed(k Kind, a *Attempt)
+}
+
+// Counts is a snapshot of cumulative counters, filled by their owners.
+type Counts struct {
+	// Deliveries counts informer deliveries and requeues (reconcile).
+	Deliveries [NumKinds][NumCauses]uint64
+	// Suppressed counts trigger observations and pending triggers not reported,
+	// by reason; the Accepted slot is zero (seen).
+	Suppressed [NumReasons]uint64
+	// InvalidObjects counts rejected object versions by kind and field
+	// (reconcile). Field names carry no indexes; their set is fixed by the code.
+	InvalidObjects map[InvalidObject]uint64
+	// SeenObjects and SeenPending are the seen-set's size: uids tracked, and
+	// trigger times pending a commit (seen).
+	SeenObjects, SeenPending int64
+}
+
+// InvalidObject names a counter of rejected object versions.
+type InvalidObject struct {
+	Kind  Kind
+	Field string // the field path without indexes, e.g. "spec.ingress.cidr"
+}
+
+// Discard is a Sink that drops everything.
+type Discard struct{}
+
+// Report implements Sink.
+func (Discard) Report(*Record) {}
+
+// Committed implements Sink.
+func (Discard) Committed(Kind, *Attempt) {}
+
+var _ Sink = Discard{}
