@@ -98,17 +98,9 @@ type objectState struct {
 	// dirty lists the pods a failed or incomplete sync still has to commit, including
 	// pods the object no longer selects; the next sync of the key retries them.
 	dirty []netip.Addr
-	// failed holds the failed commit attempts since the last success, oldest first,
-	// bounded by maxAttemptHistory: a trigger reported after retries carries them.
-	failed []report.Attempt
-	// lastCommit is the last successful attempt: the commit a trigger's ProgrammedAt
-	// refers to when the lister ran ahead of the event handlers.
-	lastCommit report.Attempt
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
 }
-
-const maxAttemptHistory = 16
 
 // New builds the loop: a REST client for networking.k8s.aws/v1alpha1, one shared
 // informer per kind, and the workqueue. Nothing runs until Run.
@@ -403,7 +395,6 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	c.index(st, compiled)
 	affected := union(st.dirty, oldPods, compiled.pods)
 	if len(affected) == 0 {
-		st.failed = nil
 		c.mu.Unlock()
 		// Nothing of this object is (or was) on this node: nothing to commit, and no
 		// latency to report — a near-zero one would drag the percentiles down.
@@ -491,13 +482,10 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 	if res.err != nil {
 		c.mu.Lock()
 		st.dirty = res.notDone
-		st.failed = append(st.failed, *res.attemptWith(res.err))
-		if len(st.failed) > maxAttemptHistory {
-			st.failed = st.failed[len(st.failed)-maxAttemptHistory:]
-		}
 		c.mu.Unlock()
-		c.cfg.Seen.Failed(uid)
-		c.sink.Committed(kind, res.attemptWith(res.err))
+		failed := res.attemptWith(res.err)
+		c.cfg.Seen.Failed(uid, *failed)
+		c.sink.Committed(kind, failed)
 		log.Error("commit failed", "pods", len(res.notDone), "err", res.err)
 		if errors.Is(res.err, bpfmaps.ErrInvalidPolicy) {
 			// The merged policy is one the dataplane can never take (too many port
@@ -534,7 +522,7 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 		// object left before their interface ever appeared): nothing of this node's
 		// dataplane was touched, so there is no latency to report.
 		c.mu.Lock()
-		st.dirty, st.waitingRV, st.failed = nil, "", nil
+		st.dirty, st.waitingRV = nil, ""
 		c.mu.Unlock()
 		c.cfg.Seen.NoLocalWork(uid, v.trigger)
 		c.stats.noLocalWork.Add(1)
@@ -543,13 +531,9 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 	c.mu.Lock()
 	st.dirty = nil
 	st.waitingRV = ""
-	attempts := append(st.failed, res.attempt)
-	st.failed = nil
-	prevCommit := st.lastCommit
-	st.lastCommit = res.attempt
 	c.mu.Unlock()
 
-	reports, err := c.cfg.Seen.Committed(uid, v.trigger, res.attempt.End)
+	reports, err := c.cfg.Seen.Committed(uid, v.trigger, res.attempt)
 	if err != nil {
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
@@ -566,19 +550,14 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 			WorkerStart:     workerStart,
 			ComputeStart:    computeStart,
 			ComputeEnd:      res.computeEnd,
-			Attempts:        lastAttempts(attempts, r.Attempts),
+			Attempts:        r.Attempts,
 			Pods:            res.pods,
 			Entries:         res.entries,
 			TraceParent:     v.traceParent,
 		}
-		if !r.ProgrammedAt.IsZero() {
+		if r.Ahead {
 			// An earlier commit already held this version (the lister ran ahead of the
 			// event): that commit ends the latency, and this sync's timings are not it.
-			a := prevCommit
-			if !a.End.Equal(r.ProgrammedAt) {
-				a = report.Attempt{Start: r.ProgrammedAt, End: r.ProgrammedAt}
-			}
-			rec.Attempts = []report.Attempt{a}
 			rec.WorkerStart, rec.ComputeStart, rec.ComputeEnd = time.Time{}, time.Time{}, time.Time{}
 		}
 		c.sink.Report(rec)
@@ -590,15 +569,6 @@ func (c *Controller) finish(key objectKey, st *objectState, v objectVersion, log
 		c.cfg.Seen.Forget(uid)
 	}
 	return outcomeDone
-}
-
-// lastAttempts returns the last n attempts (at least the successful one).
-func lastAttempts(attempts []report.Attempt, n int) []report.Attempt {
-	if len(attempts) == 0 {
-		return nil
-	}
-	n = max(1, min(n, len(attempts)))
-	return attempts[len(attempts)-n:]
 }
 
 func (c *Controller) versionOf(m metav1.Object, policyRef string) objectVersion {

@@ -150,7 +150,7 @@ func BenchmarkCommitted(b *testing.B) {
 			for b.Loop() {
 				uid, trigger := uids[i%len(uids)], at(float64(2+i))
 				s.Observe(uid, trigger, trigger)
-				rs, err := s.Committed(uid, trigger, trigger)
+				rs, err := s.Committed(uid, trigger, attemptAt(trigger))
 				if err != nil || len(rs) != 1 {
 					b.Fatalf("Committed = %v, %v", rs, err)
 				}
@@ -179,7 +179,7 @@ func BenchmarkCommitted(b *testing.B) {
 				v++
 				trigger := at(float64(2 + v))
 				s.Observe(uids[obj], trigger, trigger)
-				if _, err := s.Committed(uids[obj], trigger, trigger); err != nil {
+				if _, err := s.Committed(uids[obj], trigger, attemptAt(trigger)); err != nil {
 					b.Error(err)
 					return
 				}

@@ -70,9 +70,9 @@ func TestConcurrentHandlersAndWorkers(t *testing.T) {
 				progressMu.Unlock()
 				switch rng.IntN(4) {
 				case 0:
-					s.Failed(uids[obj])
+					s.Failed(uids[obj], failedAttempt)
 				default:
-					rs, err := s.Committed(uids[obj], trigger(obj, v), time.Now())
+					rs, err := s.Committed(uids[obj], trigger(obj, v), attemptAt(time.Now()))
 					if err != nil {
 						t.Error(err)
 						return
@@ -94,7 +94,7 @@ func TestConcurrentHandlersAndWorkers(t *testing.T) {
 	wg.Wait()
 
 	for obj, uid := range uids {
-		rs, err := s.Committed(uid, trigger(obj, versions), time.Now())
+		rs, err := s.Committed(uid, trigger(obj, versions), attemptAt(time.Now()))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,8 @@
 // annotation), whether it is reported as a programming latency, and
 // guarantees each (uid, trigger) pair is reported at most once — across
 // informer resyncs, relists, workqueue requeues and agent restarts. It uses
-// the standard library only and never sees Kubernetes types.
+// the standard library and the hand-over types of internal/report only, and
+// never sees Kubernetes types.
 //
 // # State
 //
@@ -88,7 +89,18 @@
 // a worker can commit a version whose trigger Observe has not seen yet.
 // Committed remembers that trigger as committed ahead instead of consuming
 // it: when its event arrives it is accepted and reported by the next commit
-// with Report.ProgrammedAt, the time the dataplane first held it.
+// as programmed by that earlier attempt (Report.Ahead; ProgrammedAt is when the
+// dataplane first held it).
+//
+// # Attempts
+//
+// The set owns each trigger's attempt history: Failed records a failed commit
+// attempt (its times, error and phases) against every pending trigger of the
+// uid, and Committed returns each reported trigger with the failed attempts
+// since it was accepted and then the successful one. The details of the newest
+// 16 failures are kept per object; the count is kept whole and persisted, the
+// details are not (after a restart a report carries the count and the
+// successful attempt). The reconcile loop keeps no attempt history of its own.
 //
 // # Cost
 //

@@ -61,7 +61,8 @@ func (o *observer) handle(obj any) {
 	if r != report.Accepted {
 		return
 	}
-	reports, err := o.set.Committed(uid, trigger, time.Now())
+	now := time.Now()
+	reports, err := o.set.Committed(uid, trigger, report.Attempt{Start: now, End: now})
 	if err != nil {
 		o.t.Errorf("Committed %s: %v", u.GetName(), err)
 	}

@@ -185,7 +185,7 @@ func (sim *simulation) checkReports(o *simObject, programmed int64, reports []Re
 		}
 		delete(sim.unresolved[o.uid], r.Trigger.UnixNano())
 		sim.cov.reports++
-		if !r.ProgrammedAt.IsZero() {
+		if r.Ahead {
 			sim.cov.programmedAhead++
 		}
 	}
@@ -213,8 +213,8 @@ func (sim *simulation) checkReports(o *simObject, programmed int64, reports []Re
 		if !slices.Contains(o.versions, tr) {
 			sim.fatalf("%s: reported %d, which was never written", o.uid, tr)
 		}
-		if r.Attempts < 1 {
-			sim.fatalf("%s: attempts %d", o.uid, r.Attempts)
+		if r.AttemptCount < 1 || len(r.Attempts) < 1 {
+			sim.fatalf("%s: attempts %d", o.uid, r.AttemptCount)
 		}
 		if sim.reported[o.uid] == nil {
 			sim.reported[o.uid] = map[int64]bool{}
@@ -234,14 +234,14 @@ func (sim *simulation) work(o *simObject) {
 	sim.tick()
 	switch n := sim.rng.IntN(10); {
 	case n < 6:
-		reports, err := sim.set.Committed(o.uid, time.Unix(0, trigger), sim.now())
+		reports, err := sim.set.Committed(o.uid, time.Unix(0, trigger), attemptAt(sim.now()))
 		if err != nil {
 			sim.fatalf("Committed: %v", err)
 		}
 		o.touched = max(o.touched, trigger)
 		sim.checkReports(o, trigger, reports)
 	case n < 8:
-		sim.set.Failed(o.uid)
+		sim.set.Failed(o.uid, failedAttempt)
 	default:
 		sim.set.NoLocalWork(o.uid, time.Unix(0, trigger))
 		o.touched = max(o.touched, trigger)
@@ -447,7 +447,7 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 				o.listed = len(o.versions) - 1
 				newest := o.versions[o.listed]
-				reports, err := sim.set.Committed(o.uid, time.Unix(0, newest), sim.now())
+				reports, err := sim.set.Committed(o.uid, time.Unix(0, newest), attemptAt(sim.now()))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -88,7 +88,7 @@ func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 	mustObserve(t, s1, uidA, at(10), at(10), report.Accepted)
 	mustCommit(t, s1, uidA, at(10), at(11))
 	mustObserve(t, s1, uidA, at(50), at(50.5), report.Accepted) // commit still failing at shutdown
-	s1.Failed(uidA)
+	s1.Failed(uidA, failedAttempt)
 	mustObserve(t, s1, uidB, at(60), at(60.5), report.Accepted) // never committed at all
 	clk.set(at(100))
 	if err := s1.Persist(); err != nil {
@@ -104,7 +104,7 @@ func TestPendingAtShutdownReportedAfterRestart(t *testing.T) {
 	mustObserve(t, s2, uidB, at(150), at(201), report.Accepted)
 
 	got := mustCommit(t, s2, uidA, at(50), at(202))
-	if len(got) != 1 || !got[0].Trigger.Equal(at(50)) || !got[0].ReceivedAt.Equal(at(50.5)) || got[0].Attempts != 2 {
+	if len(got) != 1 || !got[0].Trigger.Equal(at(50)) || !got[0].ReceivedAt.Equal(at(50.5)) || got[0].AttemptCount != 2 {
 		t.Fatalf("uidA reported %+v, want trigger %s received %s attempts 2", got, at(50), at(50.5))
 	}
 	got = mustCommit(t, s2, uidB, at(150), at(202))
@@ -262,7 +262,7 @@ func TestPersistErrorStillReturnsReports(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "missing-dir", "seen.state")
 	s := restart(t, at(0), path)
 	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
-	reports, err := s.Committed(uidA, at(10), at(11))
+	reports, err := s.Committed(uidA, at(10), attemptAt(at(11)))
 	if len(reports) != 1 {
 		t.Fatalf("reported %v, want one despite the write error", triggersOf(reports))
 	}
@@ -293,7 +293,7 @@ func TestConcurrentCommitsShareOneWrite(t *testing.T) {
 	errs := make(chan error, n)
 	for _, uid := range uids {
 		wg.Go(func() {
-			reports, err := s.Committed(uid, at(10), at(11))
+			reports, err := s.Committed(uid, at(10), attemptAt(at(11)))
 			if err == nil && len(reports) != 1 {
 				err = errors.New(uid + ": want one report")
 			}

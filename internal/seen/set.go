@@ -67,17 +67,29 @@ type pendingState struct {
 	// aheadThrough/aheadAt: a commit programmed trigger aheadThrough at aheadAt
 	// before its event reached Observe (client-go updates the lister before it
 	// runs event handlers). Triggers in (consumed, aheadThrough] observed later
-	// are reported with ProgrammedAt = aheadAt. noTime when unset.
+	// are reported as programmed by that commit. noTime when unset.
 	aheadThrough int64
 	aheadAt      int64
-	inline       [2]pendingTrigger // backing array for the common case
+	// aheadAttempt is that commit (nil once restored: the state file keeps
+	// only its time).
+	aheadAttempt *report.Attempt
+	// failed holds the failed commit attempts since the last success, oldest
+	// first, at most maxAttempts (the newest); each pending trigger counts how
+	// many of them are its own.
+	failed []report.Attempt
+	inline [2]pendingTrigger // backing array for the common case
 }
 
+// maxAttempts bounds the failed attempts kept per object with their details
+// (their count is kept whole, per trigger).
+const maxAttempts = 16
+
 type pendingTrigger struct {
-	trigger      int64  // Unix ns
-	receivedAt   int64  // Unix ns of first receipt
-	programmedAt int64  // Unix ns of an earlier commit that already held it; noTime if none
-	failures     uint32 // failed commits since it was accepted
+	trigger      int64           // Unix ns
+	receivedAt   int64           // Unix ns of first receipt
+	programmedAt int64           // Unix ns of an earlier commit that already held it; noTime if none
+	programmedBy *report.Attempt // that commit, when this process made it
+	failures     uint32          // failed commits since it was accepted
 }
 
 func newPendingState() *pendingState {
@@ -100,19 +112,34 @@ func (p *pendingState) idle(consumed int64) bool {
 	return len(p.triggers) == 0 && p.aheadThrough <= consumed
 }
 
-// Report is one trigger to record: its latency is the commit time passed to
-// Committed minus Trigger (or ProgrammedAt minus Trigger when ProgrammedAt is
-// set).
+// Report is one trigger to record: its latency is ProgrammedAt minus Trigger.
 type Report struct {
 	UID        string
 	Trigger    time.Time // the trigger time to report
 	ReceivedAt time.Time // local time the event carrying it was first received
-	Attempts   int       // commits tried for it, including the successful one (failed+1)
-	// ProgrammedAt is zero unless an earlier commit already held this trigger
-	// before its event was observed (the lister runs ahead of event handlers).
-	// Then it is that commit's time, the true end of the trigger's latency,
-	// and it may precede ReceivedAt.
-	ProgrammedAt time.Time
+	// Attempts are the commit attempts of this trigger, oldest first; the last
+	// one is the commit that programmed it. Failed ones come first, at most the
+	// newest maxAttempts of them. Reports of one Committed call share the
+	// backing array: read, don't modify.
+	Attempts []report.Attempt
+	// AttemptCount is how many commits were tried for it, the successful one
+	// included (failed+1), counting failures whose details were not kept (the
+	// bound, or a restart: the state file keeps the count only).
+	AttemptCount int
+	// Ahead is set when an earlier commit already held this trigger before its
+	// event was observed (the lister runs ahead of event handlers): Attempts
+	// is then that commit alone, the true end of the trigger's latency, and it
+	// may end before ReceivedAt.
+	Ahead bool
+}
+
+// ProgrammedAt is when this node's dataplane first held the trigger: the end
+// of its last attempt.
+func (r *Report) ProgrammedAt() time.Time {
+	if len(r.Attempts) == 0 {
+		return time.Time{}
+	}
+	return r.Attempts[len(r.Attempts)-1].End
 }
 
 // Stats is a snapshot of the set's size and counters. Counters are cumulative
@@ -328,7 +355,7 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	p := e.pend
 	pt := pendingTrigger{trigger: t, receivedAt: s.nanoOrNow(receivedAt), programmedAt: noTime}
 	if t <= p.aheadThrough {
-		pt.programmedAt = p.aheadAt
+		pt.programmedAt, pt.programmedBy = p.aheadAt, p.aheadAttempt
 	}
 	i, _ := slices.BinarySearchFunc(p.triggers, t, func(q pendingTrigger, t int64) int {
 		switch {
@@ -367,16 +394,17 @@ func (s *Set) ObserveInvalid(uid string) {
 }
 
 // Committed tells the set that this node's dataplane now holds the object
-// version carrying trigger programmed, since at. It returns the pending
-// triggers ≤ programmed, oldest first, each exactly once ever; consumed
-// becomes max(consumed, programmed) and attempts reset.
+// version carrying trigger programmed, since attempt a ended. It returns the
+// pending triggers ≤ programmed, oldest first, each exactly once ever, with
+// their attempts (the failed ones Failed recorded, then a); consumed becomes
+// max(consumed, programmed) and the failed attempts are cleared.
 //
 // One refinement: if programmed itself has not been observed yet (the
 // reconciler read the lister, which client-go updates before it runs event
-// handlers), it is not consumed but remembered as committed ahead; when its
-// event arrives it is accepted and the next Committed reports it with
-// ProgrammedAt = at, instead of the event answering redelivered and the
-// measurement being lost.
+// handlers), it is not consumed but remembered as committed ahead, by a; when
+// its event arrives it is accepted and the next Committed reports it as
+// programmed by a (Report.Ahead), instead of the event answering redelivered
+// and the measurement being lost.
 //
 // With a state path, and reports to return, the new state is persisted
 // atomically (write temp, fsync, rename, fsync dir) BEFORE returning;
@@ -384,7 +412,7 @@ func (s *Set) ObserveInvalid(uid string) {
 // still returned with the error (the caller logs it: at-most-once across a
 // restart is then not guaranteed for them), and Stats.PersistErrors counts it.
 // A zero programmed time (an object without the annotation) changes nothing.
-func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) {
+func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]Report, error) {
 	pt, ok := unixNano(programmed)
 	if !ok {
 		return nil, nil
@@ -403,17 +431,30 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 			n++
 		}
 		if n > 0 {
+			// Every trigger's attempts are a suffix of the same list: the
+			// failures since it was accepted, then a.
+			attempts := append(p.failed[:len(p.failed):len(p.failed)], a)
 			reports = make([]Report, n)
 			for i, q := range p.triggers[:n] {
-				reports[i] = Report{
-					UID:        uid,
-					Trigger:    timeOf(q.trigger),
-					ReceivedAt: timeOf(q.receivedAt),
-					Attempts:   int(q.failures) + 1,
+				r := Report{
+					UID:          uid,
+					Trigger:      timeOf(q.trigger),
+					ReceivedAt:   timeOf(q.receivedAt),
+					AttemptCount: int(q.failures) + 1,
 				}
 				if q.programmedAt != noTime {
-					reports[i].ProgrammedAt = timeOf(q.programmedAt)
+					r.Ahead = true
+					if q.programmedBy != nil {
+						r.Attempts = []report.Attempt{*q.programmedBy}
+					} else { // restored: only the commit's time is known
+						at := timeOf(q.programmedAt)
+						r.Attempts = []report.Attempt{{Start: at, End: at}}
+					}
+				} else {
+					kept := min(int(q.failures), len(p.failed))
+					r.Attempts = attempts[len(attempts)-1-kept:]
 				}
+				reports[i] = r
 			}
 			e.consumed = max(e.consumed, p.triggers[n-1].trigger)
 			p.triggers = slices.Delete(p.triggers, 0, n)
@@ -423,6 +464,7 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 		for i := range p.triggers {
 			p.triggers[i].failures = 0
 		}
+		p.failed = nil
 	}
 	// programmed was not observed: remember the commit (see above), unless the
 	// start guard would suppress its event anyway.
@@ -432,7 +474,8 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 		}
 		if pt > e.pend.aheadThrough {
 			e.pend.aheadThrough = pt
-			e.pend.aheadAt = s.nanoOrNow(at)
+			e.pend.aheadAt = s.nanoOrNow(a.End)
+			e.pend.aheadAttempt = &a
 		}
 	}
 	if e.pend != nil && e.pend.idle(e.consumed) {
@@ -448,20 +491,26 @@ func (s *Set) Committed(uid string, programmed, at time.Time) ([]Report, error) 
 	return reports, s.persistThrough(seq, false)
 }
 
-// Failed tells the set a commit for uid failed: nothing is consumed, pending
-// triggers are kept and each counts one more attempt.
-func (s *Set) Failed(uid string) {
+// Failed tells the set that commit attempt a for uid failed: nothing is
+// consumed, pending triggers are kept, each counts one more attempt, and a is
+// kept (the newest maxAttempts) to be reported with them.
+func (s *Set) Failed(uid string, a report.Attempt) {
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, found := sh.get(&k)
-	if !found || e.pend == nil {
+	if !found || e.pend == nil || len(e.pend.triggers) == 0 {
 		return
 	}
 	for i := range e.pend.triggers {
 		e.pend.triggers[i].failures++
 	}
+	p := e.pend
+	if len(p.failed) == maxAttempts {
+		p.failed = slices.Delete(p.failed, 0, 1)
+	}
+	p.failed = append(p.failed, a)
 }
 
 // NoLocalWork tells the set the object (at trigger) has nothing for this

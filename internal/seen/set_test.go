@@ -1,6 +1,7 @@
 package seen
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func mustObserve(t *testing.T, s *Set, uid string, trigger, received time.Time, 
 
 func mustCommit(t *testing.T, s *Set, uid string, programmed, when time.Time) []Report {
 	t.Helper()
-	reports, err := s.Committed(uid, programmed, when)
+	reports, err := s.Committed(uid, programmed, attemptAt(when))
 	if err != nil {
 		t.Fatalf("Committed(%s, %s): %v", uid, programmed.Format(time.RFC3339Nano), err)
 	}
@@ -146,7 +147,7 @@ func TestFailedCommitReportedOnceOnSuccess(t *testing.T) {
 		s := newTestSet(t)
 		mustObserve(t, s, uidA, at(10), at(10.5), report.Accepted)
 		for range failures {
-			s.Failed(uidA)
+			s.Failed(uidA, failedAttempt)
 		}
 		if newest, ok := s.Pending(uidA); !ok || !newest.Equal(at(10)) {
 			t.Fatalf("after %d failures Pending = %v, %v; want %s kept", failures, newest, ok, at(10))
@@ -156,7 +157,7 @@ func TestFailedCommitReportedOnceOnSuccess(t *testing.T) {
 			t.Fatalf("reported %v, want one", triggersOf(got))
 		}
 		r := got[0]
-		if r.Attempts != failures+1 || !r.Trigger.Equal(at(10)) || !r.ReceivedAt.Equal(at(10.5)) || r.UID != uidA {
+		if r.AttemptCount != failures+1 || !r.Trigger.Equal(at(10)) || !r.ReceivedAt.Equal(at(10.5)) || r.UID != uidA {
 			t.Fatalf("report = %+v, want trigger %s received %s attempts %d", r, at(10), at(10.5), failures+1)
 		}
 		if again := mustCommit(t, s, uidA, at(10), at(13)); len(again) != 0 {
@@ -168,11 +169,11 @@ func TestFailedCommitReportedOnceOnSuccess(t *testing.T) {
 func TestAttemptsCountOnlyFailuresAfterAcceptance(t *testing.T) {
 	s := newTestSet(t)
 	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
-	s.Failed(uidA)
+	s.Failed(uidA, failedAttempt)
 	mustObserve(t, s, uidA, at(11), at(11), report.Accepted)
-	s.Failed(uidA)
+	s.Failed(uidA, failedAttempt)
 	got := mustCommit(t, s, uidA, at(11), at(12))
-	if len(got) != 2 || got[0].Attempts != 3 || got[1].Attempts != 2 {
+	if len(got) != 2 || got[0].AttemptCount != 3 || got[1].AttemptCount != 2 {
 		t.Fatalf("reports = %+v, want attempts 3 then 2", got)
 	}
 }
@@ -347,13 +348,13 @@ func TestListerAheadOfHandler(t *testing.T) {
 	s := newTestSet(t)
 	mustObserve(t, s, uidA, at(10), at(10.1), report.Accepted)
 	got := mustCommit(t, s, uidA, at(12), at(12.5)) // lister already holds at(12)
-	if len(got) != 1 || !got[0].Trigger.Equal(at(10)) || !got[0].ProgrammedAt.IsZero() {
+	if len(got) != 1 || !got[0].Trigger.Equal(at(10)) || got[0].Ahead {
 		t.Fatalf("first commit reported %+v, want [%s] without ProgrammedAt", got, at(10))
 	}
 	mustObserve(t, s, uidA, at(12), at(12.6), report.Accepted) // the handler catches up
 	mustObserve(t, s, uidA, at(12), at(13), report.Redelivered)
 	got = mustCommit(t, s, uidA, at(12), at(13.5))
-	if len(got) != 1 || !got[0].Trigger.Equal(at(12)) || !got[0].ProgrammedAt.Equal(at(12.5)) {
+	if len(got) != 1 || !got[0].Trigger.Equal(at(12)) || !got[0].Ahead || !got[0].ProgrammedAt().Equal(at(12.5)) {
 		t.Fatalf("second commit reported %+v, want [%s] programmed at %s", got, at(12), at(12.5))
 	}
 	if again := mustCommit(t, s, uidA, at(12), at(14)); len(again) != 0 {
@@ -413,5 +414,74 @@ func TestObserveRedeliveredDoesNotAllocate(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("Observe of a re-delivered %s trigger allocates %.1f times per call, want 0", c.name, allocs)
 		}
+	}
+}
+
+// attemptAt is a successful commit attempt ending at t.
+func attemptAt(t time.Time) report.Attempt { return report.Attempt{Start: t, End: t} }
+
+// failedAttempt is a failed commit attempt.
+var failedAttempt = report.Attempt{Err: "commit failed (test)"}
+
+// The set owns attempt history: a reported trigger carries the failed attempts
+// since it was accepted, with their errors, then the successful one; the list is
+// bounded (the newest kept) while the count stays whole; a later trigger does
+// not inherit failures from before its acceptance.
+func TestAttemptsCarriedWithTheirErrors(t *testing.T) {
+	s := newTestSet(t)
+	mustObserve(t, s, uidA, at(10), at(10), report.Accepted)
+	s.Failed(uidA, report.Attempt{Start: at(10.1), End: at(10.2), Err: "first"})
+	mustObserve(t, s, uidA, at(11), at(11), report.Accepted)
+	s.Failed(uidA, report.Attempt{Start: at(11.1), End: at(11.2), Err: "second"})
+	ok := report.Attempt{Start: at(11.5), End: at(12), Phases: report.Phases{Write: time.Millisecond}}
+	got, err := s.Committed(uidA, at(11), ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("reported %v, want two", triggersOf(got))
+	}
+	errs := func(r Report) []string {
+		var out []string
+		for _, a := range r.Attempts {
+			out = append(out, a.Err)
+		}
+		return out
+	}
+	if e := errs(got[0]); !slices.Equal(e, []string{"first", "second", ""}) || got[0].Attempts[2] != ok {
+		t.Errorf("first trigger's attempts %q, want first, second, then the success", e)
+	}
+	if e := errs(got[1]); !slices.Equal(e, []string{"second", ""}) {
+		t.Errorf("second trigger's attempts %q, want second then the success", e)
+	}
+	if !got[1].ProgrammedAt().Equal(at(12)) {
+		t.Errorf("ProgrammedAt = %s, want the success's end %s", got[1].ProgrammedAt(), at(12))
+	}
+
+	// Bounded: only the newest maxAttempts failures keep their details.
+	mustObserve(t, s, uidA, at(20), at(20), report.Accepted)
+	for i := range maxAttempts + 5 {
+		s.Failed(uidA, report.Attempt{Err: fmt.Sprint(i)})
+	}
+	got = mustCommit(t, s, uidA, at(20), at(30))
+	if len(got) != 1 || got[0].AttemptCount != maxAttempts+6 || len(got[0].Attempts) != maxAttempts+1 ||
+		got[0].Attempts[0].Err != "5" {
+		t.Fatalf("after %d failures: count %d, %d attempts kept starting at %q; want count %d, %d kept from \"5\"",
+			maxAttempts+5, got[0].AttemptCount, len(got[0].Attempts), got[0].Attempts[0].Err, maxAttempts+6, maxAttempts+1)
+	}
+}
+
+// A commit that ran ahead of the event (lister before handlers) is the attempt
+// the trigger is reported with, details and all.
+func TestAheadReportCarriesTheCommitThatHeldIt(t *testing.T) {
+	s := newTestSet(t)
+	ahead := report.Attempt{Start: at(12), End: at(12.5), Phases: report.Phases{Switch: time.Microsecond}}
+	if got, _ := s.Committed(uidA, at(12), ahead); len(got) != 0 {
+		t.Fatalf("commit ahead of the event reported %v", triggersOf(got))
+	}
+	mustObserve(t, s, uidA, at(12), at(13), report.Accepted)
+	got := mustCommit(t, s, uidA, at(12), at(14))
+	if len(got) != 1 || !got[0].Ahead || len(got[0].Attempts) != 1 || got[0].Attempts[0] != ahead {
+		t.Fatalf("report %+v, want one ahead report carrying the earlier commit %+v", got, ahead)
 	}
 }
