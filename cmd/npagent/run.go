@@ -20,6 +20,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
@@ -101,7 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Dataplane:             dp,
 		Seen:                  seenSet,
 		Sink:                  tel,
-		Resolver:              reconcile.NewRouteResolver(),
+		Resolver:              podif.NewRouteResolver(),
 		TriggerAnnotation:     cfg.TriggerAnnotation,
 		TraceParentAnnotation: cfg.TraceParentAnnotation,
 		ResyncPeriod:          cfg.ResyncPeriod,

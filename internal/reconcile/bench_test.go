@@ -24,6 +24,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
@@ -64,7 +65,7 @@ func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint {
 
 // offlineController builds a Controller whose informers never run: benchmarks feed its
 // caches and handlers directly. The REST config points nowhere; New dials nothing.
-func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver InterfaceResolver, sink report.Sink) *Controller {
+func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver podif.Resolver, sink report.Sink) *Controller {
 	tb.Helper()
 	set, _ := seen.New(time.Now().Add(-time.Hour))
 	c, err := New(&rest.Config{Host: "https://127.0.0.1:1"}, Config{
@@ -208,7 +209,7 @@ func benchInterfaces(b *testing.B, tag string, n int) *lookupTableResolver {
 	return r
 }
 
-func benchSync(b *testing.B, dp bpfmaps.Dataplane, resolver InterfaceResolver) {
+func benchSync(b *testing.B, dp bpfmaps.Dataplane, resolver podif.Resolver) {
 	const objects, pods = 100, 10
 	if resolver == nil {
 		r := newLookupTableResolver()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 )
@@ -37,8 +38,8 @@ type Config struct {
 	Seen *seen.Set
 	// Sink receives reports and commit attempts. Default: discarded.
 	Sink report.Sink
-	// Resolver maps pod IPs to interfaces. Default NewRouteResolver().
-	Resolver InterfaceResolver
+	// Resolver maps pod IPs to interfaces. Default podif.NewRouteResolver().
+	Resolver podif.Resolver
 	// TriggerAnnotation is the trigger time annotation. Default
 	// v1alpha1.AnnotationLastChangeTriggerTime.
 	TriggerAnnotation string
@@ -119,7 +120,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		cfg.Sink = report.Discard{}
 	}
 	if cfg.Resolver == nil {
-		cfg.Resolver = NewRouteResolver()
+		cfg.Resolver = podif.NewRouteResolver()
 	}
 	if cfg.TriggerAnnotation == "" {
 		cfg.TriggerAnnotation = v1alpha1.AnnotationLastChangeTriggerTime

@@ -14,6 +14,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
@@ -79,13 +80,13 @@ func (l *podLab) reach(port int) error {
 // refuses an address of the same subnet that has no host route.
 func TestRouteResolver(t *testing.T) {
 	l := newPodLab(t)
-	r := NewRouteResolver()
+	r := podif.NewRouteResolver()
 	got, err := r.Resolve(netip.MustParseAddr(l.podIP))
 	if err != nil || got != l.hostIndex {
 		t.Errorf("Resolve(%s) = %d, %v; want %d (%s)", l.podIP, got, err, l.hostIndex, l.hostIf)
 	}
-	if got, err := r.Resolve(netip.MustParseAddr(l.strayIP)); !errors.Is(err, ErrInterfaceNotFound) {
-		t.Errorf("Resolve(%s) = %d, %v; want ErrInterfaceNotFound (only a connected /24 covers it)", l.strayIP, got, err)
+	if got, err := r.Resolve(netip.MustParseAddr(l.strayIP)); !errors.Is(err, podif.ErrInterfaceNotFound) {
+		t.Errorf("Resolve(%s) = %d, %v; want podif.ErrInterfaceNotFound (only a connected /24 covers it)", l.strayIP, got, err)
 	}
 }
 
@@ -114,7 +115,7 @@ func TestEBPFEnforcement(t *testing.T) {
 	cp := testenv.Start(t)
 	const node = "192.0.2.20"
 	createNamespace(t, cp, "ebpf")
-	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: NewRouteResolver
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: podif.NewRouteResolver
 	pe := ingressPE("ebpf", "web", []v1alpha1.PodEndpoint{pod(node, l.podIP)}, l.hostIP+"/32", 8080)
 	create(t, cp, pe)
 	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })

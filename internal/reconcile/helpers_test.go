@@ -20,6 +20,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
@@ -76,7 +77,7 @@ func (s *recordingSink) recordCount() int {
 	return len(s.records)
 }
 
-// lookupTableResolver is the tests' InterfaceResolver: a pure lookup table from pod IP
+// lookupTableResolver is the tests' podif.Resolver: a pure lookup table from pod IP
 // to a made-up ifindex, so the memory dataplane can be driven without interfaces.
 type lookupTableResolver struct {
 	mu    sync.Mutex
@@ -103,7 +104,7 @@ func (r *lookupTableResolver) Resolve(ip netip.Addr) (int, error) {
 	if ifindex, ok := r.table[ip]; ok {
 		return ifindex, nil
 	}
-	return 0, fmt.Errorf("lookup table has no %s: %w", ip, ErrInterfaceNotFound)
+	return 0, fmt.Errorf("lookup table has no %s: %w", ip, podif.ErrInterfaceNotFound)
 }
 
 // failingDataplane fails the first failures Commit calls, then passes them on.
@@ -135,7 +136,7 @@ type agent struct {
 type agentOptions struct {
 	nodeIP   string
 	dp       bpfmaps.Dataplane
-	resolver InterfaceResolver
+	resolver podif.Resolver
 	resync   time.Duration
 	state    string // seen-set state file; "" for none
 }

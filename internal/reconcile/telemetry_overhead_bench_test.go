@@ -17,6 +17,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
@@ -266,7 +267,7 @@ type overheadRig struct {
 // newOverheadRig builds the controller and runs the initial list: 100 objects added
 // and synced once (and reported: their triggers are newer than the seen-set's start).
 // With timeSink, the Telemetry is wrapped to measure the time spent in it.
-func newOverheadRig(b *testing.B, v overheadVariant, dp bpfmaps.Dataplane, resolver InterfaceResolver, timeSink bool) *overheadRig {
+func newOverheadRig(b *testing.B, v overheadVariant, dp bpfmaps.Dataplane, resolver podif.Resolver, timeSink bool) *overheadRig {
 	b.Helper()
 	const objects = 100
 	r := &overheadRig{variant: v}

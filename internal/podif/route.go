@@ -1,4 +1,4 @@
-package reconcile
+package podif
 
 import (
 	"errors"
@@ -10,15 +10,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// InterfaceResolver maps a local pod IP to its host-side interface index.
-type InterfaceResolver interface {
+// Resolver maps a local pod IP to its host-side interface index.
+type Resolver interface {
 	// Resolve returns the ifindex of the pod's host-side interface, or an error wrapping
 	// ErrInterfaceNotFound when it is not there (yet).
 	Resolve(podIP netip.Addr) (ifindex int, err error)
 }
 
 // ErrInterfaceNotFound is wrapped when a pod's host-side interface cannot be found. The
-// loop retries such a pod with backoff: the pod may be listed before its CNI has set up
+// reconcile loop retries such a pod with backoff: the pod may be listed before its CNI has set up
 // the interface.
 var ErrInterfaceNotFound = errors.New("pod interface not found")
 
@@ -27,7 +27,7 @@ var ErrInterfaceNotFound = errors.New("pod interface not found")
 // table, pointing at the pod's veth. Only an exact host route without gateway counts:
 // a longest-prefix lookup would answer with the node's uplink for a pod whose route is
 // not there yet, and policy for the pod would land on the node's own interface.
-func NewRouteResolver() InterfaceResolver { return routeResolver{} }
+func NewRouteResolver() Resolver { return routeResolver{} }
 
 type routeResolver struct{}
 
