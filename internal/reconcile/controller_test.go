@@ -167,3 +167,105 @@ func TestRecreatedUnderSameName(t *testing.T) {
 		t.Errorf("the old uid must be forgotten: seen-set %+v", c.cfg.Seen.Stats())
 	}
 }
+
+// TestComputeEndsBeforeTheLockWait: the object's compile is "compute"; the wait for
+// the pod table's lock (held here by another commit) is the attempt's own lock wait,
+// and the merge under the lock is measured as a phase of the attempt.
+func TestComputeEndsBeforeTheLockWait(t *testing.T) {
+	sink := newRecordingSink()
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver("10.60.0.1", 7), sink)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	pe, _ := newVersion(benchPE(0, 1), nil)
+	if err := store.Add(pe); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(pe, false)
+
+	const hold = 50 * time.Millisecond
+	c.pods.mu.Lock() // another worker's commit holds the node-wide lock
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(hold)
+		c.pods.mu.Unlock()
+		close(released)
+	}()
+	if c.sync(keyOf(report.KindPolicyEndpoint, pe), time.Now()) != outcomeDone {
+		t.Fatal("sync failed")
+	}
+	<-released
+	recs := sink.recordsFor(string(pe.UID))
+	if len(recs) != 1 || len(recs[0].Attempts) != 1 {
+		t.Fatalf("records %+v, want one with one attempt", recs)
+	}
+	r, a := recs[0], recs[0].Attempts[0]
+	if r.ComputeEnd.After(a.Requested) {
+		t.Errorf("compute ends at %v, after the lock was requested at %v: it must not include the wait", r.ComputeEnd, a.Requested)
+	}
+	if w := a.LockWait(); w < hold*8/10 {
+		t.Errorf("lock wait %v, want about %v (the lock was held that long)", w, hold)
+	}
+	if a.Duration() >= hold/2 {
+		t.Errorf("commit took %v under the lock: the wait leaked into it", a.Duration())
+	}
+	if a.Phases.Merge <= 0 || a.Phases.Merge > a.Duration() {
+		t.Errorf("merge phase %v, want > 0 and within the attempt's %v", a.Phases.Merge, a.Duration())
+	}
+}
+
+// TestDeleteForgetsOnlyInTheWorker: the delete handler records the uid and leaves the
+// seen-set alone; the worker's sync of the key forgets it, so a commit of the object
+// in flight can never recreate an entry after its Forget.
+func TestDeleteForgetsOnlyInTheWorker(t *testing.T) {
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver("10.60.0.1", 7), newRecordingSink())
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	v1, _ := newVersion(benchPE(0, 1), nil)
+	if err := store.Add(v1); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(v1, false)
+	key := keyOf(report.KindPolicyEndpoint, v1)
+	// The worker read v1 and is about to commit; a newer version's event is pending.
+	v2, _ := newVersion(v1, nil)
+	if err := store.Update(v2); err != nil {
+		t.Fatal(err)
+	}
+	h.OnUpdate(v1, v2)
+	if err := store.Delete(v2); err != nil {
+		t.Fatal(err)
+	}
+	h.OnDelete(v2)
+	if _, ok := c.cfg.Seen.Pending(string(v1.UID)); !ok {
+		t.Fatal("the delete handler forgot the uid: only the worker may")
+	}
+	if c.sync(key, time.Now()) != outcomeDone {
+		t.Fatal("sync after delete failed")
+	}
+	if _, ok := c.cfg.Seen.Pending(string(v1.UID)); ok || c.cfg.Seen.Stats().Objects != 0 {
+		t.Errorf("after the worker's sync the deleted uid must be forgotten: %+v", c.cfg.Seen.Stats())
+	}
+}
+
+// TestTriggerParsedOncePerVersion: the handler records each version's parsed trigger;
+// re-deliveries and the worker check it out instead of parsing the annotation again.
+func TestTriggerParsedOncePerVersion(t *testing.T) {
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver(), nil)
+	pe, trigger := newVersion(benchPE(0, 1), nil)
+	if v := c.versions.record(pe); !v.trigger.Equal(trigger) {
+		t.Fatalf("recorded trigger %v, want %v", v.trigger, trigger)
+	}
+	// Same version, annotation changed behind the table's back: a parse would see it.
+	pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = "not a time"
+	if v := c.versions.record(pe); !v.trigger.Equal(trigger) || v.triggerErr != nil {
+		t.Errorf("re-delivery parsed again: %+v", v)
+	}
+	if v := c.versions.checkout(pe); !v.trigger.Equal(trigger) {
+		t.Errorf("worker parsed again: %+v", v)
+	}
+	if a := testing.AllocsPerRun(100, func() { c.versions.record(pe) }); a != 0 {
+		t.Errorf("re-delivered version: %v allocs, want 0", a)
+	}
+	next, nextTrigger := newVersion(pe, nil)
+	if v := c.versions.checkout(next); !v.trigger.Equal(nextTrigger) {
+		t.Errorf("a version no event brought yet is parsed by the worker: got %+v", v)
+	}
+}

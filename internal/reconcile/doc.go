@@ -6,11 +6,13 @@
 //
 // What it promises:
 //
-//   - Event handlers do O(1) work: parse the trigger annotation, seen.Observe, count
-//     the delivery by cause (add, update, resync, relist, delete; requeue from
-//     workers), enqueue when something may need programming. Resyncs and relists of
-//     unchanged objects are counted and dropped; they commit nothing (see events.go
-//     for how a relist is told from a resync).
+//   - Event handlers do O(1) work: record the version (its trigger annotation parsed
+//     once per version), seen.Observe, count the delivery by cause (add, update,
+//     resync, relist, delete; requeue from workers), enqueue when something may need
+//     programming. Resyncs and relists of unchanged objects are counted and dropped;
+//     they commit nothing (see events.go for how a relist is told from a resync). A
+//     delete only records the uid: the worker forgets it (the workqueue serialises a
+//     key, so a Forget never races a commit of the same object).
 //   - Local pods are the podSelectorEndpoints whose hostIP is Config.NodeIP. A pod's
 //     policy merges every object selecting it: namespaced rules are unioned, a direction
 //     is isolated if any PolicyEndpoint isolates it (podIsolation; empty means Ingress,
@@ -29,8 +31,8 @@
 //     when reported includes the wait, because the policy was not in force before.
 //   - Bad input (a CIDR, except, port, protocol, action, tier, podIsolation, hostIP or
 //     podIP that does not parse or is out of range) rejects that object version: it is
-//     not programmed, the error names the object and the field, Sink.InvalidObject
-//     counts it, and it is not retried (a retry cannot heal it; the next write brings a
+//     not programmed, the error names the object and the field, it is counted by kind
+//     and field (Counts), and it is not retried (a retry cannot heal it; the next write brings a
 //     new sync). The object's last valid version stays in force for its pods (fail
 //     static, as a dataplane should when its control plane sends garbage), and its
 //     pending triggers stay pending until a valid version is committed or it is
@@ -45,7 +47,21 @@
 //     current object wants is removed: policies deleted while the agent was down do
 //     not stay enforced.
 //
+// Where each job lives:
+//
+//   - controller.go: Config, New, Run, the worker loop (lifecycle).
+//   - events.go: event handlers, the transform, relist detection.
+//   - versions.go: each object version's parsed annotations, recorded at event time;
+//     the uids delete events removed, until a worker forgets them.
+//   - sync.go: the per-key state machine; recordOutcome is the one place a commit's
+//     outcome reaches the seen-set, the Sink and the queue.
+//   - podtable.go: objects, pod index, merge and commit behind one lock. A worker
+//     compiles its object before it asks for the lock; the wait is measured (the
+//     attempt's lock wait), and so are the merge and the dataplane's phases.
+//   - gc.go: after the initial sync, leftovers of the previous process.
+//   - policy.go: object → rules (compile) and the per-pod merge.
+//
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
-// pod are two pods (and would fight over one interface); commits are serialized in
-// one merge-and-commit phase (workers run compile and lister reads in parallel).
+// pod are two pods (and would fight over one interface); commits are serialized by
+// the pod table's lock (workers compile and read listers in parallel).
 package reconcile

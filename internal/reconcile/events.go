@@ -10,19 +10,19 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/internal/report"
-	"github.com/npagent/npagent/internal/seen"
 )
 
-// Event handlers do O(1) work, as kube-proxy's change trackers do: read the trigger
-// annotation, tell the seen-set, count the delivery, and enqueue the key when something
-// may need programming. Everything else happens in the workers.
+// Event handlers do O(1) work, as kube-proxy's change trackers do: record the version
+// (its trigger annotation parsed once per version, see versions.go), tell the
+// seen-set, count the delivery, and enqueue the key when something may need
+// programming. Everything else happens in the workers.
 //
 // How each delivery is classified:
 //
 //   - add: OnAdd — the initial list (agent start) or a new object.
 //   - update: OnUpdate with a new resourceVersion — a write. Enqueued.
-//   - delete: OnDelete (tombstones included). The uid is forgotten, the key enqueued
-//     so its pods are re-committed without it.
+//   - delete: OnDelete (tombstones included). The uid is recorded as deleted and the
+//     key enqueued; the worker re-commits its pods without it and forgets the uid.
 //   - relist: a list after a watch failure (410 Gone, apiserver restart) delivers
 //     every object again. A shared informer passes a same-resourceVersion update on only
 //     to handlers whose resync is due, so with resync off a relist of unchanged objects
@@ -89,7 +89,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			c.stats.deliveries[kind][report.CauseDelete].Add(1)
 			if m, err := meta.Accessor(obj); err == nil && obj != nil {
 				key = keyOf(kind, m)
-				c.cfg.Seen.Forget(string(m.GetUID()))
+				c.deleted.add(key, m.GetUID())
 			}
 			if key.name != "" {
 				c.queue.Add(key)
@@ -102,24 +102,23 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 // whether the seen-set accepted a new trigger (false without annotation).
 func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cause) bool {
 	c.stats.deliveries[kind][cause].Add(1)
-	value, ok := m.GetAnnotations()[c.cfg.TriggerAnnotation]
-	if !ok {
+	v := c.versions.record(m)
+	if !v.hasTrigger {
 		return false // nothing to measure
 	}
-	trigger, err := seen.ParseTrigger(value)
-	if err != nil {
-		c.cfg.Seen.ObserveInvalid(string(m.GetUID()))
+	if v.triggerErr != nil {
+		c.cfg.Seen.ObserveInvalid(string(v.uid))
 		if cause == report.CauseAdd || cause == report.CauseUpdate {
 			// Logged and counted once per write, not per re-delivery. The object is
 			// still programmed: a bad timestamp must not cost enforcement.
-			c.stats.invalid(kind, "metadata.annotations["+c.cfg.TriggerAnnotation+"]")
+			field := "metadata.annotations[" + c.cfg.TriggerAnnotation + "]"
+			c.stats.invalid(kind, field)
 			c.log.Warn("invalid trigger annotation: latency not measured", "kind", kind.String(),
-				"namespace", m.GetNamespace(), "name", m.GetName(), "uid", m.GetUID(),
-				"field", "metadata.annotations["+c.cfg.TriggerAnnotation+"]", "err", err)
+				"namespace", m.GetNamespace(), "name", m.GetName(), "uid", v.uid, "field", field, "err", v.triggerErr)
 		}
 		return false
 	}
-	return c.cfg.Seen.Observe(string(m.GetUID()), trigger, time.Now()) == report.Accepted
+	return c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now()) == report.Accepted
 }
 
 // transform runs on every object a list, WatchList stream or watch event brings, before

@@ -105,11 +105,6 @@ func (c *Controller) Stats() Stats {
 	s.InvalidObjects = c.stats.invalidObjects.Load()
 	s.InterfaceWaits = c.stats.interfaceWaits.Load()
 	s.Reports = c.stats.reports.Load()
-	c.mu.Lock()
-	s.Objects = len(c.objects)
-	c.mu.Unlock()
-	c.commitMu.Lock()
-	s.Pods = len(c.programmed)
-	c.commitMu.Unlock()
+	s.Objects, s.Pods = c.pods.size()
 	return s
 }

@@ -1,0 +1,375 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/podif"
+	"github.com/npagent/npagent/internal/report"
+)
+
+// podTable is this node's view of the policy objects: the last valid version of each
+// object key, which of them select each local pod, and which interface holds each
+// pod's committed state. One mutex guards all of it and the dataplane calls: indexing
+// a version, merging each affected pod's objects and committing them are one step, so
+// the last commit of a pod always merges the newest versions, and an older version
+// never overwrites a newer one.
+//
+// Workers compile their object before they ask for the lock; the wait for it is
+// measured (report.Attempt.Requested → Start) and so is the merge under it.
+type podTable struct {
+	dp       bpfmaps.Dataplane
+	resolver podif.Resolver
+	stats    *counters
+	log      *slog.Logger
+
+	mu         sync.Mutex
+	objects    map[objectKey]*objectState
+	podIndex   map[netip.Addr]map[objectKey]struct{}
+	programmed map[netip.Addr]int // local pod → ifindex holding its committed state
+}
+
+// objectState is what the table remembers of one object key.
+type objectState struct {
+	uid      types.UID
+	compiled *compiledObject // last valid version, nil if none; its pods are in podIndex
+	// dirty lists the pods a failed or incomplete commit still has to commit,
+	// including pods the object no longer selects; the next sync of the key retries
+	// them.
+	dirty []netip.Addr
+	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
+	rejectedRV, waitingRV string
+}
+
+func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger) *podTable {
+	return &podTable{
+		dp: dp, resolver: resolver, stats: stats, log: log,
+		objects:    map[objectKey]*objectState{},
+		podIndex:   map[netip.Addr]map[objectKey]struct{}{},
+		programmed: map[netip.Addr]int{},
+	}
+}
+
+// commitResult is what one commit of an object's affected pods did.
+type commitResult struct {
+	attempt    report.Attempt // lock wait, then every merge and dataplane call; Err unset (see attemptWith)
+	calls      int            // dataplane Commit/Remove calls made
+	pods       int            // pods committed or removed
+	entries    int            // map entries written
+	notDone    []netip.Addr   // pods still to commit (interface missing, or failed)
+	resolveErr error          // first resolver error
+	err        error          // first dataplane error
+	// noLocalWork: nothing of the object is, or was, on this node; nothing was
+	// committed (and the lock was not waited for in vain: see commitVersion).
+	noLocalWork bool
+	// replaced is the uid the key held before, when the object was deleted and
+	// recreated under the same name; "" otherwise.
+	replaced types.UID
+}
+
+// attemptWith returns the attempt with err's message ("" for nil).
+func (r *commitResult) attemptWith(err error) *report.Attempt {
+	a := r.attempt
+	if err != nil {
+		a.Err = err.Error()
+	}
+	return &a
+}
+
+// lock takes the table's lock and opens an attempt that measures the wait for it.
+func (t *podTable) lock() commitResult {
+	var res commitResult
+	res.attempt.Requested = time.Now()
+	t.mu.Lock()
+	res.attempt.Start = time.Now()
+	return res
+}
+
+// commitVersion makes compiled the key's version (nil: the version read is invalid,
+// and the last valid one stays) and commits every pod that depends on the change: the
+// pods it selects, those it selected before, and those an earlier commit left
+// undone. A recreated object (new uid) starts over: its predecessor's pods are
+// re-committed without it.
+func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject) commitResult {
+	res := t.lock()
+	defer t.mu.Unlock()
+	st := t.objects[key]
+	if st == nil || st.uid != uid {
+		next := &objectState{uid: uid}
+		if st != nil {
+			next.dirty = union(st.dirty, st.pods())
+			t.index(st, nil)
+			res.replaced = st.uid
+		}
+		st = next
+		t.objects[key] = st
+	}
+	affected := st.dirty
+	if compiled != nil {
+		affected = union(st.dirty, st.pods(), compiled.pods)
+		t.index(st, compiled)
+	}
+	if len(affected) == 0 {
+		res.noLocalWork = true
+		return res
+	}
+	t.commitLocked(&res, affected)
+	st.dirty = res.notDone
+	return res
+}
+
+// commitDeleted re-commits the pods the deleted object under key selected, without
+// it, and drops the key once that is done. It returns the uid the key held, "" if
+// none.
+func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
+	res := t.lock()
+	defer t.mu.Unlock()
+	st := t.objects[key]
+	if st == nil {
+		return res, ""
+	}
+	affected := union(st.dirty, st.pods())
+	t.index(st, nil)
+	t.commitLocked(&res, affected)
+	st.dirty = res.notDone
+	if res.err == nil && len(res.notDone) == 0 {
+		delete(t.objects, key)
+	}
+	return res, st.uid
+}
+
+// pods returns the local pods of the state's valid version.
+func (st *objectState) pods() []netip.Addr {
+	if st.compiled == nil {
+		return nil
+	}
+	return st.compiled.pods
+}
+
+// index makes compiled the state's version and updates podIndex. Called with mu held.
+func (t *podTable) index(st *objectState, compiled *compiledObject) {
+	if st.compiled != nil {
+		for _, pod := range st.compiled.pods {
+			keys := t.podIndex[pod]
+			delete(keys, st.compiled.key)
+			if len(keys) == 0 {
+				delete(t.podIndex, pod)
+			}
+		}
+	}
+	st.compiled = compiled
+	if compiled == nil {
+		return
+	}
+	for _, pod := range compiled.pods {
+		keys := t.podIndex[pod]
+		if keys == nil {
+			keys = map[objectKey]struct{}{}
+			t.podIndex[pod] = keys
+		}
+		keys[compiled.key] = struct{}{}
+	}
+}
+
+// noteRejected records that the key's version rv was rejected; it reports whether
+// this is the first time for rv (to log and count it once per written version).
+func (t *podTable) noteRejected(key objectKey, uid types.UID, rv string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.objects[key]
+	if st == nil || st.uid != uid {
+		return true // not reached through commitVersion (which creates the state)
+	}
+	first := st.rejectedRV != rv
+	st.rejectedRV = rv
+	return first
+}
+
+// noteWaiting records that the key's version rv waits for pod interfaces; it reports
+// whether this is the first time for rv.
+func (t *podTable) noteWaiting(key objectKey, rv string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.objects[key]
+	if st == nil {
+		return false
+	}
+	first := st.waitingRV != rv
+	st.waitingRV = rv
+	return first
+}
+
+// settled clears the key's per-version log marks once its version is committed.
+func (t *podTable) settled(key objectKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st := t.objects[key]; st != nil {
+		st.waitingRV, st.rejectedRV = "", ""
+	}
+}
+
+// commitLocked merges and commits the policy of each pod: every object that selects
+// it now. A pod no object selects any more is removed from the dataplane. Called with
+// mu held, on a result opened by lock.
+func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
+	objs := make([]*compiledObject, 0, 4)
+	for _, pod := range pods {
+		objs = objs[:0]
+		for k := range t.podIndex[pod] {
+			if st := t.objects[k]; st != nil && st.compiled != nil {
+				objs = append(objs, st.compiled)
+			}
+		}
+		if len(objs) == 0 {
+			t.removePod(res, pod)
+			continue
+		}
+		mergeStart := time.Now()
+		policy := mergePodPolicy(objs)
+		res.attempt.Phases.Merge += time.Since(mergeStart)
+		t.commitPod(res, pod, &policy)
+	}
+	res.attempt.End = time.Now()
+}
+
+// removePod removes the state of a pod no object selects any more.
+func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
+	ifindex, ok := t.programmed[pod]
+	if !ok {
+		return // never committed here: nothing to remove
+	}
+	res.calls++
+	cr, err := t.dp.Remove(ifindex)
+	if err != nil {
+		t.stats.commitFailures.Add(1)
+		res.err = firstErr(res.err, fmt.Errorf("remove pod %s (ifindex %d): %w", pod, ifindex, err))
+		res.notDone = append(res.notDone, pod)
+		return
+	}
+	addPhases(&res.attempt.Phases, cr)
+	delete(t.programmed, pod)
+	t.stats.removes.Add(1)
+	res.pods++
+}
+
+// commitPod commits one pod's merged policy to its interface.
+func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy) {
+	ifindex, err := t.resolver.Resolve(pod)
+	if err != nil {
+		if res.resolveErr == nil {
+			res.resolveErr = err
+		}
+		res.notDone = append(res.notDone, pod)
+		return
+	}
+	if old, ok := t.programmed[pod]; ok && old != ifindex {
+		// The pod's interface changed (pod recreated with the same IP): the old
+		// interface's state is stale.
+		res.calls++
+		if _, err := t.dp.Remove(old); err != nil {
+			t.log.Warn("remove stale pod state", "pod", pod, "ifindex", old, "err", err)
+		}
+		delete(t.programmed, pod)
+	}
+	res.calls++
+	cr, err := t.dp.Commit(ifindex, *policy)
+	if err != nil {
+		t.stats.commitFailures.Add(1)
+		res.err = firstErr(res.err, fmt.Errorf("commit pod %s (ifindex %d): %w", pod, ifindex, err))
+		res.notDone = append(res.notDone, pod)
+		return
+	}
+	addPhases(&res.attempt.Phases, cr)
+	t.programmed[pod] = ifindex
+	t.stats.commits.Add(1)
+	if cr.Skipped {
+		t.stats.commitsSkipped.Add(1)
+	}
+	t.stats.entriesWritten.Add(uint64(cr.EntriesWritten))
+	res.entries += cr.EntriesWritten
+	res.pods++
+}
+
+// addPhases adds what the dataplane measured of one call to an attempt's phases.
+func addPhases(p *report.Phases, cr bpfmaps.CommitResult) {
+	p.Compile += cr.Compile
+	p.Attach += cr.Attach
+	p.Write += cr.Write
+	p.Switch += cr.Switch
+	p.Cleanup += cr.Cleanup
+}
+
+// removeLeftovers removes pod state the dataplane holds (pinned by a previous
+// process) for interfaces no current object wants. An interface is kept if a commit
+// made it, or if it is what a pod some object still selects resolves to (its commit
+// may have failed and be retried: its old enforcement stays meanwhile).
+func (t *podTable) removeLeftovers() (removed int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	wanted := map[int]bool{}
+	for _, ifindex := range t.programmed {
+		wanted[ifindex] = true
+	}
+	for pod := range t.podIndex {
+		if ifindex, err := t.resolver.Resolve(pod); err == nil {
+			wanted[ifindex] = true
+		}
+	}
+	for _, ifindex := range t.dp.Pods() {
+		if wanted[ifindex] {
+			continue
+		}
+		if _, err := t.dp.Remove(ifindex); err != nil {
+			t.stats.commitFailures.Add(1)
+			t.log.Warn("remove leftover pod state", "ifindex", ifindex, "err", err)
+			continue
+		}
+		t.stats.removes.Add(1)
+		removed++
+	}
+	return removed
+}
+
+// size returns how many object keys the table tracks and how many local pods hold
+// committed state.
+func (t *podTable) size() (objects, pods int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.objects), len(t.programmed)
+}
+
+// invalidPolicy reports whether a commit failed on input the dataplane can never take
+// (retrying the same input cannot help).
+func (r *commitResult) invalidPolicy() bool { return errors.Is(r.err, bpfmaps.ErrInvalidPolicy) }
+
+// firstErr keeps the first error.
+func firstErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}
+
+// union returns the sorted union of the pod lists, without duplicates.
+func union(lists ...[]netip.Addr) []netip.Addr {
+	set := map[netip.Addr]struct{}{}
+	for _, l := range lists {
+		for _, p := range l {
+			set[p] = struct{}{}
+		}
+	}
+	out := make([]netip.Addr, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}

@@ -1,0 +1,210 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
+)
+
+// The per-key state machine. A worker syncs one key at a time (the workqueue
+// serialises a key), in three steps: read the lister's version and compile it
+// (compute, no lock); commit what it changes through the pod table (the lock wait,
+// then merge and dataplane calls); then record the outcome in exactly one place
+// (recordOutcome): the seen-set, the Sink, the logs, and what the queue does next.
+
+type outcome uint8
+
+const (
+	outcomeDone   outcome = iota // synced (or nothing to do): forget the key's backoff
+	outcomeRetry                 // retry with backoff: a commit failed, an interface is missing
+	outcomeGiveUp                // cannot heal (invalid input): wait for the next write
+)
+
+// syncTimes are the worker's timestamps of one sync, for the record's spans.
+type syncTimes struct {
+	workerStart, computeStart, computeEnd time.Time
+}
+
+// sync brings the dataplane in line with the lister's version of one object.
+func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
+	obj, exists, err := c.informers[key.kind].GetIndexer().GetByKey(key.storeKey())
+	if err != nil {
+		c.log.Error("read informer cache", "object", key.String(), "err", err)
+		return outcomeRetry
+	}
+	if !exists {
+		return c.syncDeleted(key)
+	}
+	times := syncTimes{workerStart: workerStart, computeStart: time.Now()}
+	var (
+		compiled  *compiledObject
+		m         metav1.Object
+		policyRef string
+	)
+	switch o := obj.(type) {
+	case *v1alpha1.PolicyEndpoint:
+		m, policyRef = o, o.Spec.PolicyRef.Name
+		compiled, err = compilePolicyEndpoint(o, c.cfg.NodeIP)
+	case *v1alpha1.ClusterPolicyEndpoint:
+		m, policyRef = o, o.Spec.PolicyRef.Name
+		compiled, err = compileClusterPolicyEndpoint(o, c.cfg.NodeIP)
+	default:
+		c.log.Error("unexpected object in informer cache", "object", key.String(), "type", fmt.Sprintf("%T", obj))
+		return outcomeGiveUp
+	}
+	v := c.versions.checkout(m)
+	times.computeEnd = time.Now()
+	log := c.log.With("kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", v.uid, "resourceVersion", v.resourceVersion)
+
+	if err != nil {
+		// Not programmed: the last valid version (if any) stays in force for its pods,
+		// and the triggers stay pending until a later version is committed. A retry
+		// cannot heal bad input; the next write of the object brings a new sync. Pods
+		// a recreated object's predecessor left are still re-committed without it.
+		res := c.pods.commitVersion(key, v.uid, nil)
+		c.forgetDeleted(key, res.replaced)
+		if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
+			field := "spec"
+			if fe := (*FieldError)(nil); errors.As(err, &fe) {
+				field = fe.Field
+			}
+			c.stats.invalid(key.kind, field)
+			log.Error("policy object rejected, not programmed", "err", err)
+		}
+		c.recordCommit(key, &res, log)
+		if len(res.notDone) > 0 && !res.invalidPolicy() {
+			return outcomeRetry
+		}
+		return outcomeGiveUp
+	}
+
+	res := c.pods.commitVersion(key, v.uid, compiled)
+	c.forgetDeleted(key, res.replaced)
+	return c.recordOutcome(key, v, policyRef, &res, times, log)
+}
+
+// syncDeleted re-commits the pods a deleted object selected, without it, and forgets
+// the deleted uids in the seen-set.
+func (c *Controller) syncDeleted(key objectKey) outcome {
+	res, uid := c.pods.commitDeleted(key)
+	log := c.log.With("kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", uid)
+	c.recordCommit(key, &res, log)
+	switch {
+	case res.err != nil && res.invalidPolicy():
+		return outcomeGiveUp
+	case res.err != nil || len(res.notDone) > 0:
+		return outcomeRetry
+	}
+	c.forgetDeleted(key, uid)
+	return outcomeDone
+}
+
+// forgetDeleted forgets, in the seen-set and the version table, the uids delete
+// events removed under key, and also (when not "") a uid the key no longer holds.
+// Only workers call it, so the Forget cannot race a commit of the same object.
+func (c *Controller) forgetDeleted(key objectKey, also types.UID) {
+	uids := c.deleted.take(key)
+	if also != "" {
+		uids = append(uids, also)
+	}
+	for _, uid := range uids {
+		c.cfg.Seen.Forget(string(uid))
+		c.versions.forget(uid)
+	}
+}
+
+// recordCommit hands one commit attempt to the Sink and logs a failure. Every commit
+// that called the dataplane passes here once.
+func (c *Controller) recordCommit(key objectKey, res *commitResult, log *slog.Logger) {
+	if res.calls == 0 {
+		return
+	}
+	c.cfg.Sink.Committed(key.kind, res.attemptWith(res.err))
+	if res.err != nil {
+		log.Error("commit failed", "pods", len(res.notDone), "err", res.err)
+	}
+}
+
+// recordOutcome turns a commit of a valid version into seen-set calls, records and a
+// queue outcome.
+func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef string, res *commitResult, times syncTimes, log *slog.Logger) outcome {
+	uid := string(v.uid)
+	if res.noLocalWork {
+		// Nothing of this object is (or was) on this node: nothing to commit, and no
+		// latency to report — a near-zero one would drag the percentiles down.
+		c.cfg.Seen.NoLocalWork(uid, v.trigger)
+		c.stats.noLocalWork.Add(1)
+		return outcomeDone
+	}
+	c.recordCommit(key, res, log)
+	if res.err != nil {
+		c.cfg.Seen.Failed(uid, *res.attemptWith(res.err))
+		if res.invalidPolicy() {
+			// The merged policy is one the dataplane can never take (too many port
+			// rules for a prefix, say); retrying the same input cannot help.
+			c.stats.invalid(key.kind, "spec")
+			return outcomeGiveUp
+		}
+		return outcomeRetry
+	}
+	if len(res.notDone) > 0 {
+		// A local pod's interface is not there yet (or could not be resolved). That is
+		// not a failed commit — nothing was written for the pod — so seen.Failed is not
+		// called; the trigger stays pending and the key is retried with backoff. When
+		// the pod appears and is committed, the trigger is reported with a latency that
+		// includes the wait: the policy was not in force on this node before.
+		c.stats.interfaceWaits.Add(1)
+		if c.pods.noteWaiting(key, v.resourceVersion) {
+			log.Info("waiting for pod interfaces", "pods", fmt.Sprint(res.notDone), "err", res.resolveErr)
+		}
+		return outcomeRetry
+	}
+	c.pods.settled(key)
+	if res.pods == 0 {
+		// Every affected pod had neither a policy nor committed state (pods the
+		// object left before their interface ever appeared): nothing of this node's
+		// dataplane was touched, so there is no latency to report.
+		c.cfg.Seen.NoLocalWork(uid, v.trigger)
+		c.stats.noLocalWork.Add(1)
+		return outcomeDone
+	}
+
+	reports, err := c.cfg.Seen.Committed(uid, v.trigger, res.attempt)
+	if err != nil {
+		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
+	}
+	for _, r := range reports {
+		rec := &report.Record{
+			Kind:            key.kind,
+			Namespace:       key.namespace,
+			Name:            key.name,
+			UID:             uid,
+			PolicyRef:       policyRef,
+			ResourceVersion: v.resourceVersion,
+			Trigger:         r.Trigger,
+			Received:        r.ReceivedAt,
+			WorkerStart:     times.workerStart,
+			ComputeStart:    times.computeStart,
+			ComputeEnd:      times.computeEnd,
+			Attempts:        r.Attempts,
+			Pods:            res.pods,
+			Entries:         res.entries,
+			TraceParent:     v.traceParent,
+		}
+		if r.Ahead {
+			// An earlier commit already held this version (the lister ran ahead of the
+			// event): that commit ends the latency, and this sync's timings are not it.
+			rec.WorkerStart, rec.ComputeStart, rec.ComputeEnd = time.Time{}, time.Time{}, time.Time{}
+		}
+		c.cfg.Sink.Report(rec)
+	}
+	c.stats.reports.Add(uint64(len(reports)))
+	return outcomeDone
+}
