@@ -20,11 +20,10 @@
 //     memory is never reused for anything else. A word names its owner's ifindex, so a
 //     program that read the slot mapping of a pod being removed (hash elements are
 //     reused at once) never decides a packet by another pod's word. Keeping the state
-//     as a hash value, as earlier builds did, was not safe: a hash map hands a replaced
-//     element to the next update at once, preallocated or not (BPF_F_NO_PREALLOC uses
-//     bpf_mem_alloc since Linux 6.1, which reuses immediately), so a program could read
-//     another pod's state; updating an array through the syscall is a memcpy, not one
-//     store. An LPM trie (replaced nodes freed after an RCU grace period) would be safe
+//     as a hash value would not be safe: a hash map hands a replaced element to the
+//     next update at once, preallocated or not (BPF_F_NO_PREALLOC uses bpf_mem_alloc
+//     since Linux 6.1, which reuses immediately), so a program could read another
+//     pod's state; updating an array through the syscall is a memcpy, not one store. An LPM trie (replaced nodes freed after an RCU grace period) would be safe
 //     but, with 4096 pods, up to twice the per-packet cost (BENCHMARKS.md).
 //   - Cheap no-ops: a commit whose content hash equals the committed one writes
 //     nothing (CommitResult.Skipped).
@@ -32,10 +31,9 @@
 //     the direction, rule and field) or capacity (ErrCapacity) leaves nothing visible.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
 //     what a previous process pinned, so enforcement never lapses, and repairs what a
-//     process that died mid-commit left. Pod states an older build pinned in its hash
-//     map (npa_pods) are moved into the state array before the links switch to the new
-//     programs, and the move is logged; a pinned map this build cannot adopt or
-//     migrate stops OpenEBPF with an error naming it.
+//     process that died mid-commit left (entries of a generation never switched to, a
+//     slot filled but not mapped, a mapping to a slot its pod does not own). A pinned
+//     map this build cannot adopt stops OpenEBPF with an error naming the pin path.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.

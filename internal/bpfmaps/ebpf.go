@@ -3,7 +3,6 @@ package bpfmaps
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -36,9 +35,6 @@ type EBPFOptions struct {
 	// ConntrackTimeout is how long replies of a connection pass after its last packet.
 	// Default 5 minutes.
 	ConntrackTimeout time.Duration
-	// Logger receives OpenEBPF's one-time notices (a pinned map migrated from an older
-	// layout). Default slog.Default().
-	Logger *slog.Logger
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -65,10 +61,8 @@ const bpfFSMagic = 0xcafe4a11
 // previous process pinned: maps, links (switched to the newly loaded programs) and each
 // pod's generations and content hashes, so enforcement survives an agent restart and an
 // unchanged re-commit writes nothing. Entries of generations a crashed commit left
-// behind are deleted. Pod states an older build pinned in its hash map (npa_pods) are
-// moved into this build's pod-state array and the hash is unpinned, with one log line;
-// a pinned map of a layout it cannot migrate is an error naming the map. Needs CAP_BPF
-// to load and CAP_NET_ADMIN to attach.
+// behind are deleted. A pinned map whose layout or capacity differs from this build's is
+// an error naming the pin path. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
 func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	if opts.PinPath == "" {
 		opts.PinPath = DefaultPinPath
@@ -78,9 +72,6 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	}
 	if opts.ConntrackTimeout <= 0 {
 		opts.ConntrackTimeout = 5 * time.Minute
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
 	}
 	limits := opts.Limits.withDefaults()
 	if err := ensureBPFFS(opts.PinPath); err != nil {
@@ -115,16 +106,6 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	if err != nil {
 		e.objs.Close()
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
-	}
-	moved, found, err := e.migrateLegacyPods()
-	if err != nil {
-		e.states.close()
-		e.objs.Close()
-		return nil, fmt.Errorf("open ebpf dataplane: migrate pinned pod states: %w", err)
-	}
-	if found {
-		opts.Logger.Info("ebpf dataplane: migrated pinned pod states from the hash map of an older build to the pod-state array and unpinned the hash",
-			"pin_path", opts.PinPath, "from", legacyPodMap, "to", policyMapNpaSlotState, "pods", moved)
 	}
 	e.core = newCore(limits, &ebpfMaps{policyObjects: &e.objs, states: e.states})
 	if err := e.adopt(); err != nil {
@@ -293,72 +274,6 @@ func (e *EBPF) detach(ifindex int) error {
 		return fmt.Errorf("detach interface %d: %w", ifindex, err)
 	}
 	return nil
-}
-
-// legacyPodMap is the pin name of the pod-state map of builds before the state array:
-// a hash map from ifindex (u32) to struct pod_state with the generation in the low 32
-// bits of a word and the flags in the high 32. A program could read an element of it
-// the next update had reused (see policy.c); its content is still valid.
-const legacyPodMap = "npa_pods"
-
-// migrateLegacyPods moves the pod states an older build pinned in legacyPodMap into the
-// state array, then unpins the old map. It runs before adopt switches the pinned links
-// to this build's programs: until then the old programs keep enforcing from the old map
-// (their reference keeps it alive), afterwards the new ones find the same states, so
-// enforcement does not lapse. The array ends up holding exactly the old map's pods.
-// Repeating it is harmless: if the process dies before the unpin, the next start
-// copies the same states again (no commit can run in between). found reports whether
-// there was an old map.
-func (e *EBPF) migrateLegacyPods() (moved int, found bool, err error) {
-	path := filepath.Join(e.pinPath, legacyPodMap)
-	old, err := ebpf.LoadPinnedMap(path, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, true, fmt.Errorf("load pinned map %s: %w", path, err)
-	}
-	defer old.Close()
-	if old.Type() != ebpf.Hash || old.KeySize() != 4 || int(old.ValueSize()) != podStateSize {
-		return 0, true, fmt.Errorf("pinned map %s: a %v with %d-byte keys and %d-byte values is no pod-state layout this build can migrate (remove it to start over)",
-			path, old.Type(), old.KeySize(), old.ValueSize())
-	}
-	var ifindex uint32
-	var st podState
-	states := map[uint32]podState{}
-	it := old.Iterate()
-	for it.Next(&ifindex, &st) {
-		for d, w := range st.Dir {
-			gen, flags := uint32(w), uint32(w>>32)
-			if gen > maxGeneration || flags&^knownDirFlags != 0 {
-				return 0, true, fmt.Errorf("pinned map %s: interface %d: %s word %#x does not fit this build's state word (remove the pins to start over)", path, ifindex, Direction(d), w)
-			}
-			st.Dir[d] = dirWord(ifindex, gen, flags)
-		}
-		states[ifindex] = st
-	}
-	if err := it.Err(); err != nil {
-		return 0, true, fmt.Errorf("iterate %s: %w", path, err)
-	}
-	// The old map is the newer truth: an array left by a run of this build before an
-	// older build ran again may hold pods that build has removed since.
-	for ifindex := range e.states.all() {
-		if _, ok := states[ifindex]; !ok {
-			if err := e.states.delete(ifindex); err != nil {
-				return 0, true, err
-			}
-		}
-	}
-	for ifindex, st := range states {
-		if err := e.states.put(ifindex, &st); err != nil {
-			return moved, true, fmt.Errorf("copy state of interface %d from %s: %w", ifindex, path, err)
-		}
-		moved++
-	}
-	if err := old.Unpin(); err != nil {
-		return moved, true, fmt.Errorf("unpin %s: %w", path, err)
-	}
-	return moved, true, nil
 }
 
 // adopt rebuilds the core's records from the pinned maps and links. Entries of

@@ -1,16 +1,13 @@
 package bpfmaps
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -154,146 +151,6 @@ func pinnedProgram(t *testing.T, path string) *ebpf.Program {
 	}
 	t.Cleanup(func() { _ = prog.Close() })
 	return prog
-}
-
-// TestOpenMigratesLegacyPodMap: pod states an older build pinned in its hash map
-// (npa_pods: ifindex → pod_state, generation in the low half of a word, flags in the
-// high half) move into the state array. The pod is adopted with its generations and
-// hashes (an unchanged re-commit is skipped), the kernel decides by them, the pinned
-// links run the new program, the hash is unpinned and the move is logged. "array-left"
-// has this build's maps beside the hash: a migration that died before the unpin, or a
-// run of this build before an older build ran again (then they hold a pod the older
-// build removed since, which must not come back).
-func TestOpenMigratesLegacyPodMap(t *testing.T) {
-	for _, c := range []struct {
-		name      string
-		keepArray bool
-	}{{"older-build", false}, {"array-left", true}} {
-		t.Run(c.name, func(t *testing.T) {
-			requireKernel(t)
-			pin := testPinPath(t)
-			ifindex := dummyInterface(t)
-			first, second := restartPolicies()
-
-			// What an older build leaves behind: entries in the tries (same layout as
-			// today), pinned links, and the pod's state in a pinned hash map.
-			prev, err := OpenEBPF(EBPFOptions{PinPath: pin})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := prev.Commit(ifindex, first); err != nil {
-				t.Fatal(err)
-			}
-			state := prev.pods[uint32(ifindex)].state
-			if c.keepArray {
-				removed := uint32(ifindex) + 1000
-				st := podState{Dir: [2]uint64{dirWord(removed, 1, 0), dirWord(removed, 1, 0)}}
-				if err := prev.states.put(removed, &st); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := prev.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if !c.keepArray {
-				for _, name := range []string{policyMapNpaPodSlot, policyMapNpaSlotState} {
-					if err := os.Remove(filepath.Join(pin, name)); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			legacy := state
-			for d, w := range state.Dir {
-				legacy.Dir[d] = uint64(wordFlags(w))<<32 | uint64(wordGen(w))
-			}
-			pinLegacyPodMap(t, pin, map[uint32]podState{uint32(ifindex): legacy})
-
-			var logs bytes.Buffer
-			e := openTestEBPF(t, EBPFOptions{PinPath: pin, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-			if got := e.Pods(); len(got) != 1 || got[0] != ifindex {
-				t.Fatalf("adopted pods %v, want [%d]", got, ifindex)
-			}
-			if got := e.pods[uint32(ifindex)].state; got != state {
-				t.Fatalf("migrated state %+v, want %+v", got, state)
-			}
-			if _, err := os.Stat(filepath.Join(pin, legacyPodMap)); !os.IsNotExist(err) {
-				t.Fatalf("legacy map still pinned after migration: %v", err)
-			}
-			if !strings.Contains(logs.String(), "migrated pinned pod states") || !strings.Contains(logs.String(), "pods=1") {
-				t.Fatalf("migration not logged with its count; log:\n%s", logs.String())
-			}
-			res, err := e.Commit(ifindex, first)
-			if err != nil || !res.Skipped {
-				t.Fatalf("re-commit of the migrated policy: %+v %v, want skipped", res, err)
-			}
-			in1 := packet{peer: netip.MustParseAddr("10.1.0.9"), proto: ProtocolTCP, port: 80}
-			in2 := packet{peer: netip.MustParseAddr("10.2.0.9"), proto: ProtocolTCP, port: 80}
-			toPod := pinnedProgram(t, filepath.Join(pin, "links", fmt.Sprintf("%d-to_pod", ifindex)))
-			through := func(prog *ebpf.Program) [2]bool {
-				return [2]bool{
-					run(t, prog, ifindex, packetBytes(in1.peer, podAddrIngress4, ProtocolTCP, 30000, 80)),
-					run(t, prog, ifindex, packetBytes(in2.peer, podAddrIngress4, ProtocolTCP, 30000, 80)),
-				}
-			}
-			if got, want := through(toPod), [2]bool{true, false}; got != want {
-				t.Fatalf("through the pinned link after migration: verdicts %v, want %v (the first policy)", got, want)
-			}
-			if _, err := e.Commit(ifindex, second); err != nil {
-				t.Fatal(err)
-			}
-			if got, want := through(toPod), [2]bool{false, true}; got != want {
-				t.Fatalf("through the pinned link after committing the second policy: verdicts %v, want %v", got, want)
-			}
-		})
-	}
-}
-
-// TestOpenRejectsUnknownLegacyPodMap: a map pinned as npa_pods whose layout is not the
-// older build's stops OpenEBPF with an error naming it; nothing is unpinned.
-func TestOpenRejectsUnknownLegacyPodMap(t *testing.T) {
-	requireKernel(t)
-	pin := testPinPath(t)
-	if err := ensureBPFFS(pin); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(pin, legacyPodMap)
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Pin(path); err != nil {
-		t.Fatal(err)
-	}
-	e, err := OpenEBPF(EBPFOptions{PinPath: pin})
-	if err == nil {
-		e.Close()
-		t.Fatal("OpenEBPF adopted a pod map of an unknown layout")
-	}
-	if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "8-byte keys") {
-		t.Fatalf("error %q does not name the map and its layout", err)
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the unknown map was unpinned: %v", err)
-	}
-}
-
-// pinLegacyPodMap pins, under pin, the pod-state hash map of builds before the array.
-func pinLegacyPodMap(t *testing.T, pin string, states map[uint32]podState) {
-	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(podStateSize), MaxEntries: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	for ifindex, st := range states {
-		if err := m.Put(ifindex, &st); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := m.Pin(filepath.Join(pin, legacyPodMap)); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestDatapathChecksStateOwner: a program that reaches a slot whose words another pod
