@@ -48,11 +48,11 @@ func BenchmarkCommit10k(b *testing.B) {
 		b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
 	})
 
-	keys, vals := make([]lpmKey4, n), make([]ruleValue, n)
+	keys, vals := make([]policyLpmKey4, n), make([]policyRuleValue, n)
 	for i := range keys {
-		keys[i] = lpmKey4{Prefixlen: 96, Ifindex: 1, Tag: entryTag(1, tierNamespaced), Addr: [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}}
+		keys[i] = policyLpmKey4{Prefixlen: 96, Ifindex: 1, Tag: entryTag(1, tierNamespaced), Addr: [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}}
 		vals[i].Count = 1
-		vals[i].Rules[0] = portEntry{Port: 80, EndPort: 80, Proto: uint8(ProtocolTCP), Action: uint8(ActionAccept)}
+		vals[i].Rules[0] = policyPortRule{Port: 80, EndPort: 80, Proto: uint8(ProtocolTCP), Action: uint8(ActionAccept)}
 	}
 	trieSpec := &ebpf.MapSpec{Type: ebpf.LPMTrie, KeySize: 16, ValueSize: uint32(len(vals[0].Rules)*8 + 8), MaxEntries: 2 * n, Flags: 1 /* BPF_F_NO_PREALLOC */}
 
@@ -80,7 +80,7 @@ func BenchmarkCommit10k(b *testing.B) {
 // benchMapInMapSwap fills a fresh inner trie with one batch and swaps it into an
 // array-of-maps with one update: atomic, but every outer update waits for an RCU grace
 // period.
-func benchMapInMapSwap(b *testing.B, outerType ebpf.MapType, keys []lpmKey4, vals []ruleValue) {
+func benchMapInMapSwap(b *testing.B, outerType ebpf.MapType, keys []policyLpmKey4, vals []policyRuleValue) {
 	requireKernel(b)
 	trieSpec := &ebpf.MapSpec{Type: ebpf.LPMTrie, KeySize: 16, ValueSize: uint32(len(vals[0].Rules)*8 + 8), MaxEntries: uint32(2 * len(keys)), Flags: 1 /* BPF_F_NO_PREALLOC */}
 	outer, err := ebpf.NewMap(&ebpf.MapSpec{Type: outerType, KeySize: 4, ValueSize: 4, MaxEntries: 1, InnerMap: trieSpec})
@@ -125,9 +125,9 @@ func BenchmarkCommitSmall(b *testing.B) {
 			}
 		}
 	})
-	swapKeys, swapVals := make([]lpmKey4, 10), make([]ruleValue, 10)
+	swapKeys, swapVals := make([]policyLpmKey4, 10), make([]policyRuleValue, 10)
 	for i := range swapKeys {
-		swapKeys[i] = lpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
+		swapKeys[i] = policyLpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
 		swapVals[i].Count = 1
 	}
 	b.Run("map-in-map-swap", func(b *testing.B) { benchMapInMapSwap(b, ebpf.ArrayOfMaps, swapKeys, swapVals) })

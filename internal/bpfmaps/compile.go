@@ -54,32 +54,17 @@ const (
 // Every flag must fit below a state word's generation (a compile error otherwise).
 const _ uint32 = 1<<flagBits - 1 - knownDirFlags
 
-// portEntry is struct port_rule in policy.c. Port 0 only appears in an all-ports entry
-// [0, 65535]; port-less packets are looked up with port 0, so only such entries match
-// them.
-type portEntry struct {
-	Port    uint16
-	EndPort uint16
-	Proto   uint8
-	Action  uint8
-	_       uint16
-}
-
-// ruleValue is struct rule_value in policy.c: the port rules that apply to a prefix,
-// in evaluation order. Count 0 is a deny entry (an except no other rule covers).
-type ruleValue struct {
-	Count uint32
-	_     uint32
-	Rules [maxPortRules]portEntry
-}
-
-func (v *ruleValue) entries() []portEntry { return v.Rules[:v.Count] }
+// entries returns a trie value's port rules, in evaluation order. Port 0 only
+// appears in an all-ports rule [0, 65535]; port-less packets are looked up with port
+// 0, so only such rules match them. Count 0 is a deny entry (an except no other rule
+// covers).
+func (v *policyRuleValue) entries() []policyPortRule { return v.Rules[:v.Count] }
 
 // compiledEntry is one trie entry before it is tagged with a pod and generation.
 type compiledEntry struct {
 	Prefix netip.Prefix // masked
 	Tier   tier
-	Value  ruleValue
+	Value  policyRuleValue
 }
 
 // compiledDirection is a direction's policy as the datapath consumes it.
@@ -93,7 +78,7 @@ type sourceRule struct {
 	label   ruleLabel
 	cidr    netip.Prefix
 	excepts []netip.Prefix
-	ports   []portEntry // with Action set; no ports = one all-traffic entry
+	ports   []policyPortRule // with Action set; no ports = one all-traffic entry
 }
 
 // ruleLabel names a rule in errors ("ingress admin rule 2"); formatted only on error.
@@ -116,7 +101,7 @@ func invalidf(label ruleLabel, format string, args ...any) error {
 
 // validateRule checks one rule and converts it for flattening; its port entries are
 // appended to *arena (one allocation for a whole direction).
-func validateRule(label ruleLabel, r *Rule, action Action, arena *[]portEntry) (sourceRule, error) {
+func validateRule(label ruleLabel, r *Rule, action Action, arena *[]policyPortRule) (sourceRule, error) {
 	if !r.CIDR.IsValid() {
 		return sourceRule{}, invalidf(label, "cidr %q: invalid prefix", r.CIDR.String())
 	}
@@ -138,7 +123,7 @@ func validateRule(label ruleLabel, r *Rule, action Action, arena *[]portEntry) (
 		if !p.Protocol.validInRule() {
 			return sourceRule{}, invalidf(label, "port %d: protocol %d: unknown protocol (want 0 any, 6 TCP, 17 UDP or 132 SCTP)", i, uint8(p.Protocol))
 		}
-		e := portEntry{Proto: uint8(p.Protocol), Action: uint8(action)}
+		e := policyPortRule{Proto: uint8(p.Protocol), Action: uint8(action)}
 		switch {
 		case p.Port == 0 && p.EndPort == 0:
 			e.Port, e.EndPort = 0, allPortsEndPort
@@ -154,7 +139,7 @@ func validateRule(label ruleLabel, r *Rule, action Action, arena *[]portEntry) (
 		*arena = append(*arena, e)
 	}
 	if len(r.Ports) == 0 {
-		*arena = append(*arena, portEntry{Proto: uint8(ProtocolAny), Port: 0, EndPort: allPortsEndPort, Action: uint8(action)})
+		*arena = append(*arena, policyPortRule{Proto: uint8(ProtocolAny), Port: 0, EndPort: allPortsEndPort, Action: uint8(action)})
 	}
 	src.ports = (*arena)[start:len(*arena):len(*arena)]
 	return src, nil
@@ -172,7 +157,7 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 			n += max(1, len(tr[i].Rule.Ports))
 		}
 	}
-	arena := make([]portEntry, 0, n)
+	arena := make([]policyPortRule, 0, n)
 	for i := range d.Allow {
 		src, err := validateRule(ruleLabel{dir: dir, index: i}, &d.Allow[i], ActionAccept, &arena)
 		if err != nil {
@@ -307,7 +292,7 @@ type prefixNode struct {
 	prefix  netip.Prefix
 	cidrOf  []int // rules whose CIDR is this prefix
 	except  []int // rules that except this prefix
-	visible ruleValue
+	visible policyRuleValue
 }
 
 // flatten appends to out one entry per prefix of the tier whose value differs from the
@@ -415,7 +400,7 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 	return out, nil
 }
 
-var emptyValue ruleValue
+var emptyValue policyRuleValue
 
 func overflowErr(r *sourceRule, p netip.Prefix, need int) error {
 	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p, need, maxPortRules)
@@ -424,11 +409,11 @@ func overflowErr(r *sourceRule, p netip.Prefix, need int) error {
 // orderedValue builds a tier value: every port rule of the included rules in priority
 // order; the datapath takes the first match. Exact duplicates of an earlier entry and
 // everything after an all-traffic entry can never match first and are dropped.
-func orderedValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix) error {
-	*v = ruleValue{}
+func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+	*v = policyRuleValue{}
 	for _, ri := range included {
 		for _, e := range rules[ri].ports {
-			if slices.ContainsFunc(v.entries(), func(x portEntry) bool {
+			if slices.ContainsFunc(v.entries(), func(x policyPortRule) bool {
 				return x.Proto == e.Proto && x.Port == e.Port && x.EndPort == e.EndPort
 			}) {
 				continue
@@ -448,8 +433,8 @@ func orderedValue(v *ruleValue, rules []sourceRule, included []int, p netip.Pref
 
 // unionValue builds a namespaced value: the union of the included rules' port rules,
 // ranges of one protocol merged, sorted by protocol and port.
-func unionValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix) error {
-	*v = ruleValue{}
+func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+	*v = policyRuleValue{}
 	merged := mergePorts(rules, included)
 	if len(merged) > maxPortRules {
 		// Name the rule whose ports pushed the union over the limit.
@@ -468,18 +453,18 @@ func unionValue(v *ruleValue, rules []sourceRule, included []int, p netip.Prefix
 // mergePorts returns the union of the rules' port entries as few accept entries: one
 // all-traffic entry if any rule allows all traffic, else ranges of one protocol merged
 // where they overlap or touch.
-func mergePorts(rules []sourceRule, included []int) []portEntry {
-	var all []portEntry
+func mergePorts(rules []sourceRule, included []int) []policyPortRule {
+	var all []policyPortRule
 	for _, ri := range included {
 		for _, e := range rules[ri].ports {
 			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
-				return []portEntry{{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}}
+				return []policyPortRule{{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}}
 			}
 			e.Action = uint8(ActionAccept)
 			all = append(all, e)
 		}
 	}
-	slices.SortFunc(all, func(a, b portEntry) int {
+	slices.SortFunc(all, func(a, b policyPortRule) int {
 		return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port), cmp.Compare(a.EndPort, b.EndPort))
 	})
 	merged := all[:0]

@@ -252,7 +252,7 @@ func TestCleanupOrderKeepsLookupsExact(t *testing.T) {
 				for range 30 {
 					pkts = append(pkts, g.packet())
 				}
-				full := map[[2]int]*ruleValue{}
+				full := map[[2]int]*policyRuleValue{}
 				lookupAll := func(record bool) {
 					for i, pkt := range pkts {
 						look := m.maps.lookupFunc(1, Direction(d), gen, pkt.peer)

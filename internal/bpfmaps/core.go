@@ -8,33 +8,14 @@ import (
 	"time"
 )
 
-// lpmKey4 is struct lpm_key4 in policy.c. Prefixlen counts the 64 bits of Ifindex and
-// Tag plus the prefix bits, so lookups never cross pods or generations.
-type lpmKey4 struct {
-	Prefixlen uint32
-	Ifindex   uint32
-	Tag       uint32 // generation<<2 | tier
-	Addr      [4]byte
-}
-
-// lpmKey6 is struct lpm_key6 in policy.c.
-type lpmKey6 struct {
-	Prefixlen uint32
-	Ifindex   uint32
-	Tag       uint32
-	Addr      [16]byte
-}
-
-// podState is struct pod_state in policy.c, a pod's slot in the state array. Dir holds
-// per direction one word (see dirWord) the datapath reads with a single load; a commit
-// switches a direction with one atomic store of its word (policy.c explains why that
-// is safe under a reading program and a hash map was not). Hash is the content hash per
-// direction; only user space reads it (it lets a restarted agent skip unchanged
-// commits).
-type podState struct {
-	Dir  [2]uint64
-	Hash [2]uint64
-}
+// The map keys and values are the types bpf2go generates from policy.c (see the
+// structs there for their meaning): policyLpmKey4 and policyLpmKey6 (trie keys:
+// Prefixlen counts the 64 bits of Ifindex and Tag plus the prefix bits, so lookups
+// never cross pods or generations), policyRuleValue and policyPortRule (trie values),
+// and policyPodState, a pod's slot in the state array: per direction one word (see
+// dirWord) the datapath reads with a single load and a commit switches with one
+// atomic store, and a content hash only user space reads (it lets a restarted agent
+// skip unchanged commits).
 
 // flagBits is how many low bits of a state word hold the direction's flags.
 const flagBits = 4
@@ -85,22 +66,22 @@ func (l Limits) withDefaults() Limits {
 type store interface {
 	// writeEntries inserts entries of a generation nothing refers to yet; all or
 	// nothing: on error the store holds none of them.
-	writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []lpmKey6, v6 []ruleValue) error
+	writeEntries(d Direction, k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) error
 	// deleteEntries deletes in the order given.
-	deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) error
-	putPod(ifindex uint32, st *podState) error
+	deleteEntries(d Direction, k4 []policyLpmKey4, k6 []policyLpmKey6) error
+	putPod(ifindex uint32, st *policyPodState) error
 	deletePod(ifindex uint32) error
 }
 
 // podRecord is what the core remembers of a pod with committed state.
 type podRecord struct {
-	state podState
+	state policyPodState
 	keys  [2]dirKeys // entries of each direction's active generation
 }
 
 type dirKeys struct {
-	k4 []lpmKey4
-	k6 []lpmKey6
+	k4 []policyLpmKey4
+	k6 []policyLpmKey6
 }
 
 func (k *dirKeys) len() int { return len(k.k4) + len(k.k6) }
@@ -166,12 +147,12 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		return res, fmt.Errorf("commit pod %d: pod map holds %d pods, its capacity: %w", ifindex, len(c.pods), ErrCapacity)
 	}
 
-	newState := podState{Hash: hashes}
+	newState := policyPodState{Hash: hashes}
 	if rec != nil {
 		newState.Dir = rec.state.Dir
 	}
 	var newKeys [2]dirKeys
-	var newVals [2][2][]ruleValue
+	var newVals [2][2][]policyRuleValue
 	for d := range changed {
 		if !changed[d] {
 			continue
@@ -188,18 +169,18 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 				n4++
 			}
 		}
-		newKeys[d].k4 = make([]lpmKey4, 0, n4)
-		newVals[d][0] = make([]ruleValue, 0, n4)
-		newKeys[d].k6 = make([]lpmKey6, 0, len(comp.Entries)-n4)
-		newVals[d][1] = make([]ruleValue, 0, len(comp.Entries)-n4)
+		newKeys[d].k4 = make([]policyLpmKey4, 0, n4)
+		newVals[d][0] = make([]policyRuleValue, 0, n4)
+		newKeys[d].k6 = make([]policyLpmKey6, 0, len(comp.Entries)-n4)
+		newVals[d][1] = make([]policyRuleValue, 0, len(comp.Entries)-n4)
 		for i := range comp.Entries {
 			e := &comp.Entries[i]
 			tag := entryTag(gen, e.Tier)
 			if e.Prefix.Addr().Is4() {
-				newKeys[d].k4 = append(newKeys[d].k4, lpmKey4{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As4()})
+				newKeys[d].k4 = append(newKeys[d].k4, policyLpmKey4{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As4()})
 				newVals[d][0] = append(newVals[d][0], e.Value)
 			} else {
-				newKeys[d].k6 = append(newKeys[d].k6, lpmKey6{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As16()})
+				newKeys[d].k6 = append(newKeys[d].k6, policyLpmKey6{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As16()})
 				newVals[d][1] = append(newVals[d][1], e.Value)
 			}
 		}
@@ -302,11 +283,11 @@ func (c *core) deleteGeneration(d Direction, k dirKeys) int {
 }
 
 // deletionOrder returns the keys shortest prefix first (see deleteGeneration).
-func deletionOrder(k dirKeys) ([]lpmKey4, []lpmKey6) {
+func deletionOrder(k dirKeys) ([]policyLpmKey4, []policyLpmKey6) {
 	k4 := slices.Clone(k.k4)
-	slices.SortStableFunc(k4, func(a, b lpmKey4) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
+	slices.SortStableFunc(k4, func(a, b policyLpmKey4) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
 	k6 := slices.Clone(k.k6)
-	slices.SortStableFunc(k6, func(a, b lpmKey6) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
+	slices.SortStableFunc(k6, func(a, b policyLpmKey6) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
 	return k4, k6
 }
 
@@ -367,7 +348,7 @@ func (c *core) podList() []int {
 
 // firstMatch returns the action of the first entry matching a packet, 0 if none.
 // port must be 0 for port-less protocols. Mirrors first_match in policy.c.
-func firstMatch(v *ruleValue, proto Protocol, port uint16) Action {
+func firstMatch(v *policyRuleValue, proto Protocol, port uint16) Action {
 	for _, e := range v.entries() {
 		if (e.Proto == uint8(ProtocolAny) || e.Proto == uint8(proto)) && port >= e.Port && port <= e.EndPort {
 			return Action(e.Action)
@@ -378,7 +359,7 @@ func firstMatch(v *ruleValue, proto Protocol, port uint16) Action {
 
 // evalDirection decides a packet from compiled state the way policy.c does; lookup
 // does one longest-prefix lookup in the tier's entries of the active generation.
-func evalDirection(word uint64, lookup func(tier) (*ruleValue, bool), proto Protocol, port uint16) bool {
+func evalDirection(word uint64, lookup func(tier) (*policyRuleValue, bool), proto Protocol, port uint16) bool {
 	if !proto.hasPorts() {
 		port = 0
 	}

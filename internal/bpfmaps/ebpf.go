@@ -344,8 +344,8 @@ func (e *EBPF) adopt() error {
 		return rec != nil && wordGen(rec.state.Dir[d]) == tagGen(tag)
 	}
 	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
-		var k4 lpmKey4
-		var v ruleValue
+		var k4 policyLpmKey4
+		var v policyRuleValue
 		it := tries[0].Iterate()
 		for it.Next(&k4, &v) {
 			e.used[d][0]++
@@ -359,7 +359,7 @@ func (e *EBPF) adopt() error {
 		if err := it.Err(); err != nil {
 			return fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
 		}
-		var k6 lpmKey6
+		var k6 policyLpmKey6
 		it = tries[1].Iterate()
 		for it.Next(&k6, &v) {
 			e.used[d][1]++
@@ -398,7 +398,7 @@ func capacityErr(err error) error {
 	return err
 }
 
-func (m *ebpfMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []lpmKey6, v6 []ruleValue) error {
+func (m *ebpfMaps) writeEntries(d Direction, k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) error {
 	t4, t6 := m.tries(d)
 	if len(k4) > 0 {
 		n, err := t4.BatchUpdate(k4, v4, nil)
@@ -420,7 +420,7 @@ func (m *ebpfMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []
 	return nil
 }
 
-func (m *ebpfMaps) deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) error {
+func (m *ebpfMaps) deleteEntries(d Direction, k4 []policyLpmKey4, k6 []policyLpmKey6) error {
 	t4, t6 := m.tries(d)
 	if err := batchDelete(t4, k4); err != nil {
 		return fmt.Errorf("IPv4 trie: %w", err)
@@ -446,7 +446,7 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 	return nil
 }
 
-func (m *ebpfMaps) putPod(ifindex uint32, st *podState) error { return m.states.put(ifindex, st) }
+func (m *ebpfMaps) putPod(ifindex uint32, st *policyPodState) error { return m.states.put(ifindex, st) }
 
 func (m *ebpfMaps) deletePod(ifindex uint32) error { return m.states.delete(ifindex) }
 

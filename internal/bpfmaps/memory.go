@@ -19,10 +19,10 @@ func NewMemory() *Memory { return NewMemoryWithLimits(Limits{}) }
 
 // NewMemoryWithLimits returns the in-memory backend with the given capacities.
 func NewMemoryWithLimits(l Limits) *Memory {
-	maps := &memoryMaps{pods: map[uint32]podState{}}
+	maps := &memoryMaps{pods: map[uint32]policyPodState{}}
 	for d := range maps.v4 {
-		maps.v4[d] = map[lpmKey4]ruleValue{}
-		maps.v6[d] = map[lpmKey6]ruleValue{}
+		maps.v4[d] = map[policyLpmKey4]policyRuleValue{}
+		maps.v6[d] = map[policyLpmKey6]policyRuleValue{}
 	}
 	return &Memory{core: newCore(l, maps), maps: maps}
 }
@@ -65,19 +65,19 @@ func (m *Memory) entryCount(d Direction) int {
 
 // memoryMaps models the kernel maps; guarded by core.mu.
 type memoryMaps struct {
-	v4   [2]map[lpmKey4]ruleValue
-	v6   [2]map[lpmKey6]ruleValue
-	pods map[uint32]podState
+	v4   [2]map[policyLpmKey4]policyRuleValue
+	v6   [2]map[policyLpmKey6]policyRuleValue
+	pods map[uint32]policyPodState
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.
-func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer netip.Addr) func(tier) (*ruleValue, bool) {
-	return func(t tier) (*ruleValue, bool) {
+func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer netip.Addr) func(tier) (*policyRuleValue, bool) {
+	return func(t tier) (*policyRuleValue, bool) {
 		tag := entryTag(gen, t)
 		if peer.Is4() {
 			for bits := 32; bits >= 0; bits-- {
 				p, _ := peer.Prefix(bits)
-				if v, ok := s.v4[d][lpmKey4{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As4()}]; ok {
+				if v, ok := s.v4[d][policyLpmKey4{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As4()}]; ok {
 					return &v, true
 				}
 			}
@@ -85,7 +85,7 @@ func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer ne
 		}
 		for bits := 128; bits >= 0; bits-- {
 			p, _ := peer.Prefix(bits)
-			if v, ok := s.v6[d][lpmKey6{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As16()}]; ok {
+			if v, ok := s.v6[d][policyLpmKey6{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As16()}]; ok {
 				return &v, true
 			}
 		}
@@ -93,7 +93,7 @@ func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer ne
 	}
 }
 
-func (s *memoryMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 []lpmKey6, v6 []ruleValue) error {
+func (s *memoryMaps) writeEntries(d Direction, k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) error {
 	for i, k := range k4 {
 		s.v4[d][k] = v4[i]
 	}
@@ -103,7 +103,7 @@ func (s *memoryMaps) writeEntries(d Direction, k4 []lpmKey4, v4 []ruleValue, k6 
 	return nil
 }
 
-func (s *memoryMaps) deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) error {
+func (s *memoryMaps) deleteEntries(d Direction, k4 []policyLpmKey4, k6 []policyLpmKey6) error {
 	for _, k := range k4 {
 		delete(s.v4[d], k)
 	}
@@ -113,7 +113,7 @@ func (s *memoryMaps) deleteEntries(d Direction, k4 []lpmKey4, k6 []lpmKey6) erro
 	return nil
 }
 
-func (s *memoryMaps) putPod(ifindex uint32, st *podState) error {
+func (s *memoryMaps) putPod(ifindex uint32, st *policyPodState) error {
 	s.pods[ifindex] = *st
 	return nil
 }

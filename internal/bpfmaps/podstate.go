@@ -15,7 +15,7 @@ import (
 // podStateSize is the size of struct pod_state; slotStride is the distance between
 // slots in the mapped array, whose values the kernel lays out on 8-byte boundaries.
 var (
-	podStateSize = binary.Size(podState{})
+	podStateSize = binary.Size(policyPodState{})
 	slotStride   = (podStateSize + 7) / 8 * 8
 )
 
@@ -90,8 +90,8 @@ func (p *podStates) hash(slot uint32, d int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*slotStride+16+8*d]))
 }
 
-func (p *podStates) read(slot uint32) podState {
-	var st podState
+func (p *podStates) read(slot uint32) policyPodState {
+	var st policyPodState
 	for d := range 2 {
 		st.Dir[d] = p.word(slot, d).Load()
 		st.Hash[d] = p.hash(slot, d).Load()
@@ -110,7 +110,7 @@ const unknownHash = 0
 // content, never one that does not describe the word (a restarted agent would skip
 // a commit on it). The stores are sequentially consistent, so they reach the shared
 // memory in this order.
-func (p *podStates) write(slot uint32, st *podState) {
+func (p *podStates) write(slot uint32, st *policyPodState) {
 	for d := range 2 {
 		if p.word(slot, d).Load() == st.Dir[d] && p.hash(slot, d).Load() == st.Hash[d] {
 			continue
@@ -121,11 +121,11 @@ func (p *podStates) write(slot uint32, st *podState) {
 	}
 }
 
-func (p *podStates) clear(slot uint32) { p.write(slot, &podState{}) }
+func (p *podStates) clear(slot uint32) { p.write(slot, &policyPodState{}) }
 
 // put switches an existing pod's state in place. A new pod gets a free slot, filled
 // before the mapping is inserted, so a program that finds the mapping finds the state.
-func (p *podStates) put(ifindex uint32, st *podState) error {
+func (p *podStates) put(ifindex uint32, st *policyPodState) error {
 	if slot, ok := p.slots[ifindex]; ok {
 		p.write(slot, st)
 		return nil
@@ -162,8 +162,8 @@ func (p *podStates) delete(ifindex uint32) error {
 }
 
 // all returns every pod's state, by ifindex.
-func (p *podStates) all() map[uint32]podState {
-	out := make(map[uint32]podState, len(p.slots))
+func (p *podStates) all() map[uint32]policyPodState {
+	out := make(map[uint32]policyPodState, len(p.slots))
 	for ifindex, slot := range p.slots {
 		out[ifindex] = p.read(slot)
 	}

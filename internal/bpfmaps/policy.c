@@ -5,7 +5,7 @@
 // pod's EGRESS policy, peer = destination) and to_pod on its egress hook (packets the
 // pod receives: its INGRESS policy, peer = source).
 //
-// Layouts here are mirrored in core.go/compile.go; a test checks they agree.
+// Go uses the types bpf2go generates from these structs (policyLpmKey4, ...) as they are.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>

@@ -58,10 +58,10 @@ func runChild(role string) int {
 		return 1
 	}
 	rec := e.pods[uint32(ifindex)]
-	orphan := lpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(nextGeneration(wordGen(rec.state.Dir[Ingress])), tierNamespaced), Addr: [4]byte{11}}
-	var v ruleValue
+	orphan := policyLpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(nextGeneration(wordGen(rec.state.Dir[Ingress])), tierNamespaced), Addr: [4]byte{11}}
+	var v policyRuleValue
 	v.Count = 1
-	v.Rules[0] = portEntry{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
+	v.Rules[0] = policyPortRule{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
 	if err := e.objs.NpaInV4.Put(orphan, v); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -200,7 +200,7 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 	}
 	// A first commit that died after filling its slot, before mapping it.
 	orphan := prev.states.free[len(prev.states.free)-1]
-	prev.states.write(orphan, &podState{Dir: [2]uint64{dirWord(999, 1, 0), dirWord(999, 1, 0)}})
+	prev.states.write(orphan, &policyPodState{Dir: [2]uint64{dirWord(999, 1, 0), dirWord(999, 1, 0)}})
 	// A switch of kept's ingress cut after its word was stored.
 	prev.states.hash(prev.states.slots[uint32(kept)], int(Ingress)).Store(unknownHash)
 	// A mapping whose slot holds another pod's words.
@@ -215,7 +215,7 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 	if got := e.Pods(); len(got) != 1 || got[0] != kept {
 		t.Fatalf("adopted pods %v, want [%d]", got, kept)
 	}
-	if st := e.states.read(orphan); st != (podState{}) {
+	if st := e.states.read(orphan); st != (policyPodState{}) {
 		t.Fatalf("orphan slot %d not cleared: %+v", orphan, st)
 	}
 	if len(e.states.free) != 3 {
