@@ -16,7 +16,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -I/usr/include/x86_64-linux-gnu" -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
+// The programs are built for the deployment targets, amd64 and arm64 (both little
+// endian): one object each, policy_x86_bpfel.o and policy_arm64_bpfel.o (bpf2go
+// defines __TARGET_ARCH_x86 or __TARGET_ARCH_arm64 for policy.c). The package builds
+// for those architectures only. include/ stands in for the host's
+// asm/ headers, so no multiarch include path is needed and every host generates the
+// same bytes (include/README.md).
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
