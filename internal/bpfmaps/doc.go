@@ -16,8 +16,16 @@
 //   - The switch is safe under a reading program. A pod's state words live in a slot
 //     of an array this process maps into its memory; a hash maps the pod's ifindex to
 //     its slot for the pod's life. The store is a CPU atomic store and the program's
-//     read one aligned 8-byte load, so it sees the old word or the new one; array
-//     memory is never reused for anything else. A word names its owner's ifindex, so a
+//     read one aligned 8-byte atomic read, so it sees the old word or the new one;
+//     array memory is never reused for anything else. Ordering: the entries a word
+//     names are written (syscalls) before the word's store, which is a release (Go's
+//     atomic store: XCHG on amd64, STLR on arm64); the program reads the word with an
+//     acquire, so its lookups see those entries. On amd64 (TSO) that read is a plain
+//     load. On arm64 it is an atomic fetch-add of 0, fully ordered (the JIT emits
+//     LDADDAL, or LDXR/STLXR and DMB ISH), because a BPF load-acquire instruction needs
+//     Linux 6.15 and clang 20; it costs an exclusive cache-line access per read. The
+//     objects are generated for amd64 and arm64 only, and policy.c refuses to compile
+//     for any other target rather than guess its ordering. A word names its owner's ifindex, so a
 //     program that read the slot mapping of a pod being removed (hash elements are
 //     reused at once) never decides a packet by another pod's word. Keeping the state
 //     as a hash value would not be safe: a hash map hands a replaced element to the

@@ -18,8 +18,9 @@ import (
 
 // The programs are built for the deployment targets, amd64 and arm64 (both little
 // endian): one object each, policy_x86_bpfel.o and policy_arm64_bpfel.o (bpf2go
-// defines __TARGET_ARCH_x86 or __TARGET_ARCH_arm64 for policy.c). The package builds
-// for those architectures only. include/ stands in for the host's
+// defines __TARGET_ARCH_x86 or __TARGET_ARCH_arm64), which differ only in how the state
+// word is loaded (load_word in policy.c: the acquire each CPU needs). The package
+// builds for those architectures only. include/ stands in for the host's
 // asm/ headers, so no multiarch include path is needed and every host generates the
 // same bytes (include/README.md).
 //go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
@@ -69,7 +70,10 @@ const bpfFSMagic = 0xcafe4a11
 // unchanged re-commit writes nothing. Entries of generations a crashed commit left
 // behind are deleted. A pinned map whose layout or capacity differs from this build's is
 // an error naming the pin path. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
-func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
+func OpenEBPF(opts EBPFOptions) (*EBPF, error) { return openEBPF(opts, loadPolicy) }
+
+// openEBPF is OpenEBPF with the object from load; tests load the other targets' objects.
+func openEBPF(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error)) (*EBPF, error) {
 	if opts.PinPath == "" {
 		opts.PinPath = DefaultPinPath
 	}
@@ -86,7 +90,7 @@ func OpenEBPF(opts EBPFOptions) (*EBPF, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: remove memlock limit: %w", permissionHint(err, "CAP_SYS_RESOURCE"))
 	}
-	spec, err := loadPolicy()
+	spec, err := load()
 	if err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}

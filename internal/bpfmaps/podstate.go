@@ -109,7 +109,9 @@ const unknownHash = 0
 // after the word: a process that dies in between leaves a hash that matches no
 // content, never one that does not describe the word (a restarted agent would skip
 // a commit on it). The stores are sequentially consistent, so they reach the shared
-// memory in this order.
+// memory in this order, and the word's store is a release: a program that reads the
+// new word (with an acquire, policy.c's load_word) finds the entries the commit wrote
+// before it.
 func (p *podStates) write(slot uint32, st *policyPodState) {
 	for d := range 2 {
 		if p.word(slot, d).Load() == st.Dir[d] && p.hash(slot, d).Load() == st.Hash[d] {

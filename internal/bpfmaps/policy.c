@@ -128,8 +128,13 @@ struct ct_value {
 // word of another pod or none (the packet is unmanaged, as after the removal).
 //
 // Ordering: user space writes a generation's entries (syscalls) before the word that
-// names them, and the program looks them up after reading the word. x86-64 keeps both
-// orders (TSO); a weakly ordered CPU would need a load-acquire of the word.
+// names them, and the program looks them up after reading the word. The lookups must
+// not be satisfied from memory older than the word: the trie walk's loads do not
+// depend on the word's value (only the key does), so nothing but an acquire (or
+// stronger) load of the word orders them after it. The writer's side is a release:
+// the Go store (atomic.Uint64.Store: XCHG on amd64, STLR on arm64) follows the
+// syscalls that inserted the entries in the same goroutine. The reader's side is
+// load_word below, per target.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);   // ifindex
@@ -290,6 +295,32 @@ static __always_inline const struct rule_value *lookup(const int dir, __u32 ifin
 	return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v6 : (void *)&npa_eg_v6, &k);
 }
 
+// load_word loads a state word with (at least) acquire semantics, so that the lookups
+// after it see every entry written before the word was stored.
+static __always_inline __u64 load_word(__u64 *p)
+{
+#if defined(__TARGET_ARCH_x86)
+	// x86-64 is TSO: a load is not reordered with later loads, so a plain aligned
+	// load (one mov from the JIT) is an acquire load. volatile keeps clang from
+	// splitting, repeating or dropping it.
+	return *(volatile __u64 *)p;
+#elif defined(__TARGET_ARCH_arm64)
+	// arm64 reorders loads with later loads. A BPF load-acquire instruction needs
+	// Linux >= 6.15 and clang >= 20 (-mcpu=v4); instead a fetch-add of 0
+	// (BPF_ATOMIC | BPF_FETCH, Linux >= 5.12), which returns the word unchanged and
+	// which the arm64 JIT emits as LDADDAL (LSE) or an LDXR/STLXR loop and DMB ISH:
+	// fully ordered, so an acquire. It stores the same value back atomically, so it
+	// never undoes a concurrent store from user space. The cost: every read takes the
+	// word's cache line exclusive. The empty asm hides the 0 from clang, which would
+	// otherwise turn the fetch-add into an atomic load its BPF backend cannot emit.
+	__u64 zero = 0;
+	asm volatile("" : "+r"(zero));
+	return __sync_fetch_and_add(p, zero);
+#else
+#error "policy.c: no acquire load of the state word for this target; build with bpf2go -target amd64 or arm64"
+#endif
+}
+
 // read_word returns the pod's state word of a direction; *found is 0 if npagent does
 // not manage the pod (now).
 static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
@@ -304,7 +335,7 @@ static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
 	struct pod_state *st = bpf_map_lookup_elem(&npa_slot_state, &s);
 	if (!st)
 		return 0;
-	__u64 word = *(volatile __u64 *)&st->dir[dir];
+	__u64 word = load_word(&st->dir[dir]);
 	if (WORD_OWNER(word) != ifindex)
 		return 0;
 	*found = 1;
