@@ -45,15 +45,25 @@ lint: ## go vet, gofmt, staticcheck
 	@echo "==> staticcheck"
 	$(GO) tool staticcheck $(PKGS)
 
-generate: ## deepcopy + CRDs (controller-gen) and eBPF objects (bpf2go; needs clang, libbpf-dev)
+BPF_GENERATED := internal/bpfmaps/policy_*_bpfel.go internal/bpfmaps/policy_*_bpfel.o
+
+generate: ## deepcopy + CRDs (controller-gen) and eBPF objects (bpf2go; needs clang, llvm, libbpf-dev)
+	@echo "==> controller-gen: deepcopy and CRDs"
 	$(GO) tool controller-gen object paths=./api/...
 	$(GO) tool controller-gen crd paths=./api/... output:crd:dir=config/crd
+	@echo "==> bpf2go: eBPF objects for amd64 and arm64 ($$(clang --version | head -n 1))"
 	$(GO) generate ./internal/bpfmaps/...
 
-verify-generated: ## controller-gen output is current (bpf2go output needs clang: make generate)
+verify-generated: ## generated files are current: controller-gen and bpf2go (needs clang, llvm, libbpf-dev)
+	@echo "==> controller-gen: deepcopy and CRDs"
 	$(GO) tool controller-gen object paths=./api/...
 	$(GO) tool controller-gen crd paths=./api/... output:crd:dir=config/crd
-	@git diff --exit-code -- api config/crd || { echo "generated files are stale: run make generate"; exit 1; }
+	@echo "==> bpf2go: eBPF objects for amd64 and arm64 ($$(clang --version | head -n 1))"
+	$(GO) generate ./internal/bpfmaps/...
+	@echo "==> git diff: generated files against the commit"
+	@git diff --exit-code -- api config/crd $(BPF_GENERATED) || { echo "generated files are stale: run make generate"; exit 1; }
+	@new="$$(git ls-files --others --exclude-standard -- api config/crd internal/bpfmaps)"; \
+		if [ -n "$$new" ]; then echo "generation left files git does not know:"; echo "$$new"; exit 1; fi
 
 demo: build ## the main job: agent + real apiserver + collector + Prometheus + Jaeger + churn
 	examples/demo/demo.sh
