@@ -6,6 +6,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X main.version=$(VERSION)
 PKGS      := ./...
 TEST_TIMEOUT ?= 25m
+# Packages whose code runs goroutines or is called from several: make test runs them
+# again under the race detector.
+RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
 .PHONY: all build test unit tools tools-demo bench lint fmt generate verify-generated demo clean
 
@@ -28,8 +31,8 @@ test: tools ## all tests: unit, real apiserver, real collector, eBPF (as root)
 	$(GO) vet $(PKGS)
 	@echo "==> go test (integration tests use the real control plane and collector; eBPF tests need root)"
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	@echo "==> go test -race ./internal/seen/"
-	$(GO) test -count=1 -race -timeout 10m ./internal/seen/
+	@echo "==> go test -race (every package with concurrency: $(RACE_PKGS))"
+	$(GO) test -count=1 -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
 
 unit: ## fast tests only (no control plane, no root)
 	$(GO) test -count=1 -short $(PKGS)
