@@ -35,13 +35,12 @@ func newBenchTelemetry(b *testing.B, opts ...Option) *Telemetry {
 	return tel
 }
 
-// BenchmarkReport is the cost of one reported trigger on the calling goroutine:
-// ids chosen, one histogram observation and its exemplar, the record queued.
-// The builder goroutine builds the five-span trees meanwhile (on the other core,
-// and its allocations land in allocs/op while the timer runs); the queue is
-// drained with the timer stopped every buildChunk reports so none is dropped
-// (dropped-spans/op says so), since a tight loop outruns the builder and the
-// span queue.
+// BenchmarkReport is the cost of one fully traced trigger on the calling
+// goroutine: the five-span tree through the tracer and the tree gate into the
+// span queue, one histogram observation and its exemplar. The span queue is
+// flushed to the exporter with the timer stopped every buildChunk reports so
+// none is dropped (dropped-spans/op says so), since a tight loop outruns the
+// batch processor.
 func BenchmarkReport(b *testing.B) {
 	tel := newBenchTelemetry(b)
 	r := record(time.Now(), "pe-bench", 80*time.Millisecond)
@@ -60,11 +59,10 @@ func BenchmarkReport(b *testing.B) {
 	b.ReportMetric(float64(dropped)/float64(n), "dropped-spans/op")
 }
 
-// BenchmarkReportAndBuild is the whole per-trigger work, Report plus building
-// its span tree: the queue is drained (and the spans flushed to the no-op
-// exporter) with the timer running. cpu-ns/op is the process's CPU per trigger,
-// every goroutine included (builder, batch span processor, GC): what a traced
-// trigger costs the node in all.
+// BenchmarkReportAndBuild is the whole per-trigger work, Report plus the export
+// of its spans: the span queue is flushed to the no-op exporter with the timer
+// running. cpu-ns/op is the process's CPU per trigger, every goroutine included
+// (batch span processor, GC): what a traced trigger costs the node in all.
 func BenchmarkReportAndBuild(b *testing.B) {
 	tel := newBenchTelemetry(b)
 	r := record(time.Now(), "pe-bench", 80*time.Millisecond)
@@ -91,16 +89,13 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// buildChunk is how many Reports a benchmark queues before draining the build
-// queue, whose trees (5 spans each) must also fit the span queue (2048 spans by
-// default) until drain hands them to the exporter, so nothing is dropped.
+// buildChunk is how many Reports a benchmark makes before flushing the span
+// queue, whose trees (5 spans each) must fit it (2048 spans by default) until
+// drain hands them to the exporter, so nothing is dropped.
 const buildChunk = 256
 
-// drain builds every queued tree and flushes the spans to the exporter.
+// drain flushes the queued spans to the exporter.
 func drain(b *testing.B, tel *Telemetry) {
-	if err := tel.drainBuilds(context.Background()); err != nil {
-		b.Fatal(err)
-	}
 	if err := tel.tp.ForceFlush(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -198,10 +193,10 @@ func threadCPU(b *testing.B) time.Duration {
 // BenchmarkReconcileTelemetryOnVsOff runs the same simulated reconcile with and
 // without Report in one run, alternating in chunks so machine noise hits both
 // alike, and reports both costs and their ratio, in wall time and in the
-// benchmark thread's CPU time (goal: on/off ≤ 1.05). Span building (the
-// builder goroutine) and export (the batch processor's goroutine) are not in the
-// thread CPU figure; they run on the other core and do show in wall time when
-// they compete for it. dropped-spans/op tells whether the builder kept pace.
+// benchmark thread's CPU time (goal: on/off ≤ 1.05). Export (the batch
+// processor's goroutine) is not in the thread CPU figure; it runs on the other
+// core and does show in wall time when it competes for it. dropped-spans/op
+// tells whether the export kept pace.
 func BenchmarkReconcileTelemetryOnVsOff(b *testing.B) {
 	// keep-all is the default: every trigger traced. fast-10pct traces every
 	// trigger slower than 1 s and one in ten of the faster ones (the 80 ms
@@ -274,7 +269,7 @@ func BenchmarkReportThreadCPU(b *testing.B) {
 		}
 		cpu += threadCPU(b) - c
 		ops += 64
-		drain(b, tel) // outside the measured thread CPU: the builder's share is not the caller's
+		drain(b, tel) // outside the measured thread CPU: the export is not the caller's
 	}
 	dropped, _ := tel.Dropped()
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(ops), "cpu-ns/report")

@@ -5,57 +5,66 @@
 //
 // What it promises:
 //
-//   - Report, Suppressed, Delivered, CommitDone and InvalidObject never block on
-//     export and never return errors, and do as little as possible on the
-//     reconcile path. The counters are atomic totals the meter reads at each
-//     collection. Report decides sampling and copies a traced record into the
-//     build queue (a point alone, and CommitDone's duration, into a measurement
-//     queue). A builder goroutine, woken every 20 ms or when a queue reaches a
-//     tenth of its size (and asleep on the queues after a second with nothing
-//     queued), parses the traceparent,
-//     chooses the root's ids (the trace id inherited from a valid traceparent),
-//     emits the span tree and records the histogram point in the root's
-//     context, so its exemplar names the root. The builder hands finished
-//     spans straight to the span queues, a whole tree or none of it (every
-//     timestamp is known after the commit, so the tracer's live-span machinery
-//     would be pure cost); they carry what the tracer would give them:
-//     resource, scope, span limits, trace flags and state.
-//   - Bounded everywhere: the build queue holds as many records as the span queue
-//     holds spans; when it is full the tree is dropped, its spans counted as
-//     dropped, and the point recorded without an exemplar. When the measurement
-//     queue is full the point is recorded on the caller. Spans then go through a
-//     bounded queue in front of the SDK's batch span processor; when it is full
-//     (collector down) spans are dropped and counted, never queued without bound.
-//     A batch whose export fails is counted as dropped; one in flight as the
-//     collector dies may have been taken by it all the same (at-least-once: the
-//     count can exceed the true loss by that one batch).
-//   - Points and spans exist once the builder has reached them: within about
-//     20 ms, and at the latest after ForceFlush, which builds and records
-//     everything queued before flushing. A Prometheus scrape (MetricsHandler)
-//     waits for the same; an OTLP metric export round does not, so a point
-//     younger than 20 ms may leave in the next round. Shutdown stops admitting
-//     work, waits for callers already admitted, builds what is queued, then
-//     stops the builder; later Reports record their points directly and count
-//     their spans as dropped. When OTEL_TRACES_SAMPLER is
-//     set, Report does all of it itself, through the tracer, since only then
-//     does it learn the SDK sampler's decision before recording the exemplar.
+//   - One path: Report draws the span tree through the SDK's tracer, every span
+//     started and ended with the record's timestamps (all known after the
+//     commit), so resource, scope, ids, trace state and the span limits the SDK
+//     reads from OTEL_SPAN_* and OTEL_ATTRIBUTE_* are the SDK's own. The tree:
+//     root policy.program (trigger → commit) with the object's attributes, its
+//     latency (npagent.policy.programming.latency, seconds) and, when sampled,
+//     npagent.exemplar=true; children delivery, queue, compute, and one commit
+//     span per attempt; a failed attempt has error status and an exception
+//     event. A valid traceparent annotation parents the root (trace id and
+//     state inherited); an invalid one is counted and the root starts a trace.
+//   - Report, Committed and ObserveCounts' collection never block on export and
+//     never return errors. Report is safe for concurrent use; it does its work
+//     on the caller (a few tens of microseconds for a traced trigger, next to a
+//     commit of milliseconds) and returns with its point recorded.
+//   - Sampling is an sdktrace.Sampler (latency-aware, WithSampling), deciding
+//     at the root's start from its latency start attribute; the children follow
+//     the root. A trigger at least slowThreshold slow is always traced, even
+//     under a remote parent that was not sampled (the node's part of a change is
+//     worth keeping on its own) and whatever OTEL_TRACES_SAMPLER says. A faster
+//     one passes the systematic fastFraction (exactly one in 1/fastFraction),
+//     then, when OTEL_TRACES_SAMPLER is set, that sampler decides (it sees the
+//     remote parent, so parentbased_* follow the writer's decision, and
+//     traceidratio thins by trace id); unset, it is kept. With the default
+//     threshold 0 every trigger is slow and OTEL_TRACES_SAMPLER changes nothing;
+//     OTEL_TRACES_EXPORTER=none turns traces off.
+//   - Every reported trigger is one histogram observation, whatever the sampling
+//     decision for its trace. The point is recorded after the tree has ended:
+//     in the root span's context when the root was sampled and a span queue took
+//     the tree, else in a context holding no span. So the SDK's trace-based
+//     exemplar filter gives exemplars only to sampled roots that will be
+//     exported, and an exemplar never names a trace that was not sampled or was
+//     dropped. With no span exporter at all no tree is drawn and no point
+//     carries an exemplar. The root of every sampled trace carries
+//     npagent.exemplar=true, so a tail-sampling tier keeps the traces exemplars
+//     name.
+//   - Whole trees: the tracer's span processor (treeGate) holds the children
+//     as they end until their root ends, then offers the whole tree to each
+//     exporter's bounded queue, which takes all of it or none (a refused tree's
+//     spans are counted as dropped). A tree never arrives without its root.
+//   - Bounded everywhere: each exporter sits behind a queue of
+//     OTEL_BSP_MAX_QUEUE_SIZE (or WithSpanQueueSize) spans in front of the SDK's
+//     batch span processor; when it is full (collector down) trees are dropped
+//     and counted, never queued without bound. A batch whose export fails is
+//     counted as dropped; one in flight as the collector dies may have been
+//     taken by it all the same (at-least-once: the count can exceed the true
+//     loss by that one batch). Export trouble is logged once per transition
+//     (failing, recovered), not per batch.
+//   - Shutdown exports every tree a queue took and stops the exporters; a Report
+//     racing it or after it still records its point and counts the spans that
+//     will not be exported as dropped.
 //   - Metrics are aggregated in memory and exported by a periodic reader
 //     (cumulative temporality), so a collector outage loses no histogram
 //     observations, only export rounds.
-//   - Every reported trigger is one histogram observation, whatever the sampling
-//     decision for its trace. Latency-aware sampling (WithSampling) decides before
-//     any span exists: triggers slower than the threshold are always traced, a fixed
-//     fraction of the faster ones are. An exemplar only ever names a trace that
-//     was kept and taken by a span queue; with no span exporter at all no tree
-//     is built and no point carries an exemplar. (With OTEL_TRACES_SAMPLER set,
-//     spans pass the queues one by one, so a full queue can drop the root of a
-//     tree whose point already names it; the drop is counted.)
 //   - A trigger whose commit precedes it (clock skew between the controller and
 //     this node) yields no span and no point; it is counted under
 //     npagent.policy.programming.rejected{reason="clock_skew"}.
-//   - Suppressed and Delivered allocate nothing: their attribute sets are built once
-//     and cached (distinct label pairs are capped; beyond the cap they fold into
-//     "other", so cardinality stays bounded).
+//   - The counters are read from their owners at collection (ObserveCounts)
+//     and the attribute sets they are exported under are built once; distinct
+//     field names are capped (beyond the cap they fold into "other"), so
+//     cardinality stays bounded.
 //
 // Export: OTLP gRPC for traces and metrics, configured by the standard
 // OTEL_EXPORTER_OTLP_* variables (endpoint, TLS, headers, timeout, compression), and

@@ -2,12 +2,15 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // exportHealth reports an exporter's trouble once per transition (healthy →
@@ -36,33 +39,21 @@ func (h *exportHealth) observe(err error) {
 //
 // The SDK's batch span processor drops spans when its queue is full but only
 // exposes the count through experimental self-observability. So the gate admits a
-// span only while fewer than limit admitted spans have not yet reached the
-// exporter (counted in inFlight, decremented by gatedExporter when a batch is
-// handed over); with the processor's queue sized to the same limit it can never
-// overflow, and every span that does not reach the exporter is counted here
-// (after Shutdown has stopped the processor nothing is handed to it any more).
-// The processor runs in drop mode, so OnEnd never blocks.
+// tree only while the spans admitted and not yet handed to the exporter (inFlight,
+// decremented by gatedExporter) stay within limit; with the processor's queue
+// sized to the same limit it never overflows, and every span that does not reach
+// the exporter is counted here. The processor runs in drop mode, so offer never
+// blocks. Once the gate is closed (Shutdown) it admits nothing more: a tree is
+// either in the processor's queue before the processor's Shutdown drains it, or
+// counted as dropped.
 type spanGate struct {
 	next     sdktrace.SpanProcessor
 	limit    int64
 	inFlight *atomic.Int64
 	dropped  *atomic.Uint64
-}
 
-var _ sdktrace.SpanProcessor = (*spanGate)(nil)
-
-func (g *spanGate) OnStart(ctx context.Context, s sdktrace.ReadWriteSpan) { g.next.OnStart(ctx, s) }
-
-func (g *spanGate) OnEnd(s sdktrace.ReadOnlySpan) {
-	if !s.SpanContext().IsSampled() {
-		return // the batch processor ignores these too
-	}
-	if g.inFlight.Add(1) > g.limit {
-		g.inFlight.Add(-1)
-		g.dropped.Add(1)
-		return
-	}
-	g.next.OnEnd(s)
+	mu     sync.RWMutex // offer holds it shared; close exclusively
+	closed bool
 }
 
 // offer hands a whole span tree to the processor, or, when the queue cannot
@@ -70,6 +61,12 @@ func (g *spanGate) OnEnd(s sdktrace.ReadOnlySpan) {
 // its root. It reports whether the tree was taken.
 func (g *spanGate) offer(tree []sdktrace.ReadOnlySpan) bool {
 	n := int64(len(tree))
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.closed {
+		g.dropped.Add(uint64(n))
+		return false
+	}
 	if g.inFlight.Add(n) > g.limit {
 		g.inFlight.Add(-n)
 		g.dropped.Add(uint64(n))
@@ -81,8 +78,135 @@ func (g *spanGate) offer(tree []sdktrace.ReadOnlySpan) bool {
 	return true
 }
 
-func (g *spanGate) Shutdown(ctx context.Context) error   { return g.next.Shutdown(ctx) }
-func (g *spanGate) ForceFlush(ctx context.Context) error { return g.next.ForceFlush(ctx) }
+// shutdown closes the gate, then stops the processor, which exports what it
+// holds (within ctx).
+func (g *spanGate) shutdown(ctx context.Context) error {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	return g.next.Shutdown(ctx)
+}
+
+// treeGate is the span processor behind the tracer. It holds the spans of a
+// tree as they end (Report ends the children first) until their root ends, then
+// offers the whole tree to each exporter's spanGate, so a queue near its limit
+// never exports children without their root, and Report learns whether any
+// queue took the tree before it records the point whose exemplar would name it.
+//
+// A tree is a root (a span with no parent, or a remote one) and its direct
+// children: what Report draws. A span whose parent is not a pending root (none
+// of Report's) is offered on its own. Only sampled spans are handled; the batch
+// processor would ignore the others too.
+type treeGate struct {
+	gates []*spanGate // one per exporter: bounded queue, then batch span processor
+
+	mu      sync.Mutex
+	pending map[trace.SpanID]*gatedTree // by root span id, from its start to its end
+}
+
+// gatedTree is one tree in the gate. Report passes its own through the root's
+// start context (withGatedTree) to read seen and accepted after the root ended.
+type gatedTree struct {
+	spans []sdktrace.ReadOnlySpan
+	// seen: the root's end reached the gate (not so once the provider is shut
+	// down); accepted: at least one exporter's queue took the tree.
+	seen, accepted bool
+}
+
+type gatedTreeKey struct{}
+
+// withGatedTree returns ctx carrying tree, for the root span's start.
+func withGatedTree(ctx context.Context, tree *gatedTree) context.Context {
+	return context.WithValue(ctx, gatedTreeKey{}, tree)
+}
+
+var _ sdktrace.SpanProcessor = (*treeGate)(nil)
+
+func newTreeGate(gates []*spanGate) *treeGate {
+	return &treeGate{gates: gates, pending: map[trace.SpanID]*gatedTree{}}
+}
+
+// localChild reports whether parent makes a span a child within this process.
+func localChild(parent trace.SpanContext) bool { return parent.IsValid() && !parent.IsRemote() }
+
+func (g *treeGate) OnStart(ctx context.Context, s sdktrace.ReadWriteSpan) {
+	if !s.SpanContext().IsSampled() || localChild(s.Parent()) {
+		return
+	}
+	tree, _ := ctx.Value(gatedTreeKey{}).(*gatedTree)
+	if tree == nil {
+		tree = &gatedTree{}
+	}
+	g.mu.Lock()
+	g.pending[s.SpanContext().SpanID()] = tree
+	g.mu.Unlock()
+}
+
+func (g *treeGate) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !s.SpanContext().IsSampled() {
+		return
+	}
+	if parent := s.Parent(); localChild(parent) {
+		g.mu.Lock()
+		tree := g.pending[parent.SpanID()]
+		if tree != nil {
+			tree.spans = append(tree.spans, s)
+		}
+		g.mu.Unlock()
+		if tree == nil {
+			g.offer([]sdktrace.ReadOnlySpan{s})
+		}
+		return
+	}
+	id := s.SpanContext().SpanID()
+	g.mu.Lock()
+	tree := g.pending[id]
+	delete(g.pending, id)
+	g.mu.Unlock()
+	if tree == nil {
+		tree = &gatedTree{}
+	}
+	tree.spans = append(tree.spans, s)
+	tree.seen = true
+	tree.accepted = g.offer(tree.spans)
+	clear(tree.spans) // the queues hold the spans themselves, not this slice
+	tree.spans = tree.spans[:0]
+}
+
+// offer hands tree to every exporter's gate and reports whether any took it.
+func (g *treeGate) offer(tree []sdktrace.ReadOnlySpan) bool {
+	taken := false
+	for _, sg := range g.gates {
+		if sg.offer(tree) {
+			taken = true
+		}
+	}
+	return taken
+}
+
+// forget drops a pending tree whose root's end never reached the gate (the
+// provider was shut down in between); its spans are counted by the caller.
+func (g *treeGate) forget(root trace.SpanID) {
+	g.mu.Lock()
+	delete(g.pending, root)
+	g.mu.Unlock()
+}
+
+func (g *treeGate) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, sg := range g.gates {
+		errs = append(errs, sg.shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func (g *treeGate) ForceFlush(ctx context.Context) error {
+	var errs []error
+	for _, sg := range g.gates {
+		errs = append(errs, sg.next.ForceFlush(ctx))
+	}
+	return errors.Join(errs...)
+}
 
 // gatedExporter releases the gate's slots for the spans it is handed, and counts
 // the spans of batches whose export failed (after the exporter's own retries) as

@@ -36,26 +36,18 @@ func newInMemory(t testing.TB, opts ...Option) *inMemory {
 	return &inMemory{Telemetry: tel, spans: spans, reader: reader}
 }
 
-// endedSpans waits for the span builder, flushes the batch processor and returns
-// every span exported so far.
+// endedSpans flushes the batch processor and returns every span exported so far.
 func (m *inMemory) endedSpans(t testing.TB) tracetest.SpanStubs {
 	t.Helper()
-	if err := m.drainBuilds(context.Background()); err != nil {
-		t.Fatalf("drain span builder: %v", err)
-	}
 	if err := m.tp.ForceFlush(context.Background()); err != nil {
 		t.Fatalf("ForceFlush: %v", err)
 	}
 	return m.spans.GetSpans()
 }
 
-// collect waits for the builder (which records the histogram points) and
-// collects every metric.
+// collect collects every metric (Report records its point before it returns).
 func (m *inMemory) collect(t testing.TB) metricdata.ResourceMetrics {
 	t.Helper()
-	if err := m.drainBuilds(context.Background()); err != nil {
-		t.Fatalf("drain span builder: %v", err)
-	}
 	var rm metricdata.ResourceMetrics
 	if err := m.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatalf("Collect: %v", err)

@@ -72,7 +72,9 @@ func WithOTLP(enabled bool) Option {
 // WithSampling makes trace sampling latency-aware: every trigger whose latency is at
 // least slowThreshold is traced, and fastFraction (0..1) of the faster ones, spread
 // evenly (systematic sampling: exactly one in 1/fastFraction). Every trigger is
-// still one histogram observation; only kept traces become exemplars.
+// still one histogram observation; only kept traces become exemplars. When
+// OTEL_TRACES_SAMPLER is set it decides for the fast triggers the fraction
+// keeps; slow ones are traced whatever it says (see the package doc).
 // Default: keep all (threshold 0, fraction 1).
 func WithSampling(slowThreshold time.Duration, fastFraction float64) Option {
 	return func(c *config) {
@@ -91,9 +93,9 @@ func WithMeterExportInterval(d time.Duration) Option {
 	}
 }
 
-// WithSpanQueueSize bounds how many ended spans may wait for export, and how many
-// reported records may wait for their span trees to be built; beyond either bound
-// spans are dropped and counted. Default: OTEL_BSP_MAX_QUEUE_SIZE if set, else 2048.
+// WithSpanQueueSize bounds how many ended spans may wait for export, per
+// exporter; a tree that would exceed it is dropped whole and counted. Default:
+// OTEL_BSP_MAX_QUEUE_SIZE if set, else 2048.
 func WithSpanQueueSize(n int) Option {
 	return func(c *config) {
 		if n > 0 {

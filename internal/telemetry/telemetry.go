@@ -58,27 +58,12 @@ type Telemetry struct {
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
-	fastSeen atomic.Uint64 // fast triggers seen by the sampler, for systematic sampling
+	trees         *treeGate // the tracer's span processor: whole trees to the span queues
+	spanExporters int       // span exporters behind the gate, for counting a lost tree's spans
 
-	spansDropped        atomic.Uint64 // refused by a full span queue
+	spansDropped        atomic.Uint64 // refused by a full span queue, or lost to a shutdown
 	spansFailed         atomic.Uint64 // handed to an exporter whose export failed
 	metricExportsFailed atomic.Uint64
-
-	// Asynchronous span building (nil builds: spans are built in Report, which
-	// happens when OTEL_TRACES_SAMPLER is set, since only a synchronous build
-	// learns the SDK sampler's decision before the exemplar is recorded).
-	finished       *finishedSpans // how the builder emits a tree
-	builds         chan *spanJob
-	points         chan measurement // histogram points without exemplar, for the builder to record
-	kick           chan struct{}    // wakes the builder before its next tick
-	kickAt         int              // queued jobs that make Report kick the builder
-	parked         atomic.Bool      // the builder sleeps on the queues (nothing queued for a while); for tests
-	queuing        atomic.Int64     // callers admitted to queue and not done yet (see admit)
-	stopBuilder    chan struct{}
-	builderDone    chan struct{}
-	closing        atomic.Bool // Shutdown began: Report queues nothing more
-	builderStopped atomic.Bool
-	spanExporters  int // span processors behind the tracer, for counting a dropped tree's spans
 }
 
 // New builds providers, exporters (OTLP gRPC for traces and metrics, honouring the
@@ -104,7 +89,6 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 		return nil, err
 	}
 	if err := t.buildMetrics(ctx, res); err != nil {
-		_ = t.stopBuilds(ctx)
 		_ = t.tp.Shutdown(ctx)
 		return nil, err
 	}
@@ -161,15 +145,6 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 		}
 		exporters = append(exporters, exp)
 	}
-	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	// The sampling decision is made by Report before a span exists (latency-aware
-	// sampling), so the SDK's sampler keeps whatever Report starts, even under a
-	// remote parent that was not sampled: the node's part of a change is worth
-	// keeping on its own. OTEL_TRACES_SAMPLER, when set, still applies on top.
-	async := os.Getenv("OTEL_TRACES_SAMPLER") == ""
-	if async {
-		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
-	}
 	queue := t.cfg.spanQueueSize
 	var gates []*spanGate
 	for _, exp := range exporters {
@@ -180,25 +155,19 @@ func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) er
 			sdktrace.WithMaxQueueSize(queue),
 			sdktrace.WithMaxExportBatchSize(min(sdktrace.DefaultMaxExportBatchSize, queue)),
 		)
-		gate := &spanGate{next: bsp, limit: int64(queue), inFlight: inFlight, dropped: &t.spansDropped}
-		gates = append(gates, gate)
-		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(gate))
+		gates = append(gates, &spanGate{next: bsp, limit: int64(queue), inFlight: inFlight, dropped: &t.spansDropped})
 	}
-	t.tp = sdktrace.NewTracerProvider(tpOpts...)
-	t.tracer = t.tp.Tracer(ScopeName)
+	t.trees = newTreeGate(gates)
 	t.spanExporters = len(exporters)
-	if async {
-		t.finished = newFinishedSpans(gates, res, sdktrace.NewSpanLimits())
-		t.builds = make(chan *spanJob, queue)
-		t.points = make(chan measurement, queue)
-		t.kick = make(chan struct{}, 1)
-		// A tree is at least 5 spans and the span processors hold queue spans:
-		// build before the jobs waiting could fill half of them at once.
-		t.kickAt = max(1, queue/10)
-		t.stopBuilder = make(chan struct{})
-		t.builderDone = make(chan struct{})
-		go t.runBuilder()
-	}
+	// The SDK's span limits (OTEL_SPAN_*, OTEL_ATTRIBUTE_*) and id generator
+	// apply as usual; the sampler is latency-aware and consults
+	// OTEL_TRACES_SAMPLER for the fast triggers only (latencySampler).
+	t.tp = sdktrace.NewTracerProvider(
+		sdktrace.WithResource(res),
+		sdktrace.WithSampler(newLatencySampler(t.cfg.slowThreshold, t.cfg.fastFraction, envSampler(t.cfg.logger))),
+		sdktrace.WithSpanProcessor(t.trees),
+	)
+	t.tracer = t.tp.Tracer(ScopeName)
 	return nil
 }
 
@@ -337,17 +306,9 @@ func (t *Telemetry) buildInstruments() error {
 // MetricsHandler serves the Prometheus exposition of every instrument. The
 // latency histogram is a native histogram there, carried only by the protobuf
 // exposition (negotiated through the Accept header); the text formats show its
-// count and sum alone.
-//
-// A scrape first waits for the builder to record what is queued, so it shows
-// every trigger reported before it (the builder otherwise runs every
-// buildInterval).
+// count and sum alone. A scrape shows every trigger reported before it.
 func (t *Telemetry) MetricsHandler() http.Handler {
-	h := promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = t.drainBuilds(r.Context()) // only the scrape's own deadline stops it
-		h.ServeHTTP(w, r)
-	})
+	return promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
 
 // Dropped returns how many spans never reached an exporter's destination (queue
@@ -391,22 +352,15 @@ func (t *Telemetry) observeCounts(o metric.Observer, c *report.Counts, suppresse
 	o.ObserveInt64(pending, c.SeenPending)
 }
 
-// ForceFlush builds the span trees of every record reported so far, then exports
-// every span and every metric recorded so far, waiting for the exporters (or ctx).
+// ForceFlush exports every span and every metric recorded so far, waiting for
+// the exporters (or ctx).
 func (t *Telemetry) ForceFlush(ctx context.Context) error {
-	if err := t.drainBuilds(ctx); err != nil {
-		return fmt.Errorf("telemetry flush: span builder: %w", err)
-	}
 	return errors.Join(t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx))
 }
 
-// Shutdown builds the span trees still queued, stops the builder, then flushes
-// and stops the exporters. Report and the counters stay safe to call
-// afterwards; what they record is no longer exported.
+// Shutdown flushes and stops the exporters. Report and the counters stay safe
+// to call afterwards; what they record is no longer exported (a later Report's
+// spans are counted as dropped).
 func (t *Telemetry) Shutdown(ctx context.Context) error {
-	var err error
-	if e := t.stopBuilds(ctx); e != nil {
-		err = fmt.Errorf("telemetry shutdown: span builder: %w", e)
-	}
-	return errors.Join(err, t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
+	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
 }

@@ -1,0 +1,202 @@
+package telemetry
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const (
+	unsampledParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+	sampledParent   = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+)
+
+// sampledMix reports slow 250 ms and fast 10 ms triggers (under traceparent,
+// if any) and returns how many of each were exported, after checking that
+// every exemplar names an exported root, and that every exported root carries
+// the exemplar mark and its latency.
+func sampledMix(t *testing.T, tel *inMemory, slow, fast int, traceparent string) (keptSlow, keptFast int) {
+	t.Helper()
+	for i := range slow + fast {
+		latency := 10 * time.Millisecond
+		if i < slow {
+			latency = 250 * time.Millisecond
+		}
+		r := record(base.Add(time.Duration(i)*time.Second), fmt.Sprintf("pe-%d", i), latency)
+		r.TraceParent = traceparent
+		tel.Report(r)
+	}
+	exported := map[trace.TraceID]map[trace.SpanID]bool{}
+	for _, s := range tel.endedSpans(t) {
+		if s.Name != SpanProgram {
+			continue
+		}
+		a := attrMap(s.Attributes)
+		if a[ExemplarKey] != attribute.BoolValue(true) {
+			t.Errorf("exported root %s lacks %s=true", s.SpanContext.SpanID(), ExemplarKey)
+		}
+		d := s.EndTime.Sub(s.StartTime)
+		if got := a[LatencyKey].AsFloat64(); got != d.Seconds() {
+			t.Errorf("root %s=%v, want its latency %v", LatencyKey, got, d.Seconds())
+		}
+		if d >= 100*time.Millisecond {
+			keptSlow++
+		} else {
+			keptFast++
+		}
+		if exported[s.SpanContext.TraceID()] == nil {
+			exported[s.SpanContext.TraceID()] = map[trace.SpanID]bool{}
+		}
+		exported[s.SpanContext.TraceID()][s.SpanContext.SpanID()] = true
+	}
+	if dropped, _ := tel.Dropped(); dropped != 0 {
+		t.Fatalf("%d spans dropped: the span queue was too small for the test", dropped)
+	}
+	pts := latencyPoints(t, tel.collect(t))
+	if len(pts) != 1 || pts[0].Count != uint64(slow+fast) {
+		t.Fatalf("latency points %+v, want one point counting all %d triggers", pts, slow+fast)
+	}
+	for _, ex := range pts[0].Exemplars {
+		if !exported[trace.TraceID(ex.TraceID)][trace.SpanID(ex.SpanID)] {
+			t.Errorf("exemplar (value %v) names %x/%x, not an exported root", ex.Value, ex.TraceID, ex.SpanID)
+		}
+	}
+	if keptSlow+keptFast > 0 && len(pts[0].Exemplars) == 0 {
+		t.Error("traces were kept but the point carries no exemplar")
+	}
+	return keptSlow, keptFast
+}
+
+// How WithSampling composes with OTEL_TRACES_SAMPLER: slow triggers are always
+// kept; a fast one passes the systematic fraction, then the environment's
+// sampler decides.
+func TestSamplerComposesWithTheEnvironment(t *testing.T) {
+	const slow, fast = 40, 300 // 1700 spans at most: within the default span queue
+	for _, tc := range []struct {
+		name, sampler, arg, traceparent string
+		fraction                        float64
+		wantFastMin, wantFastMax        int
+	}{
+		{name: "unset keeps the fraction", fraction: 0.25, wantFastMin: 75, wantFastMax: 75},
+		{name: "always_on after the fraction", sampler: "always_on", fraction: 0.25, wantFastMin: 75, wantFastMax: 75},
+		{name: "always_off drops every fast one", sampler: "always_off", fraction: 1},
+		{name: "traceidratio decides by trace id", sampler: "traceidratio", arg: "0.5", fraction: 1, wantFastMin: 100, wantFastMax: 200},
+		{name: "parentbased follows an unsampled parent for fast ones", sampler: "parentbased_always_on",
+			traceparent: unsampledParent, fraction: 1},
+		{name: "parentbased follows a sampled parent", sampler: "parentbased_always_off",
+			traceparent: sampledParent, fraction: 1, wantFastMin: fast, wantFastMax: fast},
+		{name: "unset keeps fast ones under an unsampled parent", traceparent: unsampledParent,
+			fraction: 1, wantFastMin: fast, wantFastMax: fast},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("OTEL_TRACES_SAMPLER", tc.sampler)
+			t.Setenv("OTEL_TRACES_SAMPLER_ARG", tc.arg)
+			tel := newInMemory(t, WithSampling(100*time.Millisecond, tc.fraction))
+			keptSlow, keptFast := sampledMix(t, tel, slow, fast, tc.traceparent)
+			if keptSlow != slow {
+				t.Errorf("kept %d slow traces, want all %d", keptSlow, slow)
+			}
+			if keptFast < tc.wantFastMin || keptFast > tc.wantFastMax {
+				t.Errorf("kept %d fast traces, want %d..%d", keptFast, tc.wantFastMin, tc.wantFastMax)
+			}
+		})
+	}
+}
+
+// With the default threshold (0) every trigger is slow: OTEL_TRACES_SAMPLER
+// has no fast trigger to decide for.
+func TestDefaultSamplingKeepsAllWhateverTheEnvironment(t *testing.T) {
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_off")
+	tel := newInMemory(t)
+	if keptSlow, keptFast := sampledMix(t, tel, 5, 20, unsampledParent); keptSlow+keptFast != 25 {
+		t.Errorf("kept %d traces, want all 25", keptSlow+keptFast)
+	}
+}
+
+// The sampler on its own: the root decides on its latency start attribute,
+// children follow their parent.
+func TestLatencySamplerDecisions(t *testing.T) {
+	s := newLatencySampler(100*time.Millisecond, 0.5, nil)
+	tel := newInMemory(t, WithSampling(100*time.Millisecond, 0.5))
+	tr := tel.tp.Tracer("test")
+	start := func(parent trace.SpanContext, name string, attrs ...attribute.KeyValue) trace.Span {
+		ctx := trace.ContextWithSpanContext(t.Context(), parent)
+		_, sp := tr.Start(ctx, name, trace.WithAttributes(attrs...))
+		return sp
+	}
+	slow := start(trace.SpanContext{}, SpanProgram, LatencyKey.Float64(0.1))
+	if !slow.SpanContext().IsSampled() {
+		t.Error("root at the threshold not sampled")
+	}
+	var fastKept int
+	for range 10 {
+		if start(trace.SpanContext{}, SpanProgram, LatencyKey.Float64(0.01)).SpanContext().IsSampled() {
+			fastKept++
+		}
+	}
+	if fastKept != 5 {
+		t.Errorf("%d of 10 fast roots sampled, want 5", fastKept)
+	}
+	sampledRoot := slow.SpanContext()
+	if !start(sampledRoot, SpanCommit).SpanContext().IsSampled() {
+		t.Error("child of a sampled root not sampled")
+	}
+	unsampledRoot := sampledRoot.WithTraceFlags(0)
+	if start(unsampledRoot, SpanCommit).SpanContext().IsSampled() {
+		t.Error("child of an unsampled root sampled")
+	}
+	if d := s.Description(); !strings.Contains(d, "100ms") || !strings.Contains(d, "0.5") {
+		t.Errorf("Description %q names neither threshold nor fraction", d)
+	}
+	if d := newLatencySampler(0, 1, envSamplerFor(t, "traceidratio", "0.1")).Description(); !strings.Contains(d, "TraceIDRatioBased{0.1}") {
+		t.Errorf("Description %q does not name the environment's sampler", d)
+	}
+}
+
+func envSamplerFor(t *testing.T, name, arg string) sdktrace.Sampler {
+	t.Setenv("OTEL_TRACES_SAMPLER", name)
+	t.Setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+	return envSampler(slog.New(slog.DiscardHandler))
+}
+
+// Span limits come from the SDK, which reads OTEL_SPAN_* and OTEL_ATTRIBUTE_*.
+func TestSpanLimitsFromEnvironment(t *testing.T) {
+	t.Setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "5")
+	t.Setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "6")
+	t.Setenv("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "0")
+	tel := newInMemory(t)
+	r := record(base, "pe-"+strings.Repeat("ü", 20), 80*time.Millisecond)
+	r.Attempts[0].Err = "map full"
+	tel.Report(r)
+	var root, commit tracetest.SpanStub
+	for _, s := range tel.endedSpans(t) {
+		switch s.Name {
+		case SpanProgram:
+			root = s
+		case SpanCommit:
+			commit = s
+		}
+	}
+	if len(root.Attributes) != 5 || root.DroppedAttributes == 0 {
+		t.Errorf("root: %d attributes, %d dropped; want 5 kept, the rest counted", len(root.Attributes), root.DroppedAttributes)
+	}
+	a := attrMap(root.Attributes)
+	if a[ExemplarKey] != attribute.BoolValue(true) || a[LatencyKey].AsFloat64() != 0.08 {
+		t.Errorf("root keeps %v; want the start attributes and the exemplar mark first", root.Attributes)
+	}
+	for _, kv := range root.Attributes {
+		if kv.Value.Type() == attribute.STRING && len([]rune(kv.Value.AsString())) > 6 {
+			t.Errorf("root %s = %q, longer than the 6-character limit", kv.Key, kv.Value.AsString())
+		}
+	}
+	if len(commit.Events) != 1 || len(commit.Events[0].Attributes) != 0 || commit.Events[0].DroppedAttributeCount != 1 {
+		t.Errorf("commit events %+v, want one exception event with its attribute dropped", commit.Events)
+	}
+}
