@@ -11,8 +11,11 @@
 //     reads from OTEL_SPAN_* and OTEL_ATTRIBUTE_* are the SDK's own. The tree:
 //     root policy.program (trigger → commit) with the object's attributes, its
 //     latency (npagent.policy.programming.latency, seconds) and, when sampled,
-//     npagent.exemplar=true; children delivery, queue, compute, and one commit
-//     span per attempt; a failed attempt has error status and an exception
+//     npagent.exemplar=true; children delivery, queue, compute, and per commit
+//     attempt a lock_wait (lock requested → acquired, when measured) then a
+//     commit span carrying the attempt's non-zero phases
+//     (npagent.commit.phase.merge, .compile, .attach, .write, .switch,
+//     .cleanup, seconds); a failed attempt has error status and an exception
 //     event. A valid traceparent annotation parents the root (trace id and
 //     state inherited); an invalid one is counted and the root starts a trace.
 //   - Report, Committed and ObserveCounts' collection never block on export and

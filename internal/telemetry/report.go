@@ -18,6 +18,7 @@ const (
 	SpanDelivery = "delivery"       // trigger → informer event received
 	SpanQueue    = "queue"          // received → worker start
 	SpanCompute  = "compute"        // deriving the object's rules
+	SpanLockWait = "lock_wait"      // an attempt's wait for the node-wide commit lock
 	SpanCommit   = "commit"         // one per dataplane commit attempt
 )
 
@@ -40,6 +41,14 @@ const (
 	// recorded in the root's context, so the point's exemplar may name it. A
 	// tail-sampling tier keeps such traces so no exemplar names a missing one.
 	ExemplarKey = attribute.Key("npagent.exemplar")
+	// Commit phase attributes (seconds, on the commit span; zero ones omitted):
+	// where an attempt's time under the commit lock went (report.Phases).
+	PhaseMergeKey   = attribute.Key("npagent.commit.phase.merge")
+	PhaseCompileKey = attribute.Key("npagent.commit.phase.compile")
+	PhaseAttachKey  = attribute.Key("npagent.commit.phase.attach")
+	PhaseWriteKey   = attribute.Key("npagent.commit.phase.write")
+	PhaseSwitchKey  = attribute.Key("npagent.commit.phase.switch")
+	PhaseCleanupKey = attribute.Key("npagent.commit.phase.cleanup")
 )
 
 // Reject reasons: indexes of the reason values of Telemetry.rejected
@@ -137,8 +146,14 @@ func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit ti
 	}
 	for i := range r.Attempts {
 		a := &r.Attempts[i]
+		n := AttemptKey.Int(i + 1)
+		if w := (phase{SpanLockWait, a.Requested, a.Start}); w.drawn() {
+			s := child(SpanLockWait, w.start)
+			s.SetAttributes(n)
+			s.End(trace.WithTimestamp(w.end))
+		}
 		s := child(SpanCommit, a.Start)
-		s.SetAttributes(AttemptKey.Int(i + 1))
+		s.SetAttributes(commitAttributes(make([]attribute.KeyValue, 0, 7), n, &a.Phases)...)
 		if a.Err != "" {
 			s.SetStatus(codes.Error, a.Err)
 			s.AddEvent("exception", trace.WithTimestamp(a.End),
@@ -206,6 +221,24 @@ func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *report
 // rootAttrCap is the most attributes spanTree sets on a root after its start:
 // the mark and what rootAttributes appends.
 const rootAttrCap = 11
+
+// commitAttributes appends a commit span's attributes to dst: the attempt
+// number, then each non-zero phase in seconds.
+func commitAttributes(dst []attribute.KeyValue, attempt attribute.KeyValue, p *report.Phases) []attribute.KeyValue {
+	dst = append(dst, attempt)
+	for _, ph := range [...]struct {
+		key attribute.Key
+		d   time.Duration
+	}{
+		{PhaseMergeKey, p.Merge}, {PhaseCompileKey, p.Compile}, {PhaseAttachKey, p.Attach},
+		{PhaseWriteKey, p.Write}, {PhaseSwitchKey, p.Switch}, {PhaseCleanupKey, p.Cleanup},
+	} {
+		if ph.d != 0 {
+			dst = append(dst, ph.key.Float64(ph.d.Seconds()))
+		}
+	}
+	return dst
+}
 
 // traceparentCarrier exposes one annotation value as the "traceparent" header to
 // propagation.TraceContext, without building a map per record.

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/report"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -164,6 +166,111 @@ func envSamplerFor(t *testing.T, name, arg string) sdktrace.Sampler {
 	t.Setenv("OTEL_TRACES_SAMPLER", name)
 	t.Setenv("OTEL_TRACES_SAMPLER_ARG", arg)
 	return envSampler(slog.New(slog.DiscardHandler))
+}
+
+// Each attempt's wait for the commit lock is a lock_wait span before its
+// commit span (when Requested is known and not after Start), and the commit
+// span carries the attempt's non-zero phases in seconds.
+func TestLockWaitAndCommitPhases(t *testing.T) {
+	tel := newInMemory(t)
+	r := record(base, "pe-phases", 400*time.Millisecond)
+	r.ComputeStart, r.ComputeEnd = base.Add(200*time.Millisecond), base.Add(210*time.Millisecond)
+	r.Attempts = []report.Attempt{
+		{ // waited 90 ms for the lock, then failed
+			Requested: base.Add(210 * time.Millisecond), Start: base.Add(300 * time.Millisecond), End: base.Add(320 * time.Millisecond),
+			Err:    "map full",
+			Phases: report.Phases{Merge: time.Millisecond, Compile: 2 * time.Millisecond, Write: 17 * time.Millisecond},
+		},
+		{ // the wait was not measured
+			Start: base.Add(330 * time.Millisecond), End: base.Add(340 * time.Millisecond),
+		},
+		{ // waited 50 ms, succeeded
+			Requested: base.Add(340 * time.Millisecond), Start: base.Add(390 * time.Millisecond), End: base.Add(400 * time.Millisecond),
+			Phases: report.Phases{Merge: 500 * time.Microsecond, Compile: time.Millisecond, Attach: 2 * time.Millisecond,
+				Write: 3 * time.Millisecond, Switch: 4 * time.Millisecond, Cleanup: 5 * time.Millisecond},
+		},
+	}
+	tel.Report(r)
+	spans := tel.endedSpans(t)
+	root := roots(spans)["pe-phases"]
+	var waits, commits []tracetest.SpanStub
+	for _, s := range spans {
+		if s.Name != SpanProgram && s.Parent.SpanID() != root.SpanContext.SpanID() {
+			t.Errorf("%s is not a child of the root", s.Name)
+		}
+		switch s.Name {
+		case SpanLockWait:
+			waits = append(waits, s)
+		case SpanCommit:
+			commits = append(commits, s)
+		}
+	}
+	if len(spans) != 1+3+2+3 || len(waits) != 2 || len(commits) != 3 {
+		t.Fatalf("spans %v, want root, delivery, queue, compute, 2 lock waits, 3 commits", names(spans))
+	}
+	for i, w := range waits {
+		a := r.Attempts[2*i] // attempts 1 and 3 waited
+		if !w.StartTime.Equal(a.Requested) || !w.EndTime.Equal(a.Start) {
+			t.Errorf("lock_wait %d %v..%v, want %v..%v", i, w.StartTime, w.EndTime, a.Requested, a.Start)
+		}
+		if got := attrMap(w.Attributes)[AttemptKey]; got != attribute.IntValue(2*i+1) {
+			t.Errorf("lock_wait %d attempt %v, want %d", i, got.String(), 2*i+1)
+		}
+	}
+	secs := func(d time.Duration) attribute.Value { return attribute.Float64Value(d.Seconds()) }
+	want := []map[attribute.Key]attribute.Value{
+		{AttemptKey: attribute.IntValue(1), PhaseMergeKey: secs(time.Millisecond), PhaseCompileKey: secs(2 * time.Millisecond),
+			PhaseWriteKey: secs(17 * time.Millisecond)},
+		{AttemptKey: attribute.IntValue(2)},
+		{AttemptKey: attribute.IntValue(3), PhaseMergeKey: secs(500 * time.Microsecond), PhaseCompileKey: secs(time.Millisecond),
+			PhaseAttachKey: secs(2 * time.Millisecond), PhaseWriteKey: secs(3 * time.Millisecond),
+			PhaseSwitchKey: secs(4 * time.Millisecond), PhaseCleanupKey: secs(5 * time.Millisecond)},
+	}
+	for i, c := range commits {
+		got := attrMap(c.Attributes)
+		if len(got) != len(want[i]) {
+			t.Errorf("commit %d attributes %v, want %v", i+1, c.Attributes, want[i])
+		}
+		for k, v := range want[i] {
+			if got[k] != v {
+				t.Errorf("commit %d %s = %v, want %v", i+1, k, got[k].String(), v.String())
+			}
+		}
+		if !c.StartTime.Equal(r.Attempts[i].Start) {
+			t.Errorf("commit %d starts %v, want %v", i+1, c.StartTime, r.Attempts[i].Start)
+		}
+	}
+	if commits[0].Status.Code != codes.Error || len(commits[0].Events) != 1 {
+		t.Errorf("failed attempt: status %v, events %v", commits[0].Status, commits[0].Events)
+	}
+	if got := attrMap(root.Attributes)[AttemptsKey]; got != attribute.IntValue(3) {
+		t.Errorf("root attempts %v, want 3", got.String())
+	}
+	// Drawn order: each lock_wait ends before its commit span ends (children end
+	// in the order drawn, so the exporter sees lock_wait first).
+	var order []string
+	for _, s := range spans {
+		if s.Name == SpanLockWait || s.Name == SpanCommit {
+			order = append(order, s.Name)
+		}
+	}
+	if got := strings.Join(order, ","); got != "lock_wait,commit,commit,lock_wait,commit" {
+		t.Errorf("span order %s, want each lock_wait before its commit", got)
+	}
+}
+
+// A lock wait whose request follows its start (a bogus record) is left out, as
+// a phase with bounds out of order is.
+func TestLockWaitOutOfOrderIsLeftOut(t *testing.T) {
+	tel := newInMemory(t)
+	r := record(base, "pe-bogus", 100*time.Millisecond)
+	r.Attempts[0].Requested = r.Attempts[0].Start.Add(time.Millisecond)
+	tel.Report(r)
+	for _, s := range tel.endedSpans(t) {
+		if s.Name == SpanLockWait {
+			t.Errorf("lock_wait %v..%v drawn backwards", s.StartTime, s.EndTime)
+		}
+	}
 }
 
 // Span limits come from the SDK, which reads OTEL_SPAN_* and OTEL_ATTRIBUTE_*.
