@@ -16,9 +16,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
-// ControlPlane is a running kube-apiserver and etcd with npagent's CRDs installed.
+// ControlPlane is a running kube-apiserver and etcd with npagent's CRDs installed (or
+// the ones WithCRDDir names).
 type ControlPlane struct {
 	// Config reaches the apiserver as an admin user; it stays valid across restarts.
 	Config *rest.Config
@@ -35,6 +37,7 @@ type Option func(*options)
 
 type options struct {
 	apiServerArgs map[string]string
+	crdDir        string
 }
 
 // WithAPIServerArg sets a kube-apiserver flag, e.g. WithAPIServerArg("watch-cache",
@@ -44,12 +47,18 @@ func WithAPIServerArg(name, value string) Option {
 	return func(o *options) { o.apiServerArgs[name] = value }
 }
 
+// WithCRDDir installs the CRD manifests of dir instead of npagent's generated ones
+// (CRDDir), e.g. the controller's own (UpstreamCRDDir).
+func WithCRDDir(dir string) Option {
+	return func(o *options) { o.crdDir = dir }
+}
+
 // Start runs a control plane for the test and stops it in tb.Cleanup.
 func Start(tb testing.TB, opts ...Option) *ControlPlane {
 	tb.Helper()
 	o := options{apiServerArgs: map[string]string{
 		"shutdown-watch-termination-grace-period": "2s",
-	}}
+	}, crdDir: CRDDir()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -77,7 +86,7 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 
 	env := &envtest.Environment{
 		Scheme:                   scheme,
-		CRDDirectoryPaths:        []string{CRDDir()},
+		CRDDirectoryPaths:        []string{o.crdDir},
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
@@ -140,5 +149,51 @@ func (c *ControlPlane) waitReady(timeout time.Duration) error {
 	return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
 }
 
-// CRDDir is the folder of npagent's generated CRD manifests.
+// CRDDir is the folder of npagent's generated CRD manifests (make generate). They are
+// schema-compatible with the controller's (api/v1alpha1's tests check it), so tests
+// and the demo install them; in a cluster the controller installs its own.
 func CRDDir() string { return filepath.Join(RepoRoot(), "config", "crd") }
+
+// EnvUpstreamCRDs names a directory holding the AWS Network Policy Controller's CRD
+// manifests, when they are not where UpstreamCRDDir looks by default.
+const EnvUpstreamCRDs = "NPAGENT_UPSTREAM_CRDS"
+
+// UpstreamCRDDir returns the directory of the controller's own CRD manifests (test
+// data kept outside the repository, never copied into it): $NPAGENT_UPSTREAM_CRDS when
+// set, else ../shared/upstream-crds beside the checkout, else /work/shared/upstream-crds
+// (where CI machines keep it whatever the clone's path). When none holds the
+// manifests the test is skipped — a failure under NPAGENT_TEST_NO_SKIP=1.
+func UpstreamCRDDir(tb testing.TB) string {
+	tb.Helper()
+	var tried []string
+	if dir := os.Getenv(EnvUpstreamCRDs); dir != "" {
+		// Set explicitly: no fallback, so a wrong path is not hidden by another copy.
+		tried = append(tried, dir)
+	} else {
+		tried = append(tried, filepath.Join(RepoRoot(), "..", "shared", "upstream-crds"), "/work/shared/upstream-crds")
+	}
+	for _, dir := range tried {
+		if hasUpstreamCRDs(dir) {
+			return filepath.Clean(dir)
+		}
+	}
+	skip.Unmet(tb, "testenv: the controller's CRDs (%s and %s) are not in %v; set %s to their directory",
+		UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD, tried, EnvUpstreamCRDs)
+	return ""
+}
+
+// File names of the controller's CRD manifests, as it publishes them (controller-gen's
+// naming, the same as config/crd's).
+const (
+	UpstreamPolicyEndpointCRD        = "networking.k8s.aws_policyendpoints.yaml"
+	UpstreamClusterPolicyEndpointCRD = "networking.k8s.aws_clusterpolicyendpoints.yaml"
+)
+
+func hasUpstreamCRDs(dir string) bool {
+	for _, f := range []string{UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || !st.Mode().IsRegular() {
+			return false
+		}
+	}
+	return true
+}
