@@ -16,23 +16,38 @@ const (
 	AnnotationTraceParent = "networking.k8s.aws/traceparent"
 )
 
-// NetworkAddress is an IPv4 or IPv6 address or CIDR, as text.
+// NetworkAddress is an IPv4 or IPv6 address or CIDR, as text. The controller writes a
+// pod peer as a bare address (no /32 or /128).
 type NetworkAddress string
 
-// PolicyReference names the NetworkPolicy (or cluster policy) an object was derived from.
+// DomainName is a fully qualified domain name, optionally with a leading "*." wildcard.
+// The pattern is the controller's, character for character (its "A-z" included), so
+// both schemas accept the same names.
+// +kubebuilder:validation:Pattern=`^(\*\.)?([a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.)+[a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.?$`
+type DomainName string
+
+// PolicyReference names the NetworkPolicy a PolicyEndpoint was derived from.
 type PolicyReference struct {
 	// Name of the policy.
 	Name string `json:"name"`
-	// Namespace of the policy; empty for cluster-scoped policies.
-	// +optional
-	Namespace string `json:"namespace,omitempty"`
+	// Namespace of the policy.
+	Namespace string `json:"namespace"`
+}
+
+// ClusterPolicyReference names the cluster network policy a ClusterPolicyEndpoint was
+// derived from. Cluster policies have no namespace.
+type ClusterPolicyReference struct {
+	// Name of the cluster policy.
+	Name string `json:"name"`
 }
 
 // Port is a transport protocol and an optional port or port range.
 type Port struct {
-	// Protocol is TCP, UDP or SCTP; TCP when omitted.
+	// Protocol is TCP, UDP or SCTP; the apiserver defaults it to TCP. The schema has
+	// no enum (the controller's has none): other values reach the agent, which rejects
+	// the object naming this field.
 	// +optional
-	// +kubebuilder:validation:Enum=TCP;UDP;SCTP
+	// +kubebuilder:default=TCP
 	Protocol *corev1.Protocol `json:"protocol,omitempty"`
 	// Port is the first (or only) port; all ports of the protocol when omitted.
 	// +optional
@@ -42,10 +57,17 @@ type Port struct {
 	EndPort *int32 `json:"endPort,omitempty"`
 }
 
-// EndpointInfo is one peer rule with its addresses resolved to CIDRs.
+// EndpointInfo is one peer rule of a PolicyEndpoint: an address block, or a domain name
+// (egress only) that the controller leaves for the agent to resolve.
 type EndpointInfo struct {
-	// CIDR is the peer address block.
-	CIDR NetworkAddress `json:"cidr"`
+	// CIDR is the peer address block, or a bare address for a pod peer. Empty in a rule
+	// that names a DomainName instead.
+	// +optional
+	CIDR NetworkAddress `json:"cidr,omitempty"`
+	// DomainName is the peer's FQDN, for egress rules without a CIDR. npagent cannot
+	// enforce it from the object alone (see internal/reconcile).
+	// +optional
+	DomainName DomainName `json:"domainName,omitempty"`
 	// Except lists blocks inside CIDR that the rule does not cover.
 	// +optional
 	Except []NetworkAddress `json:"except,omitempty"`
@@ -55,15 +77,19 @@ type EndpointInfo struct {
 }
 
 // ClusterEndpointInfo is one peer rule of a cluster-scoped policy, with its action.
+// Cluster rules have no except: the controller resolves peers to addresses.
 type ClusterEndpointInfo struct {
 	// Action taken for matching traffic.
 	// +kubebuilder:validation:Enum=Accept;Deny;Pass
 	Action ClusterRuleAction `json:"action"`
-	// CIDR is the peer address block.
-	CIDR NetworkAddress `json:"cidr"`
-	// Except lists blocks inside CIDR that the rule does not cover.
+	// CIDR is the peer address block, or a bare address for a pod peer. Empty in a rule
+	// that names a DomainName instead.
 	// +optional
-	Except []NetworkAddress `json:"except,omitempty"`
+	CIDR NetworkAddress `json:"cidr,omitempty"`
+	// DomainName is the peer's FQDN, for egress rules without a CIDR. npagent cannot
+	// enforce it from the object alone (see internal/reconcile).
+	// +optional
+	DomainName DomainName `json:"domainName,omitempty"`
 	// Ports the rule applies to; all traffic when empty.
 	// +optional
 	Ports []Port `json:"ports,omitempty"`
@@ -81,6 +107,29 @@ const (
 	ClusterRuleActionPass ClusterRuleAction = "Pass"
 )
 
+// ClusterPolicySubject is the cluster policy's subject, as the policy wrote it: exactly
+// one of Namespaces or Pods. The controller resolves it into podSelectorEndpoints;
+// npagent reads only those, and keeps the subject so that nothing the controller
+// writes is pruned.
+// +kubebuilder:validation:MinProperties=1
+// +kubebuilder:validation:MaxProperties=1
+type ClusterPolicySubject struct {
+	// Namespaces selects every pod of the namespaces it matches.
+	// +optional
+	Namespaces *metav1.LabelSelector `json:"namespaces,omitempty"`
+	// Pods selects pods by namespace and pod labels.
+	// +optional
+	Pods *NamespacedPod `json:"pods,omitempty"`
+}
+
+// NamespacedPod selects pods by a namespace selector AND a pod selector.
+type NamespacedPod struct {
+	// NamespaceSelector selects namespaces; empty selects all.
+	NamespaceSelector metav1.LabelSelector `json:"namespaceSelector"`
+	// PodSelector selects pods within those namespaces; empty selects all.
+	PodSelector metav1.LabelSelector `json:"podSelector"`
+}
+
 // PodEndpoint is a pod selected by the policy.
 type PodEndpoint struct {
 	// HostIP is the IP of the node the pod runs on: an agent programs the pods whose
@@ -94,7 +143,9 @@ type PodEndpoint struct {
 	Namespace string `json:"namespace"`
 }
 
-// PolicyEndpointSpec is one NetworkPolicy resolved to pods and CIDRs.
+// PolicyEndpointSpec is one NetworkPolicy resolved to pods and CIDRs. The controller
+// splits a large policy into several objects (chunks) with the same policyRef: a chunk
+// may carry rules and no podSelectorEndpoints, or pods and no rules.
 type PolicyEndpointSpec struct {
 	// PolicyRef names the NetworkPolicy this object was derived from.
 	PolicyRef PolicyReference `json:"policyRef"`
@@ -121,7 +172,6 @@ type PolicyEndpointStatus struct{}
 
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=pe
 
 // PolicyEndpoint is a namespaced NetworkPolicy resolved for the dataplane.
 type PolicyEndpoint struct {
@@ -155,13 +205,15 @@ const (
 // ClusterPolicyEndpointSpec is one cluster-scoped policy resolved to pods and CIDRs.
 type ClusterPolicyEndpointSpec struct {
 	// PolicyRef names the cluster policy this object was derived from.
-	PolicyRef PolicyReference `json:"policyRef"`
+	PolicyRef ClusterPolicyReference `json:"policyRef"`
 	// Tier is Admin or Baseline.
 	// +kubebuilder:validation:Enum=Admin;Baseline
 	Tier ClusterPolicyTier `json:"tier"`
 	// Priority orders policies within a tier: lower first.
-	// +kubebuilder:validation:Minimum=0
 	Priority int32 `json:"priority"`
+	// Subject is the policy's subject as written in the policy. npagent does not
+	// evaluate it: the controller resolves it into PodSelectorEndpoints.
+	Subject ClusterPolicySubject `json:"subject"`
 	// PodSelectorEndpoints are the pods the policy selects.
 	// +optional
 	PodSelectorEndpoints []PodEndpoint `json:"podSelectorEndpoints,omitempty"`

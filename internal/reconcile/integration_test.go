@@ -108,7 +108,8 @@ func testLifecycle(t *testing.T, cp *testenv.ControlPlane) {
 	deny := &v1alpha1.ClusterPolicyEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Name: "life-deny-scanner"},
 		Spec: v1alpha1.ClusterPolicyEndpointSpec{
-			PolicyRef: v1alpha1.PolicyReference{Name: "deny-scanner"}, Tier: v1alpha1.TierAdmin, Priority: 5,
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "deny-scanner"}, Tier: v1alpha1.TierAdmin, Priority: 5,
+			Subject:              v1alpha1.ClusterPolicySubject{Namespaces: &metav1.LabelSelector{}},
 			PodSelectorEndpoints: pods,
 			Ingress:              []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.2.66.0/24"}},
 		},

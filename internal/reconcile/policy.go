@@ -137,7 +137,7 @@ func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP ne
 			if !ok {
 				return nil, p.index(i).child("action").errorf(string(rules[i].Action), "want Accept, Deny or Pass")
 			}
-			r, err := convertRule(rules[i].CIDR, rules[i].Except, rules[i].Ports, p.index(i))
+			r, err := convertRule(rules[i].CIDR, nil, rules[i].Ports, p.index(i))
 			if err != nil {
 				return nil, err
 			}
