@@ -63,13 +63,49 @@ type compiledObject struct {
 	// ClusterPolicyEndpoint: its tier and rules, in spec order, priority applied.
 	tier      v1alpha1.ClusterPolicyTier
 	tierRules [2][]bpfmaps.TierRule
+
+	// domainRulesDropped counts the domainName rules left out under
+	// CompileOptions.DropDomainAllowRules, for the caller to log and count.
+	domainRulesDropped int
 }
 
-// compilePolicyEndpoint validates pe and converts it. Defaults follow NetworkPolicy:
-// a port without protocol is TCP, a rule without ports allows every port, and an
-// empty podIsolation means Ingress (plus Egress when there are egress rules), which is
-// what policyTypes defaults to.
+// CompileOptions changes how objects compile. The zero value is the default: strict.
+//
+// A rule with a domainName (an FQDN peer; the controller writes it with no cidr) cannot
+// be enforced from the object alone: the addresses behind the name are not in it. By
+// default such a rule rejects its object like any invalid input (a FieldError at
+// spec.<direction>.domainName, counted by field), so a policy is never programmed with
+// part of it silently missing.
+type CompileOptions struct {
+	// DropDomainAllowRules leaves out, instead of rejecting the object, the domainName
+	// rules whose absence can only narrow what the policy allows: PolicyEndpoint rules
+	// (they only allow) and ClusterPolicyEndpoint Accept rules. Traffic to those names
+	// is then decided by the object's other rules and the rest of the policy — denied
+	// where the direction is isolated. domainName rules with Deny or Pass still reject
+	// the object: leaving them out would widen it. Default false.
+	DropDomainAllowRules bool
+}
+
+// compilePolicyEndpoint and compileClusterPolicyEndpoint compile with the default
+// (strict) options.
 func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+	return CompileOptions{}.policyEndpoint(pe, nodeIP)
+}
+
+func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+	return CompileOptions{}.clusterPolicyEndpoint(cpe, nodeIP)
+}
+
+// policyEndpoint validates pe and converts it. Defaults follow NetworkPolicy: a port
+// without protocol is TCP, a rule without ports allows every port, and an empty
+// podIsolation means Ingress (plus Egress when there are egress rules), which is what
+// policyTypes defaults to.
+//
+// The controller writes pod peers as bare addresses (a /32 or /128) and "allow all" as
+// the two rules 0.0.0.0/0 and ::/0. It splits a large policy into several objects:
+// one with rules and no podSelectorEndpoints compiles to an object with no local pods,
+// which by itself programs nothing.
+func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
 	spec := root("spec")
 	c := &compiledObject{
 		key:             objectKey{kind: report.KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
@@ -97,6 +133,13 @@ func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*com
 	for d, rules := range [2][]v1alpha1.EndpointInfo{pe.Spec.Ingress, pe.Spec.Egress} {
 		p := spec.child(directionField[d])
 		for i := range rules {
+			if rules[i].DomainName != "" {
+				if err := o.domainRule(rules[i].CIDR, rules[i].DomainName, true, p.index(i)); err != nil {
+					return nil, err
+				}
+				c.domainRulesDropped++
+				continue
+			}
 			r, err := convertRule(rules[i].CIDR, rules[i].Except, rules[i].Ports, p.index(i))
 			if err != nil {
 				return nil, err
@@ -113,9 +156,10 @@ func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*com
 
 var directionField = [2]string{bpfmaps.Ingress: "ingress", bpfmaps.Egress: "egress"}
 
-// compileClusterPolicyEndpoint validates cpe and converts it: every rule becomes a
-// TierRule with the object's priority, in spec order.
-func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+// clusterPolicyEndpoint validates cpe and converts it: every rule becomes a TierRule
+// with the object's priority, in spec order. The subject is not read: the controller
+// resolves it into podSelectorEndpoints, and those decide the local pods.
+func (o CompileOptions) clusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
 	spec := root("spec")
 	c := &compiledObject{
 		key:             objectKey{kind: report.KindClusterPolicyEndpoint, name: cpe.Name},
@@ -137,6 +181,13 @@ func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP ne
 			if !ok {
 				return nil, p.index(i).child("action").errorf(string(rules[i].Action), "want Accept, Deny or Pass")
 			}
+			if rules[i].DomainName != "" {
+				if err := o.domainRule(rules[i].CIDR, rules[i].DomainName, action == bpfmaps.ActionAccept, p.index(i)); err != nil {
+					return nil, err
+				}
+				c.domainRulesDropped++
+				continue
+			}
 			r, err := convertRule(rules[i].CIDR, nil, rules[i].Ports, p.index(i))
 			if err != nil {
 				return nil, err
@@ -151,6 +202,21 @@ var actions = map[v1alpha1.ClusterRuleAction]bpfmaps.Action{
 	v1alpha1.ClusterRuleActionAccept: bpfmaps.ActionAccept,
 	v1alpha1.ClusterRuleActionDeny:   bpfmaps.ActionDeny,
 	v1alpha1.ClusterRuleActionPass:   bpfmaps.ActionPass,
+}
+
+// domainRule decides about a rule with a domainName: an error rejecting the object, or
+// nil when the rule is to be left out (DropDomainAllowRules, and leaving it out can only
+// narrow: allowOnly).
+func (o CompileOptions) domainRule(cidr v1alpha1.NetworkAddress, name v1alpha1.DomainName, allowOnly bool, p fieldPath) error {
+	switch {
+	case cidr != "":
+		return p.child("domainName").errorf(string(name), "set together with cidr %q: want one of them", cidr)
+	case o.DropDomainAllowRules && allowOnly:
+		return nil
+	case o.DropDomainAllowRules:
+		return p.child("domainName").errorf(string(name), "an FQDN rule that denies or passes cannot be enforced from the object alone, and leaving it out would widen the policy")
+	}
+	return p.child("domainName").errorf(string(name), "an FQDN rule cannot be enforced from the object alone (no addresses)")
 }
 
 // localPods returns the IPs of the pods running on this node (hostIP == nodeIP), sorted
@@ -175,8 +241,9 @@ func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]ne
 	return slices.Compact(pods), nil
 }
 
-// convertRule converts one peer rule. The CIDR may be a bare address (a /32 or /128);
-// host bits are cleared. Each except must be a block inside the CIDR, of its family.
+// convertRule converts one peer rule. The CIDR may be a bare address (a /32 or /128),
+// as the controller writes pod peers; host bits are cleared. Each except must be a
+// block inside the CIDR, of its family.
 func convertRule(cidr v1alpha1.NetworkAddress, except []v1alpha1.NetworkAddress, ports []v1alpha1.Port, p fieldPath) (bpfmaps.Rule, error) {
 	var r bpfmaps.Rule
 	var err error

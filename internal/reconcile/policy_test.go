@@ -102,6 +102,160 @@ func TestCompilePolicyEndpointDefaultIsolation(t *testing.T) {
 	}
 }
 
+// TestCompileControllerShapes compiles objects as the AWS Network Policy Controller
+// writes them: pod peers as bare IPs, "allow all" as 0.0.0.0/0 plus ::/0, a policy
+// chunked into several objects (one with rules and no pods), a cluster policy with its
+// subject.
+func TestCompileControllerShapes(t *testing.T) {
+	isolation := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	withPods := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "allow-web-abcde"}, Spec: v1alpha1.PolicyEndpointSpec{
+		PolicyRef:            v1alpha1.PolicyReference{Name: "allow-web", Namespace: "shop"},
+		PodIsolation:         isolation,
+		PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+		Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.1.0.9"}, {CIDR: "fd00::9"}},
+		Egress:               []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}, {CIDR: "::/0"}},
+	}}
+	c, err := compilePolicyEndpoint(withPods, testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIngress := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.1.0.9/32")}, {CIDR: netip.MustParsePrefix("fd00::9/128")}}
+	if !reflect.DeepEqual(c.allow[bpfmaps.Ingress], wantIngress) {
+		t.Errorf("bare pod IPs: ingress rules %+v, want %+v", c.allow[bpfmaps.Ingress], wantIngress)
+	}
+	wantEgress := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}}
+	if !reflect.DeepEqual(c.allow[bpfmaps.Egress], wantEgress) {
+		t.Errorf("allow all: egress rules %+v, want %+v", c.allow[bpfmaps.Egress], wantEgress)
+	}
+	p := mergePodPolicy([]*compiledObject{c})
+	for _, peer := range []string{"8.8.8.8", "2001:db8::1"} {
+		if !p.Egress.Verdict(netip.MustParseAddr(peer), bpfmaps.ProtocolTCP, 443) {
+			t.Errorf("allow all: egress to %s denied", peer)
+		}
+	}
+	if !p.Ingress.Verdict(netip.MustParseAddr("10.1.0.9"), bpfmaps.ProtocolTCP, 80) || p.Ingress.Verdict(netip.MustParseAddr("10.1.0.10"), bpfmaps.ProtocolTCP, 80) {
+		t.Errorf("bare pod IP: ingress allows other than exactly 10.1.0.9")
+	}
+
+	// The policy's second chunk: rules, no pods. It compiles, selects no local pod.
+	rulesOnly := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "allow-web-fghij"}, Spec: v1alpha1.PolicyEndpointSpec{
+		PolicyRef:    v1alpha1.PolicyReference{Name: "allow-web", Namespace: "shop"},
+		PodIsolation: isolation,
+		Ingress:      []v1alpha1.EndpointInfo{{CIDR: "10.1.0.10"}},
+	}}
+	c, err = compilePolicyEndpoint(rulesOnly, testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.pods) != 0 || !reflect.DeepEqual(c.allow[bpfmaps.Ingress], []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.1.0.10/32")}}) {
+		t.Errorf("rules-only chunk: pods %v, ingress %+v; want no pods and its rule", c.pods, c.allow[bpfmaps.Ingress])
+	}
+
+	// A cluster policy's subject is accepted and not read: podSelectorEndpoints decide.
+	for _, subject := range []v1alpha1.ClusterPolicySubject{
+		{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "shop"}}},
+		{Pods: &v1alpha1.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}},
+	} {
+		cpe := &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "deny-metadata"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "deny-metadata"}, Tier: v1alpha1.TierAdmin, Subject: subject,
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+			Egress:               []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "169.254.169.254"}},
+		}}
+		c, err := compileClusterPolicyEndpoint(cpe, testNode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c.pods, []netip.Addr{netip.MustParseAddr("10.1.0.5")}) || len(c.tierRules[bpfmaps.Egress]) != 1 ||
+			c.tierRules[bpfmaps.Egress][0].Rule.CIDR != netip.MustParsePrefix("169.254.169.254/32") {
+			t.Errorf("subject %+v: pods %v, egress %+v", subject, c.pods, c.tierRules[bpfmaps.Egress])
+		}
+	}
+}
+
+// TestCompileDomainNameRules: an FQDN rule (domainName, no cidr) cannot be enforced from
+// the object: by default it rejects the object naming the field, and with
+// DropDomainAllowRules only the rules whose absence narrows the policy are left out.
+func TestCompileDomainNameRules(t *testing.T) {
+	pe := func(rules ...v1alpha1.EndpointInfo) *v1alpha1.PolicyEndpoint {
+		return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "fqdn"}, Spec: v1alpha1.PolicyEndpointSpec{
+			PodIsolation:         []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+			Egress:               rules,
+		}}
+	}
+	cpe := func(action v1alpha1.ClusterRuleAction) *v1alpha1.ClusterPolicyEndpoint {
+		return &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "fqdn"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			Tier: v1alpha1.TierAdmin, Priority: 3,
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
+			Egress: []v1alpha1.ClusterEndpointInfo{
+				{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.0.0.0/8"},
+				{Action: action, DomainName: "*.example.com", Ports: []v1alpha1.Port{{Port: ptr[int32](443)}}},
+			},
+		}}
+	}
+	dns := v1alpha1.EndpointInfo{CIDR: "10.96.0.10", Ports: []v1alpha1.Port{{Protocol: ptr(corev1.ProtocolUDP), Port: ptr[int32](53)}}}
+	fqdn := v1alpha1.EndpointInfo{DomainName: "api.example.com", Ports: []v1alpha1.Port{{Port: ptr[int32](443)}}}
+	strict, drop := CompileOptions{}, CompileOptions{DropDomainAllowRules: true}
+	compile := func(o CompileOptions, obj any) (*compiledObject, error) {
+		switch obj := obj.(type) {
+		case *v1alpha1.PolicyEndpoint:
+			return o.policyEndpoint(obj, testNode)
+		case *v1alpha1.ClusterPolicyEndpoint:
+			return o.clusterPolicyEndpoint(obj, testNode)
+		}
+		panic(obj)
+	}
+
+	for _, tc := range []struct {
+		name      string
+		opts      CompileOptions
+		obj       any
+		path, fld string
+	}{
+		{"PolicyEndpoint", strict, pe(dns, fqdn), "spec.egress[1].domainName", "spec.egress.domainName"},
+		{"PolicyEndpoint ingress", strict, &v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Ingress: []v1alpha1.EndpointInfo{fqdn}}},
+			"spec.ingress[0].domainName", "spec.ingress.domainName"},
+		{"ClusterPolicyEndpoint Accept", strict, cpe(v1alpha1.ClusterRuleActionAccept), "spec.egress[1].domainName", "spec.egress.domainName"},
+		{"with cidr", drop, pe(v1alpha1.EndpointInfo{CIDR: "10.0.0.0/8", DomainName: "api.example.com"}), "spec.egress[0].domainName", "spec.egress.domainName"},
+		{"drop: Deny widens", drop, cpe(v1alpha1.ClusterRuleActionDeny), "spec.egress[1].domainName", "spec.egress.domainName"},
+		{"drop: Pass widens", drop, cpe(v1alpha1.ClusterRuleActionPass), "spec.egress[1].domainName", "spec.egress.domainName"},
+	} {
+		t.Run("rejects/"+tc.name, func(t *testing.T) {
+			_, err := compile(tc.opts, tc.obj)
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("err = %v, want a *FieldError", err)
+			}
+			if fe.Path != tc.path || fe.Field != tc.fld || !strings.HasPrefix(err.Error(), tc.path+" ") {
+				t.Errorf("path, field = %q, %q (%v); want %q, %q", fe.Path, fe.Field, err, tc.path, tc.fld)
+			}
+		})
+	}
+
+	// DropDomainAllowRules: the allow-only rule is left out, counted; the rest stays.
+	c, err := drop.policyEndpoint(pe(dns, fqdn), testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.96.0.10/32"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}}}
+	if !reflect.DeepEqual(c.allow[bpfmaps.Egress], want) || c.domainRulesDropped != 1 || !c.isolated[bpfmaps.Egress] {
+		t.Errorf("drop: egress %+v dropped %d isolated %v; want only the DNS rule, one dropped, still isolated",
+			c.allow[bpfmaps.Egress], c.domainRulesDropped, c.isolated[bpfmaps.Egress])
+	}
+	// An object whose only egress rule is an FQDN stays isolated in egress: narrower.
+	c, err = drop.policyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: []v1alpha1.EndpointInfo{fqdn}}}, testNode)
+	if err != nil || !c.isolated[bpfmaps.Egress] || len(c.allow[bpfmaps.Egress]) != 0 {
+		t.Errorf("drop, FQDN-only egress: err %v, isolated %v, rules %+v; want isolated with no rules", err, c.isolated, c.allow[bpfmaps.Egress])
+	}
+	c, err = drop.clusterPolicyEndpoint(cpe(v1alpha1.ClusterRuleActionAccept), testNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.tierRules[bpfmaps.Egress]) != 1 || c.tierRules[bpfmaps.Egress][0].Action != bpfmaps.ActionDeny || c.domainRulesDropped != 1 {
+		t.Errorf("drop, Accept: egress %+v dropped %d; want the Deny rule only", c.tierRules[bpfmaps.Egress], c.domainRulesDropped)
+	}
+}
+
 func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 	good := func() *v1alpha1.PolicyEndpoint {
 		return &v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{
