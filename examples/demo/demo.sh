@@ -154,7 +154,10 @@ VERSION="$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo d
 
 # --- control plane -----------------------------------------------------------------
 KUBECONFIG_FILE="$WORK/kubeconfig"
-log "starting etcd + kube-apiserver with the CRDs from config/crd"
+# No controller runs here, so the demo installs npagent's config/crd: schema-compatible
+# with the controller's (api/v1alpha1's tests check it). In a cluster the controller
+# installs its own CRDs.
+log "starting etcd + kube-apiserver with the CRDs from config/crd (upstream-compatible)"
 mkdir -p "$WORK/certs"
 start controlplane "$WORK/bin/controlplane" --apiserver="${TOOL[kube-apiserver]}" --etcd="${TOOL[etcd]}" \
 	--crd-dir="$ROOT/config/crd" --kubeconfig="$KUBECONFIG_FILE" --cert-dir="$WORK/certs"

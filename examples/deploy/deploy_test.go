@@ -44,19 +44,23 @@ func readManifests(t *testing.T, files ...string) []*unstructured.Unstructured {
 }
 
 // TestManifestsApplyAndRBACGrantsWhatTheAgentNeeds creates every object of the
-// manifests in a real apiserver (which validates them, the DaemonSet's pod template
-// included), then acts as the agent's service account: it may list and watch both
-// kinds in every namespace, and may not write them or read Secrets.
+// manifests in a real apiserver that has the controller's own CRDs, as a cluster does
+// (the kit brings none), and validates them, the DaemonSet's pod template included.
+// Then it acts as the agent's service account: it may list and watch both kinds in
+// every namespace, and may not write them or read Secrets.
 func TestManifestsApplyAndRBACGrantsWhatTheAgentNeeds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs kube-apiserver and etcd")
 	}
-	cp := testenv.Start(t)
+	cp := testenv.Start(t, testenv.WithCRDDir(testenv.UpstreamCRDDir(t)))
 	ctx := context.Background()
 
 	objs := readManifests(t, "rbac.yaml", "daemonset.yaml")
 	kinds := map[string]bool{}
 	for _, o := range objs {
+		if o.GetKind() == "CustomResourceDefinition" {
+			t.Errorf("the manifests hold the CRD %s: the controller installs the CRDs, the kit must not replace them", o.GetName())
+		}
 		if err := cp.Client.Create(ctx, o); err != nil {
 			t.Fatalf("create %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
 		}

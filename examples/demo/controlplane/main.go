@@ -1,7 +1,8 @@
 // Command controlplane runs a local Kubernetes control plane for the demo: etcd and
 // kube-apiserver (binaries built by hack/tools.sh) through envtest, with npagent's
-// CRDs installed, bound to 127.0.0.1 on free ports. It writes an admin kubeconfig
-// and keeps running until SIGTERM or SIGINT.
+// CRDs installed (schema-compatible with the controller's; --crd-dir can name the
+// controller's own instead), bound to 127.0.0.1 on free ports. It writes an admin
+// kubeconfig and keeps running until SIGTERM or SIGINT.
 //
 // SIGUSR1 restarts kube-apiserver (etcd keeps running, the serving certificate is
 // kept): watches end and informers relist, which is the re-delivery storm npagent
