@@ -67,6 +67,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_LOG_FORMAT":             "json",
 		"NPAGENT_SLOW_TRACE_THRESHOLD":   "250ms",
 		"NPAGENT_FAST_TRACE_FRACTION":    "0.1",
+		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -97,6 +98,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		LogFormat:             "json",
 		SlowTraceThreshold:    250 * time.Millisecond,
 		FastTraceFraction:     0.1,
+		DropFQDNAllowRules:    true,
 	}
 	if c != want {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)

@@ -105,6 +105,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Resolver:              podif.NewRouteResolver(),
 		TriggerAnnotation:     cfg.TriggerAnnotation,
 		TraceParentAnnotation: cfg.TraceParentAnnotation,
+		Compile:               reconcile.CompileOptions{DropDomainAllowRules: cfg.DropFQDNAllowRules},
 		ResyncPeriod:          cfg.ResyncPeriod,
 		Workers:               cfg.Workers,
 		Logger:                log.With("component", "reconcile"),
@@ -235,7 +236,7 @@ func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration)
 	}
 	group := "/apis/" + v1alpha1.SchemeGroupVersion.String()
 	if err := dc.RESTClient().Get().AbsPath(group).Do(ctx).Error(); err != nil {
-		return fmt.Errorf("apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? see config/crd)", rc.Host, group, err)
+		return fmt.Errorf("apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? The AWS Network Policy Controller installs them; config/crd holds compatible copies for a local control plane)", rc.Host, group, err)
 	}
 	return nil
 }

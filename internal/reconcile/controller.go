@@ -42,6 +42,9 @@ type Config struct {
 	// TraceParentAnnotation is the W3C traceparent annotation. Default
 	// v1alpha1.AnnotationTraceParent.
 	TraceParentAnnotation string
+	// Compile changes how objects compile (what to do with domainName rules). Default:
+	// the zero CompileOptions, strict.
+	Compile CompileOptions
 	// ResyncPeriod is the informers' resync period. Default 0: no resync. A resync only
 	// re-delivers cached objects (counted, dropped): nothing is re-committed.
 	ResyncPeriod time.Duration

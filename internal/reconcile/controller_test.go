@@ -269,3 +269,30 @@ func TestTriggerParsedOncePerVersion(t *testing.T) {
 		t.Errorf("a version no event brought yet is parsed by the worker: got %+v", v)
 	}
 }
+
+// TestCompileOptionsReachTheWorker: Config.Compile decides what a domainName rule
+// does: by default its object is rejected (nothing programmed, counted by field);
+// with DropDomainAllowRules the object is programmed without it.
+func TestCompileOptionsReachTheWorker(t *testing.T) {
+	for _, drop := range []bool{false, true} {
+		mem := bpfmaps.NewMemory()
+		c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7), nil)
+		c.cfg.Compile = CompileOptions{DropDomainAllowRules: drop}
+		store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+		pe, _ := newVersion(benchPE(0, 1), func(pe *v1alpha1.PolicyEndpoint) {
+			pe.Spec.Egress = append(pe.Spec.Egress, v1alpha1.EndpointInfo{DomainName: "example.com"})
+		})
+		if err := store.Add(pe); err != nil {
+			t.Fatal(err)
+		}
+		h.OnAdd(pe, false)
+		got := c.sync(keyOf(report.KindPolicyEndpoint, pe), time.Now())
+		invalid := invalidCount(c, report.KindPolicyEndpoint, "spec.egress.domainName")
+		switch {
+		case !drop && (got != outcomeGiveUp || invalid != 1 || len(mem.Pods()) != 0):
+			t.Errorf("strict: sync = %v, invalid %d, pods %v; want give-up, 1, none", got, invalid, mem.Pods())
+		case drop && (got != outcomeDone || invalid != 0 || len(mem.Pods()) != 1):
+			t.Errorf("drop: sync = %v, invalid %d, pods %v; want done, 0, the pod", got, invalid, mem.Pods())
+		}
+	}
+}

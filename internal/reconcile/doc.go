@@ -30,7 +30,9 @@
 //     failed commit (nothing was written): the trigger stays pending, and its latency
 //     when reported includes the wait, because the policy was not in force before.
 //   - Bad input (a CIDR, except, port, protocol, action, tier, podIsolation, hostIP or
-//     podIP that does not parse or is out of range) rejects that object version: it is
+//     podIP that does not parse or is out of range; a domainName rule, which cannot be
+//     enforced from the object alone, unless Config.Compile says to leave out those
+//     that only allow) rejects that object version: it is
 //     not programmed, the error names the object and the field, it is counted by kind
 //     and field (Counts), and it is not retried (a retry cannot heal it; the next write brings a
 //     new sync). The object's last valid version stays in force for its pods (fail

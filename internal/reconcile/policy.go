@@ -86,16 +86,6 @@ type CompileOptions struct {
 	DropDomainAllowRules bool
 }
 
-// compilePolicyEndpoint and compileClusterPolicyEndpoint compile with the default
-// (strict) options.
-func compilePolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
-	return CompileOptions{}.policyEndpoint(pe, nodeIP)
-}
-
-func compileClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
-	return CompileOptions{}.clusterPolicyEndpoint(cpe, nodeIP)
-}
-
 // policyEndpoint validates pe and converts it. Defaults follow NetworkPolicy: a port
 // without protocol is TCP, a rule without ports allows every port, and an empty
 // podIsolation means Ingress (plus Egress when there are egress rules), which is what

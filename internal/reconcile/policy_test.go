@@ -50,7 +50,7 @@ func TestCompilePolicyEndpointConverts(t *testing.T) {
 			Egress: []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}},
 		},
 	}
-	c, err := compilePolicyEndpoint(pe, testNode)
+	c, err := CompileOptions{}.policyEndpoint(pe, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestCompilePolicyEndpointDefaultIsolation(t *testing.T) {
 		{"egress rules", []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}}, [2]bool{true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := compilePolicyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: tc.egress}}, testNode)
+			c, err := CompileOptions{}.policyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: tc.egress}}, testNode)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,7 +115,7 @@ func TestCompileControllerShapes(t *testing.T) {
 		Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.1.0.9"}, {CIDR: "fd00::9"}},
 		Egress:               []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}, {CIDR: "::/0"}},
 	}}
-	c, err := compilePolicyEndpoint(withPods, testNode)
+	c, err := CompileOptions{}.policyEndpoint(withPods, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestCompileControllerShapes(t *testing.T) {
 		PodIsolation: isolation,
 		Ingress:      []v1alpha1.EndpointInfo{{CIDR: "10.1.0.10"}},
 	}}
-	c, err = compilePolicyEndpoint(rulesOnly, testNode)
+	c, err = CompileOptions{}.policyEndpoint(rulesOnly, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestCompileControllerShapes(t *testing.T) {
 			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
 			Egress:               []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "169.254.169.254"}},
 		}}
-		c, err := compileClusterPolicyEndpoint(cpe, testNode)
+		c, err := CompileOptions{}.clusterPolicyEndpoint(cpe, testNode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -263,7 +263,7 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 			Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Ports: []v1alpha1.Port{{Port: ptr[int32](80)}}}},
 		}}
 	}
-	if _, err := compilePolicyEndpoint(good(), testNode); err != nil {
+	if _, err := (CompileOptions{}).policyEndpoint(good(), testNode); err != nil {
 		t.Fatalf("the base object must be valid: %v", err)
 	}
 	for _, tc := range []struct {
@@ -294,7 +294,7 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pe := good()
 			tc.mutate(pe)
-			_, err := compilePolicyEndpoint(pe, testNode)
+			_, err := CompileOptions{}.policyEndpoint(pe, testNode)
 			var fe *FieldError
 			if !errors.As(err, &fe) {
 				t.Fatalf("err = %v, want a *FieldError", err)
@@ -322,7 +322,7 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 			},
 		},
 	}
-	c, err := compileClusterPolicyEndpoint(cpe, testNode)
+	c, err := CompileOptions{}.clusterPolicyEndpoint(cpe, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,12 +340,12 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 	bad := cpe.DeepCopy()
 	bad.Spec.Egress[1].Action = "Allow"
 	var fe *FieldError
-	if _, err := compileClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.egress[1].action" {
+	if _, err := (CompileOptions{}).clusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.egress[1].action" {
 		t.Errorf("bad action: err = %v, want spec.egress[1].action", err)
 	}
 	bad = cpe.DeepCopy()
 	bad.Spec.Tier = "Developer"
-	if _, err := compileClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.tier" {
+	if _, err := (CompileOptions{}).clusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.tier" {
 		t.Errorf("bad tier: err = %v, want spec.tier", err)
 	}
 }
@@ -371,9 +371,9 @@ func TestMergePodPolicy(t *testing.T) {
 		var err error
 		switch o := obj.(type) {
 		case *v1alpha1.PolicyEndpoint:
-			c, err = compilePolicyEndpoint(o, testNode)
+			c, err = CompileOptions{}.policyEndpoint(o, testNode)
 		case *v1alpha1.ClusterPolicyEndpoint:
-			c, err = compileClusterPolicyEndpoint(o, testNode)
+			c, err = CompileOptions{}.clusterPolicyEndpoint(o, testNode)
 		}
 		if err != nil {
 			t.Fatal(err)

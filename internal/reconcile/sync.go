@@ -51,10 +51,10 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	switch o := obj.(type) {
 	case *v1alpha1.PolicyEndpoint:
 		m, policyRef = o, o.Spec.PolicyRef.Name
-		compiled, err = compilePolicyEndpoint(o, c.cfg.NodeIP)
+		compiled, err = c.cfg.Compile.policyEndpoint(o, c.cfg.NodeIP)
 	case *v1alpha1.ClusterPolicyEndpoint:
 		m, policyRef = o, o.Spec.PolicyRef.Name
-		compiled, err = compileClusterPolicyEndpoint(o, c.cfg.NodeIP)
+		compiled, err = c.cfg.Compile.clusterPolicyEndpoint(o, c.cfg.NodeIP)
 	default:
 		c.log.Error("unexpected object in informer cache", "object", key.String(), "type", fmt.Sprintf("%T", obj))
 		return outcomeGiveUp
@@ -85,6 +85,9 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		return outcomeGiveUp
 	}
 
+	if compiled.domainRulesDropped > 0 {
+		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.domainRulesDropped)
+	}
 	res := c.pods.commitVersion(key, v.uid, compiled)
 	c.forgetDeleted(key, res.replaced)
 	return c.recordOutcome(key, v, policyRef, &res, times, log)

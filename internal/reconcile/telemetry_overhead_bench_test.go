@@ -384,12 +384,14 @@ func (r *overheadRig) check(b *testing.B) {
 	dropped, _ := r.tel.Dropped()
 	dropped -= r.droppedBefore
 	exported := uint64(r.spans.spans.Load() - r.spansBefore)
-	// Each trace is 5 spans (root, delivery, queue, compute, one commit attempt).
-	// Systematic sampling keeps one fast trigger in traceOneIn: n/traceOneIn traces,
-	// one more depending on where the count stood at begin.
+	// Each trace is 6 spans (root, delivery, queue, compute, and the one commit
+	// attempt's lock wait and commit). Systematic sampling keeps one fast trigger in
+	// traceOneIn: n/traceOneIn traces, one more depending on where the count stood at
+	// begin.
+	const perTrace = 6
 	traces := n / r.variant.traceOneIn
-	if got := exported + dropped; got < 5*traces || got > 5*(traces+1) || (r.variant.traceOneIn == 1 && got != 5*n) {
-		b.Fatalf("telemetry=%s: %d spans exported and %d dropped for %d reports; want 5 per trace, %d traces", r.variant.name, exported, dropped, n, traces)
+	if got := exported + dropped; got < perTrace*traces || got > perTrace*(traces+1) || (r.variant.traceOneIn == 1 && got != perTrace*n) {
+		b.Fatalf("telemetry=%s: %d spans exported and %d dropped for %d reports; want %d per trace, %d traces", r.variant.name, exported, dropped, n, perTrace, traces)
 	}
 	b.Logf("telemetry=%s: %d updates, %d spans exported, %d dropped", r.variant.name, n, exported, dropped)
 }
