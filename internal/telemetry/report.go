@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/npagent/npagent/internal/report"
@@ -121,47 +122,51 @@ func (t *Telemetry) remoteParent(r *report.Record) trace.SpanContext {
 // returns the root's context and whether a span queue took the tree (treeGate
 // offers it when the root ends, within root.End).
 func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit time.Time, latency time.Duration) (context.Context, bool) {
-	tree := &gatedTree{}
-	ctx, root := t.tracer.Start(withGatedTree(parent, tree), SpanProgram, trace.WithTimestamp(r.Trigger),
-		trace.WithAttributes(LatencyKey.Float64(latency.Seconds()), KindKey.String(r.Kind.String())))
+	sc := scratchPool.Get().(*spanScratch)
+	defer sc.release()
+	tree := &sc.tree
+	sc.startAttrs = append(sc.startAttrs[:0], LatencyKey.Float64(latency.Seconds()), KindKey.String(r.Kind.String()))
+	ctx, root := t.tracer.Start(withGatedTree(parent, tree), SpanProgram, sc.rootStart(r.Trigger)...)
 	if !root.SpanContext().IsSampled() {
-		root.End(trace.WithTimestamp(commit)) // not recorded, or recorded and never exported
+		root.End(sc.end(commit)...) // not recorded, or recorded and never exported
 		return ctx, false
 	}
 	// The mark first, so that tight span limits (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)
 	// drop the object's attributes before it.
-	attrs := append(make([]attribute.KeyValue, 0, rootAttrCap), ExemplarKey.Bool(true))
-	root.SetAttributes(rootAttributes(attrs, t.nodeAttr, r)...)
+	sc.attrs = rootAttributes(append(sc.attrs[:0], ExemplarKey.Bool(true)), t.nodeAttr, r)
+	root.SetAttributes(sc.attrs...)
 
 	spans := uint64(1)
-	child := func(name string, start time.Time) trace.Span {
-		_, s := t.tracer.Start(ctx, name, trace.WithTimestamp(start))
+	child := func(start time.Time, name string) trace.Span {
+		_, s := t.tracer.Start(ctx, name, sc.start(start)...)
 		spans++
 		return s
 	}
 	for _, p := range phasesOf(r) {
 		if p.drawn() {
-			child(p.name, p.start).End(trace.WithTimestamp(p.end))
+			child(p.start, p.name).End(sc.end(p.end)...)
 		}
 	}
 	for i := range r.Attempts {
 		a := &r.Attempts[i]
 		n := AttemptKey.Int(i + 1)
 		if w := (phase{SpanLockWait, a.Requested, a.Start}); w.drawn() {
-			s := child(SpanLockWait, w.start)
-			s.SetAttributes(n)
-			s.End(trace.WithTimestamp(w.end))
+			s := child(w.start, SpanLockWait)
+			sc.attrs = append(sc.attrs[:0], n)
+			s.SetAttributes(sc.attrs...)
+			s.End(sc.end(w.end)...)
 		}
-		s := child(SpanCommit, a.Start)
-		s.SetAttributes(commitAttributes(make([]attribute.KeyValue, 0, 7), n, &a.Phases)...)
+		s := child(a.Start, SpanCommit)
+		sc.attrs = commitAttributes(sc.attrs[:0], n, &a.Phases)
+		s.SetAttributes(sc.attrs...)
 		if a.Err != "" {
 			s.SetStatus(codes.Error, a.Err)
 			s.AddEvent("exception", trace.WithTimestamp(a.End),
 				trace.WithAttributes(semconv.ExceptionMessage(a.Err)))
 		}
-		s.End(trace.WithTimestamp(a.End))
+		s.End(sc.end(a.End)...)
 	}
-	root.End(trace.WithTimestamp(commit))
+	root.End(sc.end(commit)...)
 	if !tree.seen {
 		// The provider was shut down while the tree was drawn: its processors,
 		// and with them the queues, never saw the root end.
@@ -169,6 +174,81 @@ func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit ti
 		t.spansDropped.Add(spans * uint64(t.spanExporters))
 	}
 	return ctx, tree.accepted
+}
+
+// spanScratch holds what one spanTree hands the tracer, reused through
+// scratchPool: through the Tracer interface every variadic option slice
+// escapes, and each WithTimestamp boxes its time, so without it a tree would
+// allocate a slice per start and end and a box per bound. The SDK copies what it
+// keeps (attributes, times), so nothing of the scratch outlives the call; the
+// gated tree is done with once the root has ended (the queues hold the spans).
+type spanScratch struct {
+	tree       gatedTree
+	startAttrs []attribute.KeyValue
+	attrs      []attribute.KeyValue
+	rootOpts   [2]trace.SpanStartOption
+	startOpts  [1]trace.SpanStartOption
+	endOpts    [1]trace.SpanEndOption
+	// stamps memoises this tree's timestamp options: its spans share bounds
+	// (delivery ends when queue starts, the root starts with delivery and ends
+	// with the last attempt).
+	stamps [8]stampOption
+	nStamp int
+}
+
+type stampOption struct {
+	at  time.Time
+	opt trace.SpanEventOption
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &spanScratch{startAttrs: make([]attribute.KeyValue, 0, 2), attrs: make([]attribute.KeyValue, 0, rootAttrCap)}
+}}
+
+// stamp returns the timestamp option for at, boxing it only the first time
+// this tree asks for that exact time (== compares wall clock, monotonic reading
+// and location, so a shared option carries exactly what a fresh one would).
+func (sc *spanScratch) stamp(at time.Time) trace.SpanEventOption {
+	for i := range sc.nStamp {
+		if sc.stamps[i].at == at {
+			return sc.stamps[i].opt
+		}
+	}
+	opt := trace.WithTimestamp(at)
+	if sc.nStamp < len(sc.stamps) {
+		sc.stamps[sc.nStamp] = stampOption{at: at, opt: opt}
+		sc.nStamp++
+	}
+	return opt
+}
+
+// rootStart is the root's start options: its time and start attributes (which
+// the sampler reads).
+func (sc *spanScratch) rootStart(at time.Time) []trace.SpanStartOption {
+	sc.rootOpts = [2]trace.SpanStartOption{sc.stamp(at), trace.WithAttributes(sc.startAttrs...)}
+	return sc.rootOpts[:]
+}
+
+func (sc *spanScratch) start(at time.Time) []trace.SpanStartOption {
+	sc.startOpts[0] = sc.stamp(at)
+	return sc.startOpts[:]
+}
+
+func (sc *spanScratch) end(at time.Time) []trace.SpanEndOption {
+	sc.endOpts[0] = sc.stamp(at)
+	return sc.endOpts[:]
+}
+
+// release clears what the scratch references (record strings, boxed options,
+// the tree's flags) so a pooled scratch keeps nothing alive, and returns it.
+func (sc *spanScratch) release() {
+	clear(sc.startAttrs[:cap(sc.startAttrs)])
+	clear(sc.attrs[:cap(sc.attrs)])
+	sc.startAttrs, sc.attrs = sc.startAttrs[:0], sc.attrs[:0]
+	sc.tree = gatedTree{spans: sc.tree.spans[:0]}
+	sc.rootOpts, sc.startOpts, sc.endOpts = [2]trace.SpanStartOption{}, [1]trace.SpanStartOption{}, [1]trace.SpanEndOption{}
+	sc.stamps, sc.nStamp = [8]stampOption{}, 0
+	scratchPool.Put(sc)
 }
 
 // phase is one of a record's child spans besides its commit attempts.

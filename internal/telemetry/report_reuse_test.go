@@ -108,10 +108,11 @@ func testReportCarriesNothingOver(t *testing.T) {
 
 // reportAllocCeiling bounds the allocations of the whole per-trigger work for a
 // fully traced trigger (five spans through the SDK's tracer, the tree gate and
-// the batch processor, the histogram point with its exemplar). Measured 58 with
-// SDK v1.47.0; the margin absorbs the batch processor's own appends and the
-// race detector.
-const reportAllocCeiling = 62
+// the batch processor, the histogram point with its exemplar). Measured 35 with
+// SDK v1.47.0 and the pooled span scratch (58 without it); the margin absorbs the
+// batch processor's own appends. Under the race detector the pool drops scratch
+// at random, which costs a few more.
+var reportAllocCeiling = map[bool]float64{false: 38, true: 46}[raceEnabled]
 
 // TestReportAllocations counts every allocation of the process while reports
 // are made (the batch processor's goroutine included), so an extra allocation
@@ -144,7 +145,7 @@ func TestReportAllocations(t *testing.T) {
 		t.Fatalf("%d spans dropped: the count would leave out their export", dropped)
 	}
 	if a > reportAllocCeiling {
-		t.Errorf("Report: %.1f allocs per fully traced trigger, want at most %d", a, reportAllocCeiling)
+		t.Errorf("Report: %.1f allocs per fully traced trigger, want at most %.0f", a, reportAllocCeiling)
 	} else {
 		t.Logf("Report: %.1f allocs per fully traced trigger", a)
 	}
