@@ -19,9 +19,15 @@
 //     event. A valid traceparent annotation parents the root (trace id and
 //     state inherited); an invalid one is counted and the root starts a trace.
 //   - Report, Committed and ObserveCounts' collection never block on export and
-//     never return errors. Report is safe for concurrent use; it does its work
-//     on the caller (a few tens of microseconds for a traced trigger, next to a
-//     commit of milliseconds) and returns with its point recorded.
+//     never return errors. Report is safe for concurrent use. It checks the
+//     record and hands a copy to one drawing goroutine (handoff.go), which wakes
+//     every 20 ms and draws what is queued back to back, through the one path
+//     below: between two reports a worker waits for an fsync, so a tree drawn on
+//     the worker ran with cold caches at several times the cost. A trigger's
+//     point is recorded when its tree is drawn: within 20 ms, and before any
+//     scrape (MetricsHandler), ForceFlush or Shutdown, which drain the queue
+//     first. When the queue is full, or once Shutdown has begun, the caller
+//     draws the record itself: nothing is lost and memory stays bounded.
 //   - Sampling is an sdktrace.Sampler (latency-aware, WithSampling), deciding
 //     at the root's start from its latency start attribute; the children follow
 //     the root. A trigger at least slowThreshold slow is always traced, even

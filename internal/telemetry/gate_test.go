@@ -3,6 +3,10 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,17 +30,26 @@ func roots(spans tracetest.SpanStubs) map[string]tracetest.SpanStub {
 	return out
 }
 
-// The point exists when Report returns (no flush), and its exemplar names the
-// root, under a traceparent too; the children have ids of their own.
+// The point exists once the drawing goroutine reached it (no flush), and its
+// exemplar names the root, under a traceparent too; the children have ids of
+// their own.
 func TestExemplarNamesTheRootUnderATraceparent(t *testing.T) {
 	tel := newInMemory(t)
 	r := record(base, "pe-tp", 30*time.Millisecond)
 	r.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	tel.Report(r)
 
-	var rm metricdata.ResourceMetrics // straight from the reader: nothing flushed
-	if err := tel.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
+	var rm metricdata.ResourceMetrics // straight from the reader: nothing drained or flushed
+	deadline := time.Now().Add(10 * drawInterval)
+	for {
+		rm = metricdata.ResourceMetrics{}
+		if err := tel.reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		if len(latencyPoints(t, rm)) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(drawInterval / 4)
 	}
 	pts := latencyPoints(t, rm)
 	if len(pts) != 1 || pts[0].Count != 1 || len(pts[0].Exemplars) != 1 {
@@ -96,6 +109,7 @@ func TestFullSpanQueueRecordsThePointWithoutExemplar(t *testing.T) {
 	tel := newInMemory(t, WithSpanQueueSize(9))   // one tree of 5 fits, two do not
 	tel.Report(record(base, "pe-kept", 30*time.Millisecond))
 	tel.Report(record(base, "pe-dropped", 40*time.Millisecond))
+	tel.handoff.drain(tel.draw)
 	if spans, _ := tel.Dropped(); spans != 5 {
 		t.Errorf("dropped %d spans, want 5 (the second record's tree)", spans)
 	}
@@ -188,6 +202,7 @@ func TestShutdownWhileReportingLosesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Wait()
+		tel.handoff.close() // the first step of Shutdown: what was queued is drawn
 		n := reported.Load()
 		var rm metricdata.ResourceMetrics
 		if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -294,4 +309,43 @@ func TestConcurrentReportsExportWholeTrees(t *testing.T) {
 		t.Errorf("%d spans exported + %d dropped, want all %d accounted for", len(spans), dropped, 5*400)
 	}
 	t.Logf("%d trees exported, %d spans dropped", len(rootSpans), dropped)
+}
+
+// The hand-off loses nothing and delays nothing a reader asks for: with its queue
+// full the caller draws the record itself, and a scrape drains the queue before it
+// serves, so it counts every trigger reported before it.
+func TestHandoffFullQueueAndScrapeLoseNothing(t *testing.T) {
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+	tel := newInMemory(t, WithSpanQueueSize(4)) // 4 records queued at most
+	const n = 50
+	for i := range n {
+		tel.Report(record(base, fmt.Sprintf("pe-%d", i), 30*time.Millisecond))
+	}
+	srv := httptest.NewServer(tel.MetricsHandler())
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "npagent_policy_programming_latency_seconds_count{"; !strings.Contains(string(body), want) {
+		t.Fatalf("exposition lacks %s:\n%s", want, body)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "npagent_policy_programming_latency_seconds_count{") && !strings.HasSuffix(line, fmt.Sprintf(" %d", n)) {
+			t.Errorf("scrape right after %d reports: %s, want the count %d", n, line, n)
+		}
+	}
+	spans, dropped := len(tel.endedSpans(t)), func() uint64 { d, _ := tel.Dropped(); return d }()
+	if uint64(spans)+dropped != 5*n {
+		t.Errorf("%d spans arrived + %d dropped, want %d (5 per report)", spans, dropped, 5*n)
+	}
 }

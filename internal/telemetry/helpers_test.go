@@ -39,15 +39,16 @@ func newInMemory(t testing.TB, opts ...Option) *inMemory {
 // endedSpans flushes the batch processor and returns every span exported so far.
 func (m *inMemory) endedSpans(t testing.TB) tracetest.SpanStubs {
 	t.Helper()
-	if err := m.tp.ForceFlush(context.Background()); err != nil {
+	if err := m.ForceFlush(context.Background()); err != nil {
 		t.Fatalf("ForceFlush: %v", err)
 	}
 	return m.spans.GetSpans()
 }
 
-// collect collects every metric (Report records its point before it returns).
+// collect draws what is queued, then collects every metric.
 func (m *inMemory) collect(t testing.TB) metricdata.ResourceMetrics {
 	t.Helper()
+	m.handoff.drain(m.draw) // what a scrape or ForceFlush does first
 	var rm metricdata.ResourceMetrics
 	if err := m.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatalf("Collect: %v", err)

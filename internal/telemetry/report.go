@@ -68,7 +68,8 @@ var traceContext = propagation.TraceContext{}
 
 // Report turns one record into a span tree and one histogram observation whose
 // exemplar names the root span when the tree was sampled and taken by a span
-// queue (see the package doc). It never blocks on export. A record whose commit
+// queue (see the package doc). It never blocks on export: it checks the record
+// and hands a copy to the drawing goroutine (handoff). A record whose commit
 // precedes its trigger (clock skew) yields neither and is counted; so is one
 // without a commit attempt or trigger time.
 func (t *Telemetry) Report(r *report.Record) {
@@ -80,11 +81,20 @@ func (t *Telemetry) Report(r *report.Record) {
 		t.rejected.add(r.Kind, rejectNoCommit)
 		return
 	}
-	latency := commit.Sub(r.Trigger)
-	if latency < 0 {
+	if commit.Sub(r.Trigger) < 0 {
 		t.rejected.add(r.Kind, rejectClockSkew)
 		return
 	}
+	if t.handoff.offer(r) {
+		return
+	}
+	t.draw(r) // the queue is full or closing: drawn here, nothing lost
+}
+
+// draw turns one checked record into its span tree and histogram point.
+func (t *Telemetry) draw(r *report.Record) {
+	commit := r.Committed()
+	latency := commit.Sub(r.Trigger)
 	parent := context.Background()
 	if r.TraceParent != "" {
 		if psc := t.remoteParent(r); psc.IsValid() {

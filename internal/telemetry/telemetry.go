@@ -59,6 +59,7 @@ type Telemetry struct {
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
 	trees         *treeGate // the tracer's span processor: whole trees to the span queues
+	handoff       *handoff  // records waiting for the drawing goroutine
 	spanExporters int       // span exporters behind the gate, for counting a lost tree's spans
 
 	spansDropped        atomic.Uint64 // refused by a full span queue, or lost to a shutdown
@@ -92,6 +93,9 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 		_ = t.tp.Shutdown(ctx)
 		return nil, err
 	}
+	// As many records as the span queues hold spans: a tree is at least one span.
+	t.handoff = newHandoff(cfg.spanQueueSize)
+	go t.handoff.run(t.draw)
 	return t, nil
 }
 
@@ -308,7 +312,11 @@ func (t *Telemetry) buildInstruments() error {
 // exposition (negotiated through the Accept header); the text formats show its
 // count and sum alone. A scrape shows every trigger reported before it.
 func (t *Telemetry) MetricsHandler() http.Handler {
-	return promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	h := promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.handoff.drain(t.draw) // every trigger reported before the scrape is in it
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Dropped returns how many spans never reached an exporter's destination (queue
@@ -355,6 +363,7 @@ func (t *Telemetry) observeCounts(o metric.Observer, c *report.Counts, suppresse
 // ForceFlush exports every span and every metric recorded so far, waiting for
 // the exporters (or ctx).
 func (t *Telemetry) ForceFlush(ctx context.Context) error {
+	t.handoff.drain(t.draw)
 	return errors.Join(t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx))
 }
 
@@ -362,5 +371,6 @@ func (t *Telemetry) ForceFlush(ctx context.Context) error {
 // to call afterwards; what they record is no longer exported (a later Report's
 // spans are counted as dropped).
 func (t *Telemetry) Shutdown(ctx context.Context) error {
+	t.handoff.close() // draws what is queued; later Reports draw on the caller
 	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
 }
