@@ -47,11 +47,11 @@ const (
 	flagBaseline    uint32 = 1 << 2
 	flagNamespaced  uint32 = 1 << 3 // namespaced entries exist (only with flagIsolated)
 	knownDirFlags          = flagIsolated | flagAdmin | flagBaseline | flagNamespaced
-	maxGeneration   uint32 = 1<<(32-flagBits) - 1 // a generation and the flags share 32 bits of a state word
+	maxGeneration   uint32 = 1<<(32-flagBits) - 1 // a gen (sequence number, entry set) and the flags share 32 bits of a state word
 	allPortsEndPort uint16 = 65535
 )
 
-// Every flag must fit below a state word's generation (a compile error otherwise).
+// Every flag must fit below a state word's gen (a compile error otherwise).
 const _ uint32 = 1<<flagBits - 1 - knownDirFlags
 
 // entries returns a trie value's port rules, in evaluation order. Port 0 only
@@ -60,7 +60,7 @@ const _ uint32 = 1<<flagBits - 1 - knownDirFlags
 // covers).
 func (v *policyRuleValue) entries() []policyPortRule { return v.Rules[:v.Count] }
 
-// compiledEntry is one trie entry before it is tagged with a pod and generation.
+// compiledEntry is one trie entry before it is tagged with a pod and entry set.
 type compiledEntry struct {
 	Prefix netip.Prefix // masked
 	Tier   tier

@@ -1,7 +1,6 @@
 package bpfmaps
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -11,7 +10,7 @@ import (
 // The map keys and values are the types bpf2go generates from policy.c (see the
 // structs there for their meaning): policyLpmKey4 and policyLpmKey6 (trie keys:
 // Prefixlen counts the 64 bits of Ifindex and Tag plus the prefix bits, so lookups
-// never cross pods or generations), policyRuleValue and policyPortRule (trie values),
+// never cross pods or entry sets), policyRuleValue and policyPortRule (trie values),
 // and policyPodState, a pod's slot in the state array: per direction one word (see
 // dirWord) the datapath reads with a single load and a commit switches with one
 // atomic store, and a content hash only user space reads (it lets a restarted agent
@@ -20,29 +19,43 @@ import (
 // flagBits is how many low bits of a state word hold the direction's flags.
 const flagBits = 4
 
+// tagSets marks the tags of entry sets (TAG_SETS in policy.c): tags written by builds
+// that wrote a fresh generation per commit (gen << 2 | tier, below 1 << 30) lack it.
+const tagSets uint32 = 1 << 31
+
 // dirWord is a direction's state word: the owner's ifindex in the high 32 bits (the
-// datapath ignores a word another pod owns), generation<<flagBits | flags in the low 32.
+// datapath ignores a word another pod owns), gen<<flagBits | flags in the low 32. gen
+// is seq<<1 | set: set is the entry set lookups use, seq changes with every switch so
+// that no two switches in a row store the same word (the datapath's re-check relies
+// on it, policy.c).
 func dirWord(owner, gen, flags uint32) uint64 {
 	return uint64(owner)<<32 | uint64(gen<<flagBits|flags)
 }
 func wordOwner(w uint64) uint32 { return uint32(w >> 32) }
 func wordGen(w uint64) uint32   { return uint32(w) >> flagBits }
+func wordSet(w uint64) uint32   { return wordGen(w) & 1 }
 func wordFlags(w uint64) uint32 { return uint32(w) & (1<<flagBits - 1) }
-func entryTag(gen uint32, t tier) uint32 {
-	return gen<<2 | uint32(t)
-}
-func tagGen(tag uint32) uint32 { return tag >> 2 }
 
-// nextGeneration never returns 0, so a direction that never had entries (generation
-// 0) never collides with a live one.
-func nextGeneration(g uint32) uint32 { return g%maxGeneration + 1 }
+// entryTag is the tag of a tier's entries in an entry set (0 or 1).
+func entryTag(set uint32, t tier) uint32 { return tagSets | set<<2 | uint32(t) }
+func tagSet(tag uint32) uint32           { return tag >> 2 & 1 }
+func tagTier(tag uint32) tier            { return tier(tag & 3) }
+
+// nextGen returns the gen of the switch after gen: the other set, the next sequence
+// number (never 0, so a first commit's word differs from an empty one).
+func nextGen(gen uint32) uint32 {
+	seq := (gen>>1)%(maxGeneration>>1) + 1
+	return seq<<1 | (gen&1 ^ 1)
+}
 
 // Limits are the dataplane's capacities. Zero fields take the defaults.
 type Limits struct {
 	// Pods is how many pods can hold state. Default 4096.
 	Pods int
-	// EntriesV4 is the capacity of each direction's IPv4 trie, shared by all pods and
-	// by the two generations a commit briefly holds. Default 65536.
+	// EntriesV4 is the capacity of each direction's IPv4 trie, shared by all pods.
+	// A pod's entries count twice while it keeps two entry sets level (after a delta
+	// commit); a commit for which that does not fit deletes the second set instead.
+	// Default 65536.
 	EntriesV4 int
 	// EntriesV6 is the same for the IPv6 tries. Default 16384.
 	EntriesV6 int
@@ -64,10 +77,11 @@ func (l Limits) withDefaults() Limits {
 // store is what a backend does to its maps. Implementations: the kernel maps (EBPF)
 // and Go maps (Memory). The core decides what to write and in which order.
 type store interface {
-	// writeEntries inserts entries of a generation nothing refers to yet; all or
-	// nothing: on error the store holds none of them.
+	// writeEntries inserts or replaces entries. On error the entries it inserted are
+	// deleted again; entries it replaced may be gone too (the core then drops the
+	// whole entry set).
 	writeEntries(d Direction, k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) error
-	// deleteEntries deletes in the order given.
+	// deleteEntries deletes the keys; keys already gone are skipped.
 	deleteEntries(d Direction, k4 []policyLpmKey4, k6 []policyLpmKey6) error
 	putPod(ifindex uint32, st *policyPodState) error
 	deletePod(ifindex uint32) error
@@ -76,9 +90,18 @@ type store interface {
 // podRecord is what the core remembers of a pod with committed state.
 type podRecord struct {
 	state policyPodState
-	keys  [2]dirKeys // entries of each direction's active generation
+	dirs  [2]dirRecord
 }
 
+// dirRecord is a direction's committed entries. The active entry set (the one the
+// direction's word names) holds them; the inactive set holds them too when level,
+// and nothing otherwise.
+type dirRecord struct {
+	entries dirEntries
+	level   bool
+}
+
+// dirKeys are tagged keys of one direction (garbage to delete).
 type dirKeys struct {
 	k4 []policyLpmKey4
 	k6 []policyLpmKey6
@@ -95,6 +118,15 @@ type core struct {
 	pods    map[uint32]*podRecord
 	used    [2][2]int  // entries in the tries, [direction][0 IPv4, 1 IPv6]
 	garbage [2]dirKeys // entries whose deletion failed; retried on the next commit
+	// afterWrite, if set, is called after each change of the maps in a commit (tests
+	// evaluate packets at every step).
+	afterWrite func()
+}
+
+func (c *core) wrote() {
+	if c.afterWrite != nil {
+		c.afterWrite()
+	}
 }
 
 func newCore(l Limits, s store) *core {
@@ -106,6 +138,21 @@ func newCore(l Limits, s store) *core {
 // pod without state. nil for the in-memory backend.
 type attachFunc func(ifindex int) (undo func(), err error)
 
+// dirPlan is what a commit does to one direction.
+type dirPlan struct {
+	next   dirEntries
+	target uint32     // the inactive set, written before the switch
+	pre    entryDelta // turns what target holds into next
+	level  bool       // after the switch, apply post to the other set; else drop it
+	post   entryDelta // turns the committed entries into next
+}
+
+// commit makes p the pod's policy. Per direction that changed, a commit writes the
+// inactive entry set (the difference between what it holds and the new entries),
+// switches the direction's word to it (one atomic store), then brings the other set
+// level by the difference between the old and the new entries — or, when that
+// difference is more than half the entries or does not fit the trie, deletes the
+// other set, so the next commit writes its entries afresh.
 func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult, error) {
 	var res CommitResult
 	start := time.Now()
@@ -151,8 +198,8 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	if rec != nil {
 		newState.Dir = rec.state.Dir
 	}
-	var newKeys [2]dirKeys
-	var newVals [2][2][]policyRuleValue
+	var plans [2]dirPlan
+	delta := true
 	for d := range changed {
 		if !changed[d] {
 			continue
@@ -161,39 +208,40 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if err != nil {
 			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 		}
-		gen := nextGeneration(wordGen(newState.Dir[d]))
+		var old dirRecord
+		if rec != nil {
+			old = rec.dirs[d]
+		}
+		pl := &plans[d]
+		pl.next = newDirEntries(idx, comp.Entries)
+		gen := nextGen(wordGen(newState.Dir[d]))
+		pl.target = gen & 1
 		newState.Dir[d] = dirWord(idx, gen, comp.Flags)
-		n4 := 0
-		for i := range comp.Entries {
-			if comp.Entries[i].Prefix.Addr().Is4() {
-				n4++
-			}
+		if c.hasGarbage(Direction(d), idx, pl.target) {
+			return res, fmt.Errorf("commit pod %d: %s entries of an earlier commit could not be deleted", ifindex, Direction(d))
 		}
-		newKeys[d].k4 = make([]policyLpmKey4, 0, n4)
-		newVals[d][0] = make([]policyRuleValue, 0, n4)
-		newKeys[d].k6 = make([]policyLpmKey6, 0, len(comp.Entries)-n4)
-		newVals[d][1] = make([]policyRuleValue, 0, len(comp.Entries)-n4)
-		for i := range comp.Entries {
-			e := &comp.Entries[i]
-			tag := entryTag(gen, e.Tier)
-			if e.Prefix.Addr().Is4() {
-				newKeys[d].k4 = append(newKeys[d].k4, policyLpmKey4{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As4()})
-				newVals[d][0] = append(newVals[d][0], e.Value)
-			} else {
-				newKeys[d].k6 = append(newKeys[d].k6, policyLpmKey6{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: idx, Tag: tag, Addr: e.Prefix.Addr().As16()})
-				newVals[d][1] = append(newVals[d][1], e.Value)
-			}
+		pl.post = diffEntries(&old.entries, &pl.next)
+		if old.level {
+			pl.pre = pl.post
+		} else {
+			pl.pre = diffEntries(&dirEntries{}, &pl.next)
 		}
-		for fam, n := range [2]int{len(newKeys[d].k4), len(newKeys[d].k6)} {
-			limit, name := c.limits.EntriesV4, "IPv4"
+		pl.level = pl.post.size() <= max(old.entries.len(), pl.next.len())/2
+		for fam, name := range [2]string{"IPv4", "IPv6"} {
+			limit := c.limits.EntriesV4
 			if fam == 1 {
-				limit, name = c.limits.EntriesV6, "IPv6"
+				limit = c.limits.EntriesV6
 			}
-			if c.used[d][fam]+n > limit {
+			grow := pl.pre.growth(fam)
+			if c.used[d][fam]+grow > limit {
 				return res, fmt.Errorf("commit pod %d: %s %s trie: %d entries in use + %d new exceed its capacity %d: %w",
-					ifindex, Direction(d), name, c.used[d][fam], n, limit, ErrCapacity)
+					ifindex, Direction(d), name, c.used[d][fam], grow, limit, ErrCapacity)
+			}
+			if pl.level && c.used[d][fam]+grow+pl.post.growth(fam) > limit {
+				pl.level = false // no room for a second set: drop it instead
 			}
 		}
+		delta = delta && old.level && pl.level
 	}
 	res.Compile = time.Since(start)
 
@@ -212,36 +260,48 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	}
 
 	t := time.Now()
-	var written [2]bool
+	var tried [2]bool
+	usedBefore := c.used
+	// rollback empties the target sets written so far: what they held before is
+	// unknown after a failed write, so they are dropped, not restored.
 	rollback := func() {
-		for d := range written {
-			if written[d] {
-				_ = c.store.deleteEntries(Direction(d), newKeys[d].k4, newKeys[d].k6)
+		for d := range tried {
+			if !tried[d] {
+				continue
 			}
+			var held dirEntries
+			if rec != nil && rec.dirs[d].level {
+				held = rec.dirs[d].entries
+				rec.dirs[d].level = false
+			}
+			c.used[d] = usedBefore[d]
+			c.dropSet(Direction(d), plans[d].target, [2]int{len(held.k4), len(held.k6)}, &held, &plans[d].next)
 		}
+		res.EntriesWritten, res.EntriesDeleted = 0, 0
 	}
 	for d := range changed {
 		if !changed[d] {
 			continue
 		}
-		if err := c.store.writeEntries(Direction(d), newKeys[d].k4, newVals[d][0], newKeys[d].k6, newVals[d][1]); err != nil {
+		tried[d] = true
+		if err := c.apply(Direction(d), plans[d].target, &plans[d].pre, &res); err != nil {
 			rollback()
 			return res, fmt.Errorf("commit pod %d: write %s entries: %w", ifindex, Direction(d), err)
 		}
-		written[d] = true
-		res.EntriesWritten += newKeys[d].len()
 	}
 	res.Write = time.Since(t)
 
 	t = time.Now()
-	if err := c.store.putPod(idx, &newState); err != nil {
+	err := c.store.putPod(idx, &newState)
+	c.wrote()
+	if err != nil {
 		rollback()
-		res.EntriesWritten = 0
-		return res, fmt.Errorf("commit pod %d: switch generation: %w", ifindex, err)
+		return res, fmt.Errorf("commit pod %d: switch entry set: %w", ifindex, err)
 	}
 	res.Switch = time.Since(t)
 
 	t = time.Now()
+	res.Delta = delta
 	if rec == nil {
 		rec = &podRecord{}
 		c.pods[idx] = rec
@@ -251,44 +311,94 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if !changed[d] {
 			continue
 		}
-		old := rec.keys[d]
-		rec.keys[d] = newKeys[d]
-		c.used[d][0] += len(newKeys[d].k4)
-		c.used[d][1] += len(newKeys[d].k6)
-		res.EntriesDeleted += c.deleteGeneration(Direction(d), old)
+		pl := &plans[d]
+		old := rec.dirs[d].entries
+		rec.dirs[d] = dirRecord{entries: pl.next}
+		other := pl.target ^ 1
+		held := [2]int{len(old.k4), len(old.k6)}
+		if pl.level {
+			usedMid := c.used[d]
+			if c.apply(Direction(d), other, &pl.post, &res) == nil {
+				rec.dirs[d].level = true
+				continue
+			}
+			res.Delta = false
+			// The set is in between: drop whatever it may hold.
+			c.used[d] = usedMid
+			c.dropSet(Direction(d), other, held, &old, &pl.next)
+			continue
+		}
+		res.EntriesDeleted += c.dropSet(Direction(d), other, held, &old)
 	}
 	res.Cleanup = time.Since(t)
 	return res, nil
 }
 
-// deleteGeneration deletes a generation that is no longer active, shortest prefixes
-// first. That order is what keeps a packet that read the old generation just before
-// the switch correct: while its entries disappear, a lookup returns the true longest
-// match or nothing (every shorter match is gone before a longer one), and the datapath
-// re-reads the pod's state on a miss and retries with the new generation.
-// Entries whose deletion fails are kept as garbage and retried; the commit stands.
-func (c *core) deleteGeneration(d Direction, k dirKeys) int {
-	if k.len() == 0 {
+// apply writes a delta into an entry set of direction d: deletions first, so the
+// set never holds more entries than before or after.
+func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult) error {
+	if len(dl.del4)+len(dl.del6) > 0 {
+		err := c.store.deleteEntries(d, tagKeys4(dl.del4, set), tagKeys6(dl.del6, set))
+		c.wrote()
+		if err != nil {
+			return err
+		}
+		c.used[d][0] -= len(dl.del4)
+		c.used[d][1] -= len(dl.del6)
+		res.EntriesDeleted += len(dl.del4) + len(dl.del6)
+	}
+	if len(dl.put4)+len(dl.put6) > 0 {
+		err := c.store.writeEntries(d, tagKeys4(dl.put4, set), dl.val4, tagKeys6(dl.put6, set), dl.val6)
+		c.wrote()
+		if err != nil {
+			return err
+		}
+		c.used[d][0] += dl.add4
+		c.used[d][1] += dl.add6
+		res.EntriesWritten += len(dl.put4) + len(dl.put6)
+	}
+	return nil
+}
+
+// dropSet deletes every entry an entry set may hold, given as the keys of lists
+// (duplicates allowed); held is how many it holds, per family, when known exactly.
+// Keys whose deletion fails are kept as garbage and retried; the commit stands.
+// It returns how many entries were deleted.
+func (c *core) dropSet(d Direction, set uint32, held [2]int, lists ...*dirEntries) int {
+	var k4 []policyLpmKey4
+	var k6 []policyLpmKey6
+	for _, l := range lists {
+		k4 = append(k4, tagKeys4(l.k4, set)...)
+		k6 = append(k6, tagKeys6(l.k6, set)...)
+	}
+	if len(k4)+len(k6) == 0 {
 		return 0
 	}
-	k4, k6 := deletionOrder(k)
-	if err := c.store.deleteEntries(d, k4, k6); err != nil {
+	err := c.store.deleteEntries(d, k4, k6)
+	c.wrote()
+	if err != nil {
 		c.garbage[d].k4 = append(c.garbage[d].k4, k4...)
 		c.garbage[d].k6 = append(c.garbage[d].k6, k6...)
 		return 0
 	}
-	c.used[d][0] -= len(k4)
-	c.used[d][1] -= len(k6)
-	return len(k4) + len(k6)
+	c.used[d][0] -= held[0]
+	c.used[d][1] -= held[1]
+	return held[0] + held[1]
 }
 
-// deletionOrder returns the keys shortest prefix first (see deleteGeneration).
-func deletionOrder(k dirKeys) ([]policyLpmKey4, []policyLpmKey6) {
-	k4 := slices.Clone(k.k4)
-	slices.SortStableFunc(k4, func(a, b policyLpmKey4) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
-	k6 := slices.Clone(k.k6)
-	slices.SortStableFunc(k6, func(a, b policyLpmKey6) int { return cmp.Compare(a.Prefixlen, b.Prefixlen) })
-	return k4, k6
+// hasGarbage reports whether garbage keys of a pod's entry set are left.
+func (c *core) hasGarbage(d Direction, ifindex, set uint32) bool {
+	for _, k := range c.garbage[d].k4 {
+		if k.Ifindex == ifindex && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
+			return true
+		}
+	}
+	for _, k := range c.garbage[d].k6 {
+		if k.Ifindex == ifindex && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *core) collectGarbage() {
@@ -297,8 +407,12 @@ func (c *core) collectGarbage() {
 		if g.len() == 0 {
 			continue
 		}
+		if err := c.store.deleteEntries(Direction(d), g.k4, g.k6); err != nil {
+			continue
+		}
 		c.garbage[d] = dirKeys{}
-		c.deleteGeneration(Direction(d), g)
+		c.used[d][0] = max(0, c.used[d][0]-len(g.k4))
+		c.used[d][1] = max(0, c.used[d][1]-len(g.k6))
 	}
 }
 
@@ -323,8 +437,14 @@ func (c *core) remove(ifindex int, detach func(ifindex int) error) (CommitResult
 	res.Switch = time.Since(t)
 	delete(c.pods, idx)
 	t = time.Now()
-	for d := range rec.keys {
-		res.EntriesDeleted += c.deleteGeneration(Direction(d), rec.keys[d])
+	for d := range rec.dirs {
+		dr := &rec.dirs[d]
+		held := [2]int{len(dr.entries.k4), len(dr.entries.k6)}
+		active := wordSet(rec.state.Dir[d])
+		res.EntriesDeleted += c.dropSet(Direction(d), active, held, &dr.entries)
+		if dr.level {
+			res.EntriesDeleted += c.dropSet(Direction(d), active^1, held, &dr.entries)
+		}
 	}
 	res.Cleanup = time.Since(t)
 	if detach != nil {
@@ -358,7 +478,7 @@ func firstMatch(v *policyRuleValue, proto Protocol, port uint16) Action {
 }
 
 // evalDirection decides a packet from compiled state the way policy.c does; lookup
-// does one longest-prefix lookup in the tier's entries of the active generation.
+// does one longest-prefix lookup in the tier's entries of the active entry set.
 func evalDirection(word uint64, lookup func(tier) (*policyRuleValue, bool), proto Protocol, port uint16) bool {
 	if !proto.hasPorts() {
 		port = 0

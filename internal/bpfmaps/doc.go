@@ -8,10 +8,22 @@
 //     kernel and the in-memory backend (Memory) — decide every packet as Verdict does;
 //     property tests check the compiled entries and the kernel program against it.
 //   - Atomic commits: per pod and direction, a packet is decided by the old policy or
-//     the new one, never by a mix. New entries are written under a fresh generation,
-//     one atomic store of the direction's state word switches to it, then the old
-//     generation is deleted (shortest prefixes first, so an in-flight lookup finds the
-//     old answer or nothing, and retries on the new generation). No per-pod maps are
+//     the new one, never by a mix. Each pod keeps two entry sets per direction in the
+//     shared tries (keys tagged with the set); the direction's state word names the
+//     active one. A commit writes the inactive set, switches the word to it with one
+//     atomic store, then brings the other set level with the same writes. Both sets
+//     hold the committed entries between commits, so a commit writes only the entries
+//     that changed (CommitResult.Delta), twice: O(changed entries), not O(policy).
+//     The difference is taken on the flattened entries (added keys, keys whose value
+//     changed, removed keys) against the committed entries user space keeps per pod
+//     (keys and an index into the direction's few distinct values: 20 bytes per IPv4
+//     entry, 32 per IPv6). A first commit, a change of more than half the entries, or
+//     one for which two sets do not fit the trie writes the inactive set in full and
+//     deletes the other one (the next commit fills it). The datapath reads the word
+//     again after deciding and decides anew if it changed: the word carries a
+//     sequence number that changes with every switch, and a set is only written while
+//     no word names it, so a packet that read the old word just before a switch never
+//     keeps a verdict taken while its set was being rewritten. No per-pod maps are
 //     created (see BENCHMARKS.md for the map-in-map comparison).
 //   - The switch is safe under a reading program. A pod's state words live in a slot
 //     of an array this process maps into its memory; a hash maps the pod's ifindex to
@@ -19,8 +31,9 @@
 //     read one aligned 8-byte atomic read, so it sees the old word or the new one;
 //     array memory is never reused for anything else. Ordering: the entries a word
 //     names are written (syscalls) before the word's store, which is a release (Go's
-//     atomic store: XCHG on amd64, STLR on arm64); the program reads the word with an
-//     acquire, so its lookups see those entries. On amd64 (TSO) that read is a plain
+//     atomic swap: XCHG on amd64, SWPAL on arm64; it also keeps the rewrite of the
+//     old set after the switch); the program reads the word with an acquire, so its
+//     lookups see those entries. On amd64 (TSO) that read is a plain
 //     load. On arm64 it is an atomic fetch-add of 0, fully ordered (the JIT emits
 //     LDADDAL, or LDXR/STLXR and DMB ISH), because a BPF load-acquire instruction needs
 //     Linux 6.15 and clang 20; it costs an exclusive cache-line access per read. The
@@ -39,9 +52,12 @@
 //     the direction, rule and field) or capacity (ErrCapacity) leaves nothing visible.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
 //     what a previous process pinned, so enforcement never lapses, and repairs what a
-//     process that died mid-commit left (entries of a generation never switched to, a
-//     slot filled but not mapped, a mapping to a slot its pod does not own). A pinned
-//     map this build cannot adopt stops OpenEBPF with an error naming the pin path.
+//     process that died mid-commit left (an inactive entry set that is not level with
+//     the active one — written before the switch or not yet levelled after it — is
+//     deleted; a slot filled but not mapped; a mapping to a slot its pod does not
+//     own). Entries an older build wrote (one generation per commit) are rewritten as
+//     the set the state word names before the programs are replaced. A pinned map
+//     this build cannot adopt stops OpenEBPF with an error naming the pin path.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.

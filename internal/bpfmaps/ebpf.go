@@ -45,7 +45,7 @@ type EBPFOptions struct {
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
-// interface, LPM tries of generation-tagged entries, and per pod a state word per
+// interface, LPM tries of entries tagged with their pod and entry set, and per pod a state word per
 // direction whose single atomic store is a commit's switch. Maps and links are pinned
 // under PinPath.
 type EBPF struct {
@@ -66,9 +66,9 @@ const bpfFSMagic = 0xcafe4a11
 
 // OpenEBPF loads the programs and maps, pinned under opts.PinPath, adopting what a
 // previous process pinned: maps, links (switched to the newly loaded programs) and each
-// pod's generations and content hashes, so enforcement survives an agent restart and an
-// unchanged re-commit writes nothing. Entries of generations a crashed commit left
-// behind are deleted. A pinned map whose layout or capacity differs from this build's is
+// pod's entry sets and content hashes, so enforcement survives an agent restart and an
+// unchanged re-commit writes nothing. An inactive entry set a crashed commit left
+// unlevel is deleted. A pinned map whose layout or capacity differs from this build's is
 // an error naming the pin path. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
 func OpenEBPF(opts EBPFOptions) (*EBPF, error) { return openEBPF(opts, loadPolicy) }
 
@@ -286,12 +286,88 @@ func (e *EBPF) detach(ifindex int) error {
 	return nil
 }
 
-// adopt rebuilds the core's records from the pinned maps and links. Entries of
-// inactive generations (a commit interrupted between write and cleanup) are deleted;
-// pods whose interface is gone (their tcx links are defunct) are removed.
+// adopt rebuilds the core's records from the pinned maps and links. Per pod and
+// direction the active entry set's entries become the committed ones; the inactive
+// set is kept if it equals them (level) and deleted otherwise (a commit interrupted
+// before or after its switch). Entries of pods without state are deleted, and pods
+// whose interface is gone (their tcx links are defunct) are removed. Entries a build
+// with one generation per commit wrote (no set mark) are rewritten as the set the
+// state word names before the links switch to this build's programs, and deleted
+// once the old programs can no longer run.
 func (e *EBPF) adopt() error {
 	for ifindex, st := range e.states.all() {
 		e.pods[ifindex] = &podRecord{state: st}
+	}
+
+	// Entries, by pod, direction and set (legacySet: the active generation of an
+	// older build).
+	const legacySet = 2
+	type setKey struct{ ifindex, dir, set uint32 }
+	sets := map[setKey]*readEntries{}
+	var legacy [2]dirKeys
+	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
+		where := func(ifindex, tag uint32) *readEntries {
+			rec := e.pods[ifindex]
+			if rec == nil {
+				return nil
+			}
+			k := setKey{ifindex, uint32(d), tagSet(tag)}
+			if tag&tagSets == 0 {
+				if tag>>2 != wordGen(rec.state.Dir[d]) {
+					return nil
+				}
+				k.set = legacySet
+			}
+			if sets[k] == nil {
+				sets[k] = &readEntries{}
+			}
+			return sets[k]
+		}
+		var k4 policyLpmKey4
+		var v policyRuleValue
+		it := tries[0].Iterate()
+		for it.Next(&k4, &v) {
+			e.used[d][0]++
+			if s := where(k4.Ifindex, k4.Tag); s != nil {
+				s.k4, s.v4 = append(s.k4, k4), append(s.v4, v)
+			} else {
+				e.garbage[d].k4 = append(e.garbage[d].k4, k4)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
+		}
+		var k6 policyLpmKey6
+		it = tries[1].Iterate()
+		for it.Next(&k6, &v) {
+			e.used[d][1]++
+			if s := where(k6.Ifindex, k6.Tag); s != nil {
+				s.k6, s.v6 = append(s.k6, k6), append(s.v6, v)
+			} else {
+				e.garbage[d].k6 = append(e.garbage[d].k6, k6)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
+		}
+	}
+	for k, s := range sets {
+		if k.set != legacySet {
+			continue
+		}
+		// The word's gen names the set this build's program reads: write the old
+		// build's active entries there. The old program still reads them as they are.
+		set := wordSet(e.pods[k.ifindex].state.Dir[k.dir])
+		k4, k6 := tagKeys4(s.k4, set), tagKeys6(s.k6, set)
+		if err := e.store.writeEntries(Direction(k.dir), k4, s.v4, k6, s.v6); err != nil {
+			return fmt.Errorf("rewrite entries of interface %d written by an older build: %w", k.ifindex, err)
+		}
+		e.used[k.dir][0] += len(k4)
+		e.used[k.dir][1] += len(k6)
+		legacy[k.dir].k4 = append(legacy[k.dir].k4, s.k4...)
+		legacy[k.dir].k6 = append(legacy[k.dir].k6, s.k6...)
+		delete(sets, k)
+		sets[setKey{k.ifindex, k.dir, set}] = &readEntries{k4: k4, v4: s.v4, k6: k6, v6: s.v6}
 	}
 
 	// Links: switch each to this process's programs.
@@ -348,44 +424,64 @@ func (e *EBPF) adopt() error {
 		}
 	}
 
-	// Entries: the active generation's become the pod's keys, the rest garbage.
-	active := func(d Direction, ifindex, tag uint32) bool {
-		rec := e.pods[ifindex]
-		return rec != nil && wordGen(rec.state.Dir[d]) == tagGen(tag)
+	// Entry sets: the active one's entries are the committed ones; the inactive one
+	// is kept if level, deleted otherwise.
+	toGarbage := func(d uint32, s *readEntries) {
+		e.garbage[d].k4 = append(e.garbage[d].k4, s.k4...)
+		e.garbage[d].k6 = append(e.garbage[d].k6, s.k6...)
 	}
-	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
-		var k4 policyLpmKey4
-		var v policyRuleValue
-		it := tries[0].Iterate()
-		for it.Next(&k4, &v) {
-			e.used[d][0]++
-			if active(Direction(d), k4.Ifindex, k4.Tag) {
-				rec := e.pods[k4.Ifindex]
-				rec.keys[d].k4 = append(rec.keys[d].k4, k4)
-			} else {
-				e.garbage[d].k4 = append(e.garbage[d].k4, k4)
+	for k, s := range sets {
+		if e.pods[k.ifindex] == nil {
+			toGarbage(k.dir, s) // the pod's interface is gone
+		}
+	}
+	for ifindex, rec := range e.pods {
+		for d := range rec.dirs {
+			dr := &rec.dirs[d]
+			active := wordSet(rec.state.Dir[d])
+			if a := sets[setKey{ifindex, uint32(d), active}]; a != nil {
+				dr.entries = entriesFromTrie(a.k4, a.v4, a.k6, a.v6)
+			}
+			in := sets[setKey{ifindex, uint32(d), active ^ 1}]
+			if in == nil {
+				dr.level = dr.entries.len() == 0
+				continue
+			}
+			inEntries := entriesFromTrie(in.k4, in.v4, in.k6, in.v6)
+			if dr.level = inEntries.equal(&dr.entries); !dr.level {
+				toGarbage(uint32(d), in)
 			}
 		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
-		}
-		var k6 policyLpmKey6
-		it = tries[1].Iterate()
-		for it.Next(&k6, &v) {
-			e.used[d][1]++
-			if active(Direction(d), k6.Ifindex, k6.Tag) {
-				rec := e.pods[k6.Ifindex]
-				rec.keys[d].k6 = append(rec.keys[d].k6, k6)
-			} else {
-				e.garbage[d].k6 = append(e.garbage[d].k6, k6)
-			}
-		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
+	}
+	if legacy[0].len()+legacy[1].len() > 0 {
+		// The old programs may still be deciding a packet by the old entries: wait
+		// until every program that started before the links switched has ended.
+		waitForPrograms()
+		for d := range legacy {
+			e.garbage[d].k4 = append(e.garbage[d].k4, legacy[d].k4...)
+			e.garbage[d].k6 = append(e.garbage[d].k6, legacy[d].k6...)
 		}
 	}
 	e.collectGarbage()
 	return nil
+}
+
+// readEntries are entries read from a trie, tagged keys and their values.
+type readEntries struct {
+	k4 []policyLpmKey4
+	v4 []policyRuleValue
+	k6 []policyLpmKey6
+	v6 []policyRuleValue
+}
+
+// waitForPrograms waits for an RCU grace period: membarrier(MEMBARRIER_CMD_GLOBAL)
+// is synchronize_rcu(), and BPF programs run inside RCU read-side sections. Where it
+// is refused (nohz_full kernels), a generous sleep stands in.
+func waitForPrograms() {
+	const membarrierCmdGlobal = 1
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // ebpfMaps is the store over the kernel maps.

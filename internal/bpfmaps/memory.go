@@ -7,7 +7,7 @@ import (
 // Memory is the in-memory backend: no kernel, no enforcement. It runs the same
 // validation, hashing, compilation, capacity accounting and commit protocol as EBPF,
 // keeps the compiled entries in Go maps shaped like the kernel's (same keys, same
-// generations) and evaluates verdicts on them in Go. It exists for unprivileged runs
+// two entry sets per pod and direction) and evaluates verdicts on them in Go. It exists for unprivileged runs
 // and tests; choosing it means no packet is policed.
 type Memory struct {
 	*core
@@ -53,7 +53,7 @@ func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protoc
 	if !ok {
 		return true
 	}
-	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordGen(st.Dir[d]), peer), proto, port)
+	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordSet(st.Dir[d]), peer), proto, port)
 }
 
 // entryCount returns how many trie entries the maps hold for a direction.
@@ -71,9 +71,9 @@ type memoryMaps struct {
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.
-func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, gen uint32, peer netip.Addr) func(tier) (*policyRuleValue, bool) {
+func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, set uint32, peer netip.Addr) func(tier) (*policyRuleValue, bool) {
 	return func(t tier) (*policyRuleValue, bool) {
-		tag := entryTag(gen, t)
+		tag := entryTag(set, t)
 		if peer.Is4() {
 			for bits := 32; bits >= 0; bits-- {
 				p, _ := peer.Prefix(bits)

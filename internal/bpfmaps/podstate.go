@@ -111,14 +111,18 @@ const unknownHash = 0
 // a commit on it). The stores are sequentially consistent, so they reach the shared
 // memory in this order, and the word's store is a release: a program that reads the
 // new word (with an acquire, policy.c's load_word) finds the entries the commit wrote
-// before it.
+// before it. The word is stored with a swap so that the writes to the old entry set
+// that follow the switch cannot become visible before it (policy.c says why that
+// matters): XCHG on amd64 is a full barrier; on arm64 SWPAL is acquire and release,
+// and without LSE the LDAXR/STLXR loop's store-release is ordered before the
+// acquire with which the kernel's trie update takes its lock.
 func (p *podStates) write(slot uint32, st *policyPodState) {
 	for d := range 2 {
 		if p.word(slot, d).Load() == st.Dir[d] && p.hash(slot, d).Load() == st.Hash[d] {
 			continue
 		}
 		p.hash(slot, d).Store(unknownHash)
-		p.word(slot, d).Store(st.Dir[d])
+		p.word(slot, d).Swap(st.Dir[d])
 		p.hash(slot, d).Store(st.Hash[d])
 	}
 }

@@ -50,7 +50,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 struct lpm_key4 {
 	__u32 prefixlen; // 64 + prefix bits: ifindex and tag always match in full
 	__u32 ifindex;
-	__u32 tag; // generation << 2 | tier
+	__u32 tag; // TAG_SETS | entry set << 2 | tier
 	__u8 addr[4];
 };
 
@@ -75,11 +75,15 @@ struct rule_value {
 	struct port_rule rules[MAX_PORT_RULES];
 };
 
-// A direction's state word: the owner's ifindex in the high 32 bits, the active
-// generation << 4 | FLAG_* in the low 32.
+// A direction's state word: the owner's ifindex in the high 32 bits, then a sequence
+// number (27 bits, changed by every switch), the active entry set (1 bit) and FLAG_*
+// (4 bits). A pod keeps two entry sets per direction; the word names the one lookups
+// use. Entry tags carry TAG_SETS, which tags written by builds with one generation per
+// commit never have (their tags stay below 1 << 30).
 #define WORD_OWNER(w) ((__u32)((w) >> 32))
-#define WORD_GEN(w) ((__u32)(w) >> 4)
+#define WORD_SET(w) (((__u32)(w) >> 4) & 1)
 #define WORD_FLAGS(w) ((__u32)(w) & 0xf)
+#define TAG_SETS (1u << 31)
 
 struct pod_state {
 	__u64 dir[2]; // state word per direction
@@ -127,14 +131,23 @@ struct ct_value {
 // removed pod (its last policy decides, as for a packet just before the removal), a
 // word of another pod or none (the packet is unmanaged, as after the removal).
 //
-// Ordering: user space writes a generation's entries (syscalls) before the word that
-// names them, and the program looks them up after reading the word. The lookups must
-// not be satisfied from memory older than the word: the trie walk's loads do not
-// depend on the word's value (only the key does), so nothing but an acquire (or
-// stronger) load of the word orders them after it. The writer's side is a release:
-// the Go store (atomic.Uint64.Store: XCHG on amd64, STLR on arm64) follows the
-// syscalls that inserted the entries in the same goroutine. The reader's side is
-// load_word below, per target.
+// Ordering: user space writes an entry set (syscalls) before the word that names it,
+// and the program looks entries up after reading the word. The lookups must not be
+// satisfied from memory older than the word: the trie walk's loads do not depend on
+// the word's value (only the key does), so nothing but an acquire (or stronger) load
+// of the word orders them after it. The writer's side is a release: the Go swap
+// (atomic.Uint64.Swap: XCHG on amd64, SWPAL on arm64) follows the syscalls that wrote
+// the entries in the same goroutine. The reader's side is load_word below, per target.
+//
+// After a switch user space rewrites the set the word named before (to bring it level
+// with the new one), so a packet that read the old word may see that set change under
+// its lookups. enforce therefore reads the word again after deciding and decides anew
+// when it changed: the word's sequence number changes with every switch, and a set is
+// only written while no word names it, so an unchanged word means the set the lookups
+// used did not change meanwhile. That needs the lookups' loads ordered before the
+// second read (x86: loads are not reordered with later loads; arm64: load_word's
+// fetch-add is a release too) and the writer's switch ordered before its writes to
+// the old set (the swap is a full barrier on both targets).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);   // ifindex
@@ -321,73 +334,53 @@ static __always_inline __u64 load_word(__u64 *p)
 #endif
 }
 
-// read_word returns the pod's state word of a direction; *found is 0 if npagent does
-// not manage the pod (now).
-static __always_inline __u64 read_word(const int dir, __u32 ifindex, int *found)
+// word_ptr returns the pod's state word of a direction, NULL if npagent does not
+// manage the pod (now). The pointer stays valid (array memory is never freed); the
+// word's owner says whether it is still this pod's.
+static __always_inline __u64 *word_ptr(const int dir, __u32 ifindex)
 {
-	*found = 0;
 	__u32 *slot = bpf_map_lookup_elem(&npa_pod_slot, &ifindex);
 	if (!slot)
 		return 0;
 	// If the pod was removed since the lookup, the element may hold another pod's
-	// slot or a torn value by now: the owner check below rejects the word it leads to.
+	// slot or a torn value by now: the owner check rejects the word it leads to.
 	__u32 s = *(volatile __u32 *)slot;
 	struct pod_state *st = bpf_map_lookup_elem(&npa_slot_state, &s);
 	if (!st)
 		return 0;
-	__u64 word = load_word(&st->dir[dir]);
-	if (WORD_OWNER(word) != ifindex)
-		return 0;
-	*found = 1;
-	return word;
+	return &st->dir[dir];
 }
 
-enum { ALLOW = 1, DENY = 2, STALE = 3 };
+enum { ALLOW = 1, DENY = 2 };
 
-// A lookup miss may mean the generation this packet read was switched away and its
-// entries are being deleted (shortest prefixes first, so a hit is always the right
-// answer of that generation). Then the whole evaluation restarts on the new one.
-static __always_inline int missed(const int dir, __u32 ifindex, __u64 word)
-{
-	int found;
-	__u64 now = read_word(dir, ifindex, &found);
-	return !found || WORD_GEN(now) != WORD_GEN(word);
-}
-
+// evaluate decides a packet by the entry set the word names. Its answer counts only
+// if the word is unchanged afterwards (enforce checks).
 static __always_inline int evaluate(const int dir, __u32 ifindex, __u64 word, const struct packet *p,
 				    const __u8 *peer, __u16 port)
 {
-	__u32 gen = WORD_GEN(word), flags = WORD_FLAGS(word);
+	__u32 base = TAG_SETS | WORD_SET(word) << 2, flags = WORD_FLAGS(word);
 	const struct rule_value *v;
 
 	if (flags & FLAG_ADMIN) {
-		v = lookup(dir, ifindex, gen << 2 | TIER_ADMIN, p, peer);
+		v = lookup(dir, ifindex, base | TIER_ADMIN, p, peer);
 		if (v) {
 			int a = first_match(v, p->proto, port);
 			if (a == ACTION_ACCEPT)
 				return ALLOW;
 			if (a == ACTION_DENY)
 				return DENY;
-		} else if (missed(dir, ifindex, word)) {
-			return STALE;
 		}
 	}
 	if (flags & FLAG_ISOLATED) {
 		if (!(flags & FLAG_NAMESPACED))
 			return DENY;
-		v = lookup(dir, ifindex, gen << 2 | TIER_NAMESPACED, p, peer);
-		if (!v)
-			return missed(dir, ifindex, word) ? STALE : DENY;
-		return first_match(v, p->proto, port) ? ALLOW : DENY;
+		v = lookup(dir, ifindex, base | TIER_NAMESPACED, p, peer);
+		return v && first_match(v, p->proto, port) ? ALLOW : DENY;
 	}
 	if (flags & FLAG_BASELINE) {
-		v = lookup(dir, ifindex, gen << 2 | TIER_BASELINE, p, peer);
-		if (v) {
-			if (first_match(v, p->proto, port) == ACTION_DENY)
-				return DENY;
-		} else if (missed(dir, ifindex, word)) {
-			return STALE;
-		}
+		v = lookup(dir, ifindex, base | TIER_BASELINE, p, peer);
+		if (v && first_match(v, p->proto, port) == ACTION_DENY)
+			return DENY;
 	}
 	return ALLOW;
 }
@@ -415,10 +408,12 @@ static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int d
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
-	int found;
-	__u64 word = read_word(dir, ifindex, &found);
-	if (!found)
+	__u64 *wp = word_ptr(dir, ifindex);
+	if (!wp)
 		return VERDICT_NEXT; // not a pod npagent manages
+	__u64 word = load_word(wp);
+	if (WORD_OWNER(word) != ifindex)
+		return VERDICT_NEXT;
 
 	struct packet p = {};
 	int r = parse(skb, &p);
@@ -434,12 +429,15 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	int verdict = DENY;
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
 		verdict = evaluate(dir, ifindex, word, &p, peer, port);
-		if (verdict != STALE)
+		__u64 now = load_word(wp);
+		if (now == word)
 			break;
-		word = read_word(dir, ifindex, &found);
-		if (!found)
+		// A switch happened while deciding: the set used may have changed under the
+		// lookups. Decide again by the new word.
+		if (WORD_OWNER(now) != ifindex)
 			return VERDICT_NEXT; // the pod was removed meanwhile
-		verdict = DENY;          // fail closed if generations keep changing
+		word = now;
+		verdict = DENY; // fail closed if the word keeps changing
 	}
 
 	__u64 now = bpf_ktime_get_ns();

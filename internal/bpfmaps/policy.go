@@ -225,12 +225,18 @@ func (p PortRule) matches(proto Protocol, port uint16) bool {
 
 // CommitResult describes what one Commit or Remove did.
 type CommitResult struct {
-	Skipped        bool // content hash unchanged: nothing written
-	EntriesWritten int
+	Skipped bool // content hash unchanged: nothing written
+	// Delta: only the changed entries were written, into both entry sets (which stay
+	// level). Otherwise the inactive set was written in full or the old active set
+	// deleted (a first commit, a change of more than half the entries, or no room
+	// for two sets).
+	Delta          bool
+	EntriesWritten int // entries inserted or replaced, both sets together
 	EntriesDeleted int
-	// Per phase, for telemetry: Compile (validate, hash, flatten), Attach (programs
-	// attached to a new pod's interface), Write (new generation's entries), Switch (the
-	// one update that makes them active), Cleanup (old generation deleted).
+	// Per phase, for telemetry: Compile (validate, hash, flatten, difference), Attach
+	// (programs attached to a new pod's interface), Write (the inactive entry set
+	// brought to the new entries), Switch (the one store that makes it active),
+	// Cleanup (the other set brought level, or deleted).
 	Compile, Attach, Write, Switch, Cleanup time.Duration
 }
 

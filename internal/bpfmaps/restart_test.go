@@ -58,7 +58,7 @@ func runChild(role string) int {
 		return 1
 	}
 	rec := e.pods[uint32(ifindex)]
-	orphan := policyLpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(nextGeneration(wordGen(rec.state.Dir[Ingress])), tierNamespaced), Addr: [4]byte{11}}
+	orphan := policyLpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(wordSet(rec.state.Dir[Ingress])^1, tierNamespaced), Addr: [4]byte{11}}
 	var v policyRuleValue
 	v.Count = 1
 	v.Rules[0] = policyPortRule{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
@@ -70,7 +70,7 @@ func runChild(role string) int {
 }
 
 // TestRestartAdoptsPinnedState: a process commits and exits; enforcement holds with no
-// process alive; a new OpenEBPF adopts pods, generations and hashes (an unchanged
+// process alive; a new OpenEBPF adopts pods, entry sets and hashes (an unchanged
 // re-commit is skipped), cleans the crashed commit's orphan entry, and changes policy.
 func TestRestartAdoptsPinnedState(t *testing.T) {
 	requireKernel(t)
@@ -104,8 +104,8 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	if got := e.Pods(); len(got) != 1 || got[0] != ifindex {
 		t.Fatalf("adopted pods %v, want [%d]", got, ifindex)
 	}
-	if n, want := trieEntries(t, e), len(e.pods[uint32(ifindex)].keys[Ingress].k4)+len(e.pods[uint32(ifindex)].keys[Egress].k6); n != want || want == 0 {
-		t.Fatalf("%d trie entries after adoption, want the %d of the active generations (orphan not cleaned?)", n, want)
+	if n, want := trieEntries(t, e), e.pods[uint32(ifindex)].dirs[Ingress].entries.len()+e.pods[uint32(ifindex)].dirs[Egress].entries.len(); n != want || want == 0 {
+		t.Fatalf("%d trie entries after adoption, want the %d of the active sets (orphan not cleaned?)", n, want)
 	}
 	res, err := e.Commit(ifindex, first)
 	if err != nil {

@@ -1,0 +1,237 @@
+package bpfmaps
+
+import (
+	"bytes"
+	"cmp"
+	"slices"
+)
+
+// dirEntries is a direction's compiled entries as user space keeps them between
+// commits: keys without their entry set (Tag holds the tier only), in compile order
+// (compareKey4, compareKey6), and values interned: entry i's value is vals[i4[i]]. A
+// direction's entries share few distinct values, so an entry costs its key and 4
+// bytes (20 bytes for IPv4, 32 for IPv6) instead of key and 200-byte value.
+type dirEntries struct {
+	k4   []policyLpmKey4
+	i4   []uint32
+	k6   []policyLpmKey6
+	i6   []uint32
+	vals []policyRuleValue
+}
+
+func (e *dirEntries) len() int { return len(e.k4) + len(e.k6) }
+
+// tierRank orders tiers as compileDirection emits them: admin, then namespaced or
+// baseline.
+func tierRank(tag uint32) uint32 { return [4]uint32{1, 0, 2, 3}[tag&3] }
+
+func compareKey4(a, b *policyLpmKey4) int {
+	return cmp.Or(cmp.Compare(tierRank(a.Tag), tierRank(b.Tag)), bytes.Compare(a.Addr[:], b.Addr[:]), cmp.Compare(a.Prefixlen, b.Prefixlen))
+}
+
+func compareKey6(a, b *policyLpmKey6) int {
+	return cmp.Or(cmp.Compare(tierRank(a.Tag), tierRank(b.Tag)), bytes.Compare(a.Addr[:], b.Addr[:]), cmp.Compare(a.Prefixlen, b.Prefixlen))
+}
+
+// interner assigns each distinct value an index in vals.
+type interner struct {
+	vals  *[]policyRuleValue
+	index map[policyRuleValue]uint32
+	last  int
+}
+
+func (in *interner) intern(v *policyRuleValue) uint32 {
+	if in.last >= 0 && (*in.vals)[in.last] == *v { // neighbours mostly share a value
+		return uint32(in.last)
+	}
+	i, ok := in.index[*v]
+	if !ok {
+		if in.index == nil {
+			in.index = map[policyRuleValue]uint32{}
+		}
+		i = uint32(len(*in.vals))
+		*in.vals = append(*in.vals, *v)
+		in.index[*v] = i
+	}
+	in.last = int(i)
+	return i
+}
+
+// newDirEntries keeps compiled entries (already in compile order) of pod ifindex.
+func newDirEntries(ifindex uint32, entries []compiledEntry) dirEntries {
+	n4 := 0
+	for i := range entries {
+		if entries[i].Prefix.Addr().Is4() {
+			n4++
+		}
+	}
+	out := dirEntries{
+		k4: make([]policyLpmKey4, 0, n4), i4: make([]uint32, 0, n4),
+		k6: make([]policyLpmKey6, 0, len(entries)-n4), i6: make([]uint32, 0, len(entries)-n4),
+	}
+	in := interner{vals: &out.vals, last: -1}
+	for i := range entries {
+		e := &entries[i]
+		vi := in.intern(&e.Value)
+		if e.Prefix.Addr().Is4() {
+			out.k4 = append(out.k4, policyLpmKey4{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: ifindex, Tag: uint32(e.Tier), Addr: e.Prefix.Addr().As4()})
+			out.i4 = append(out.i4, vi)
+		} else {
+			out.k6 = append(out.k6, policyLpmKey6{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: ifindex, Tag: uint32(e.Tier), Addr: e.Prefix.Addr().As16()})
+			out.i6 = append(out.i6, vi)
+		}
+	}
+	return out
+}
+
+// entriesFromTrie keeps entries read back from a trie (tagged keys, any order).
+func entriesFromTrie(k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) dirEntries {
+	var out dirEntries
+	in := interner{vals: &out.vals, last: -1}
+	order := func(n int, compare func(a, b int) int) []int {
+		o := make([]int, n)
+		for i := range o {
+			o[i] = i
+		}
+		slices.SortFunc(o, compare)
+		return o
+	}
+	for _, i := range order(len(k4), func(a, b int) int { return compareKey4(&k4[a], &k4[b]) }) {
+		k := k4[i]
+		k.Tag = uint32(tagTier(k.Tag))
+		out.k4 = append(out.k4, k)
+		out.i4 = append(out.i4, in.intern(&v4[i]))
+	}
+	for _, i := range order(len(k6), func(a, b int) int { return compareKey6(&k6[a], &k6[b]) }) {
+		k := k6[i]
+		k.Tag = uint32(tagTier(k.Tag))
+		out.k6 = append(out.k6, k)
+		out.i6 = append(out.i6, in.intern(&v6[i]))
+	}
+	return out
+}
+
+// entryDelta turns one entry set into another: puts (keys the old set lacks, or
+// whose value changed) and deletes, keys without their set.
+type entryDelta struct {
+	put4       []policyLpmKey4
+	val4       []policyRuleValue
+	del4       []policyLpmKey4
+	put6       []policyLpmKey6
+	val6       []policyRuleValue
+	del6       []policyLpmKey6
+	add4, add6 int // puts of keys the old set lacks
+}
+
+func (d *entryDelta) size() int { return len(d.put4) + len(d.del4) + len(d.put6) + len(d.del6) }
+
+// growth is how many entries applying d adds to a set, per family (0 IPv4, 1 IPv6).
+func (d *entryDelta) growth(fam int) int {
+	if fam == 0 {
+		return d.add4 - len(d.del4)
+	}
+	return d.add6 - len(d.del6)
+}
+
+// diffEntries returns the delta from old to next: one merge of the sorted keys.
+func diffEntries(old, next *dirEntries) entryDelta {
+	// same[j] is the index in old.vals of next.vals[j], or -1.
+	same := make([]int, len(next.vals))
+	var oldIndex map[policyRuleValue]int
+	if len(old.vals)*len(next.vals) > 256 {
+		oldIndex = make(map[policyRuleValue]int, len(old.vals))
+		for i := range old.vals {
+			oldIndex[old.vals[i]] = i
+		}
+	}
+	for j := range next.vals {
+		same[j] = -1
+		if oldIndex != nil {
+			if i, ok := oldIndex[next.vals[j]]; ok {
+				same[j] = i
+			}
+			continue
+		}
+		for i := range old.vals {
+			if old.vals[i] == next.vals[j] {
+				same[j] = i
+				break
+			}
+		}
+	}
+	var d entryDelta
+	d.put4, d.val4, d.del4, d.add4 = diffFamily(old.k4, old.i4, next.k4, next.i4, next.vals, same, compareKey4)
+	d.put6, d.val6, d.del6, d.add6 = diffFamily(old.k6, old.i6, next.k6, next.i6, next.vals, same, compareKey6)
+	return d
+}
+
+func diffFamily[K any](oldK []K, oldI []uint32, newK []K, newI []uint32, newVals []policyRuleValue, same []int,
+	compare func(a, b *K) int) (put []K, val []policyRuleValue, del []K, adds int) {
+	i, j := 0, 0
+	for i < len(oldK) || j < len(newK) {
+		var c int
+		switch {
+		case i == len(oldK):
+			c = 1
+		case j == len(newK):
+			c = -1
+		default:
+			c = compare(&oldK[i], &newK[j])
+		}
+		switch {
+		case c < 0:
+			del = append(del, oldK[i])
+			i++
+		case c > 0:
+			put = append(put, newK[j])
+			val = append(val, newVals[newI[j]])
+			adds++
+			j++
+		default:
+			if same[newI[j]] != int(oldI[i]) {
+				put = append(put, newK[j])
+				val = append(val, newVals[newI[j]])
+			}
+			i++
+			j++
+		}
+	}
+	return put, val, del, adds
+}
+
+// tagKeys4 returns the keys tagged for an entry set.
+func tagKeys4(keys []policyLpmKey4, set uint32) []policyLpmKey4 {
+	out := make([]policyLpmKey4, len(keys))
+	for i, k := range keys {
+		k.Tag = entryTag(set, tagTier(k.Tag))
+		out[i] = k
+	}
+	return out
+}
+
+func tagKeys6(keys []policyLpmKey6, set uint32) []policyLpmKey6 {
+	out := make([]policyLpmKey6, len(keys))
+	for i, k := range keys {
+		k.Tag = entryTag(set, tagTier(k.Tag))
+		out[i] = k
+	}
+	return out
+}
+
+// equal reports whether e and o hold the same entries.
+func (e *dirEntries) equal(o *dirEntries) bool {
+	if !slices.Equal(e.k4, o.k4) || !slices.Equal(e.k6, o.k6) {
+		return false
+	}
+	for i := range e.i4 {
+		if e.vals[e.i4[i]] != o.vals[o.i4[i]] {
+			return false
+		}
+	}
+	for i := range e.i6 {
+		if e.vals[e.i6[i]] != o.vals[o.i6[i]] {
+			return false
+		}
+	}
+	return true
+}
