@@ -242,3 +242,161 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 		t.Fatal("a deny-all pod let a packet in after the repair")
 	}
 }
+
+// TestOpenRepairsEntrySets: what a process that died in a commit leaves in the entry
+// sets is repaired at the next start, and level sets are adopted as level. Pod
+// "level" has two level sets; pod "before" has an inactive set a commit was writing
+// when it died (an extra entry, a changed value); pod "after" has an inactive set a
+// commit was bringing level after its switch when it died (an entry missing); pod
+// "legacy" has entries in the tag format of the build with one generation per
+// commit. After the restart every pod decides as its committed policy, the unlevel
+// sets are gone, the legacy entries are rewritten, and further commits are deltas
+// again.
+func TestOpenRepairsEntrySets(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	level, before, after, legacy := dummyInterface(t), dummyInterface(t), dummyInterface(t), dummyInterface(t)
+	pods := []int{level, before, after, legacy}
+	base := widePolicy(20, 80)
+	base.Egress = DirectionPolicy{Admin: []TierRule{{Priority: 1, Action: ActionDeny, Rule: Rule{CIDR: netip.MustParsePrefix("fd00:1::/32")}}}}
+	grow := func(p PodPolicy, last byte) PodPolicy {
+		p.Ingress = cloneDirection(p.Ingress)
+		p.Ingress.Allow = append(p.Ingress.Allow, Rule{CIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, 9, last}), 32)})
+		return p
+	}
+	committed := map[int]PodPolicy{}
+	prev, err := OpenEBPF(EBPFOptions{PinPath: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range pods {
+		committed[i] = base
+		if _, err := prev.Commit(i, base); err != nil {
+			t.Fatal(err)
+		}
+		if i == legacy {
+			continue
+		}
+		committed[i] = grow(base, 1)
+		if _, err := prev.Commit(i, committed[i]); err != nil {
+			t.Fatal(err)
+		}
+		if !prev.pods[uint32(i)].dirs[Ingress].level {
+			t.Fatal("the second commit of a small change left the sets unlevel")
+		}
+	}
+	inactiveKey := func(i int) policyLpmKey4 {
+		rec := prev.pods[uint32(i)]
+		return tagKeys4(rec.dirs[Ingress].entries.k4[:1], wordSet(rec.state.Dir[Ingress])^1)[0]
+	}
+	var accept policyRuleValue
+	accept.Count = 1
+	accept.Rules[0] = policyPortRule{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
+	// "before": an entry added and a value changed in its inactive set.
+	extra := inactiveKey(before)
+	extra.Addr = [4]byte{10, 7, 7, 7}
+	for _, k := range []policyLpmKey4{extra, inactiveKey(before)} {
+		if err := prev.objs.NpaInV4.Put(k, accept); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "after": an entry missing from its inactive set.
+	if err := prev.objs.NpaInV4.Delete(inactiveKey(after)); err != nil {
+		t.Fatal(err)
+	}
+	// "legacy": its active entries retagged gen << 2 | tier, as the older build wrote them.
+	rec := prev.pods[uint32(legacy)]
+	for d, tries := range [2][2]*ebpf.Map{{prev.objs.NpaInV4, prev.objs.NpaInV6}, {prev.objs.NpaEgV4, prev.objs.NpaEgV6}} {
+		w := rec.state.Dir[d]
+		var v policyRuleValue
+		for _, k := range tagKeys4(rec.dirs[d].entries.k4, wordSet(w)) {
+			if err := tries[0].Lookup(k, &v); err != nil {
+				t.Fatal(err)
+			}
+			if err := tries[0].Delete(k); err != nil {
+				t.Fatal(err)
+			}
+			k.Tag = wordGen(w)<<2 | uint32(tagTier(k.Tag))
+			if err := tries[0].Put(k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, k := range tagKeys6(rec.dirs[d].entries.k6, wordSet(w)) {
+			if err := tries[1].Lookup(k, &v); err != nil {
+				t.Fatal(err)
+			}
+			if err := tries[1].Delete(k); err != nil {
+				t.Fatal(err)
+			}
+			k.Tag = wordGen(w)<<2 | uint32(tagTier(k.Tag))
+			if err := tries[1].Put(k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := prev.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	g := newPolicyGen(21)
+	var pkts []packet
+	for range 200 {
+		pkts = append(pkts, g.packet())
+	}
+	for _, a := range []string{"10.0.0.5", "10.9.9.1", "10.9.9.2", "10.7.7.7"} {
+		pkts = append(pkts, packet{peer: netip.MustParseAddr(a), proto: ProtocolTCP, port: 80}, packet{peer: netip.MustParseAddr(a), proto: ProtocolTCP, port: 81})
+	}
+	check := func(stage string) {
+		t.Helper()
+		want := 0
+		for _, i := range pods {
+			rec := e.pods[uint32(i)]
+			if rec == nil {
+				t.Fatalf("%s: pod %d not adopted", stage, i)
+			}
+			checkSets(t, rec, func(d Direction, set uint32) dirEntries { return e.kernelSetEntries(t, uint32(i), d, set) })
+			for d := range rec.dirs {
+				want += rec.dirs[d].entries.len()
+				if rec.dirs[d].level {
+					want += rec.dirs[d].entries.len()
+				}
+			}
+			for _, pkt := range pkts {
+				for _, d := range []Direction{Ingress, Egress} {
+					if got, want := e.kernelVerdict(t, i, d, pkt), referenceVerdict(committed[i], d, pkt); got != want {
+						t.Fatalf("%s: pod %d %s %v %v/%d: verdict %v, want %v", stage, i, d, pkt.peer, pkt.proto, pkt.port, got, want)
+					}
+				}
+			}
+		}
+		if n := trieEntries(t, e); n != want {
+			t.Fatalf("%s: %d trie entries, want the %d of the pods' sets", stage, n, want)
+		}
+	}
+	check("after the restart")
+	for i, wantLevel := range map[int]bool{level: true, before: false, after: false, legacy: false} {
+		if got := e.pods[uint32(i)].dirs[Ingress].level; got != wantLevel {
+			t.Errorf("pod %d: ingress sets adopted level=%v, want %v", i, got, wantLevel)
+		}
+	}
+	for _, i := range pods {
+		if res, err := e.Commit(i, committed[i]); err != nil || !res.Skipped {
+			t.Fatalf("pod %d: re-commit of the adopted policy: %+v %v, want skipped", i, res, err)
+		}
+	}
+	for round, last := range []byte{2, 3} {
+		for _, i := range pods {
+			committed[i] = grow(committed[i], last)
+			res, err := e.Commit(i, committed[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A pod whose second set was dropped writes it in full once.
+			if wantDelta := round == 1 || i == level; res.Delta != wantDelta {
+				t.Errorf("round %d pod %d: commit %+v, want Delta %v", round, i, res, wantDelta)
+			}
+		}
+		check(fmt.Sprintf("after commit round %d", round))
+	}
+}
