@@ -118,6 +118,7 @@ type core struct {
 	pods    map[uint32]*podRecord
 	used    [2][2]int  // entries in the tries, [direction][0 IPv4, 1 IPv6]
 	garbage [2]dirKeys // entries whose deletion failed; retried on the next commit
+	scratch scratch
 	// afterWrite, if set, is called after each change of the maps in a commit (tests
 	// evaluate packets at every step).
 	afterWrite func()
@@ -224,7 +225,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if old.level {
 			pl.pre = pl.post
 		} else {
-			pl.pre = diffEntries(&dirEntries{}, &pl.next)
+			pl.pre = fullDelta(&pl.next)
 		}
 		pl.level = pl.post.size() <= max(old.entries.len(), pl.next.len())/2
 		for fam, name := range [2]string{"IPv4", "IPv6"} {
@@ -334,28 +335,95 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	return res, nil
 }
 
+// writeChunk is how many entries one store call writes or deletes: large commits
+// reuse one buffer of that size instead of allocating keys and values for all.
+const writeChunk = 2048
+
+// scratch holds the buffers store calls are given; guarded by core.mu.
+type scratch struct {
+	k4 []policyLpmKey4
+	k6 []policyLpmKey6
+	v  []policyRuleValue
+}
+
 // apply writes a delta into an entry set of direction d: deletions first, so the
 // set never holds more entries than before or after.
 func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult) error {
-	if len(dl.del4)+len(dl.del6) > 0 {
-		err := c.store.deleteEntries(d, tagKeys4(dl.del4, set), tagKeys6(dl.del6, set))
-		c.wrote()
-		if err != nil {
-			return err
-		}
-		c.used[d][0] -= len(dl.del4)
-		c.used[d][1] -= len(dl.del6)
-		res.EntriesDeleted += len(dl.del4) + len(dl.del6)
+	s := &c.scratch
+	if err := c.deleteKeys(d, set, false, dl.old.k4, dl.del4, dl.old.k6, dl.del6); err != nil {
+		return err
 	}
-	if len(dl.put4)+len(dl.put6) > 0 {
-		err := c.store.writeEntries(d, tagKeys4(dl.put4, set), dl.val4, tagKeys6(dl.put6, set), dl.val6)
+	c.used[d][0] -= len(dl.del4)
+	c.used[d][1] -= len(dl.del6)
+	res.EntriesDeleted += len(dl.del4) + len(dl.del6)
+	n := dl.next
+	for start := 0; start < len(dl.put4); start += writeChunk {
+		s.k4, s.v = s.k4[:0], s.v[:0]
+		for _, j := range dl.put4[start:min(start+writeChunk, len(dl.put4))] {
+			s.k4 = append(s.k4, tagKey4(n.k4[j], set))
+			s.v = append(s.v, n.vals[n.i4[j]])
+		}
+		err := c.store.writeEntries(d, s.k4, s.v, nil, nil)
 		c.wrote()
 		if err != nil {
 			return err
 		}
-		c.used[d][0] += dl.add4
-		c.used[d][1] += dl.add6
-		res.EntriesWritten += len(dl.put4) + len(dl.put6)
+	}
+	for start := 0; start < len(dl.put6); start += writeChunk {
+		s.k6, s.v = s.k6[:0], s.v[:0]
+		for _, j := range dl.put6[start:min(start+writeChunk, len(dl.put6))] {
+			s.k6 = append(s.k6, tagKey6(n.k6[j], set))
+			s.v = append(s.v, n.vals[n.i6[j]])
+		}
+		err := c.store.writeEntries(d, nil, nil, s.k6, s.v)
+		c.wrote()
+		if err != nil {
+			return err
+		}
+	}
+	c.used[d][0] += dl.add4
+	c.used[d][1] += dl.add6
+	res.EntriesWritten += len(dl.put4) + len(dl.put6)
+	return nil
+}
+
+// deleteKeys deletes keys of an entry set: those of k4 and k6 at the indices i4 and
+// i6, or all of them if all is set.
+func (c *core) deleteKeys(d Direction, set uint32, all bool, k4 []policyLpmKey4, i4 []int32, k6 []policyLpmKey6, i6 []int32) error {
+	s := &c.scratch
+	n4, n6 := len(k4), len(k6)
+	if !all {
+		n4, n6 = len(i4), len(i6)
+	}
+	for start := 0; start < n4; start += writeChunk {
+		s.k4 = s.k4[:0]
+		for x := start; x < min(start+writeChunk, n4); x++ {
+			j := x
+			if !all {
+				j = int(i4[x])
+			}
+			s.k4 = append(s.k4, tagKey4(k4[j], set))
+		}
+		err := c.store.deleteEntries(d, s.k4, nil)
+		c.wrote()
+		if err != nil {
+			return err
+		}
+	}
+	for start := 0; start < n6; start += writeChunk {
+		s.k6 = s.k6[:0]
+		for x := start; x < min(start+writeChunk, n6); x++ {
+			j := x
+			if !all {
+				j = int(i6[x])
+			}
+			s.k6 = append(s.k6, tagKey6(k6[j], set))
+		}
+		err := c.store.deleteEntries(d, nil, s.k6)
+		c.wrote()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -365,20 +433,17 @@ func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult)
 // Keys whose deletion fails are kept as garbage and retried; the commit stands.
 // It returns how many entries were deleted.
 func (c *core) dropSet(d Direction, set uint32, held [2]int, lists ...*dirEntries) int {
-	var k4 []policyLpmKey4
-	var k6 []policyLpmKey6
+	failed := false
 	for _, l := range lists {
-		k4 = append(k4, tagKeys4(l.k4, set)...)
-		k6 = append(k6, tagKeys6(l.k6, set)...)
+		if err := c.deleteKeys(d, set, true, l.k4, nil, l.k6, nil); err != nil {
+			failed = true
+		}
 	}
-	if len(k4)+len(k6) == 0 {
-		return 0
-	}
-	err := c.store.deleteEntries(d, k4, k6)
-	c.wrote()
-	if err != nil {
-		c.garbage[d].k4 = append(c.garbage[d].k4, k4...)
-		c.garbage[d].k6 = append(c.garbage[d].k6, k6...)
+	if failed {
+		for _, l := range lists {
+			c.garbage[d].k4 = append(c.garbage[d].k4, tagKeys4(l.k4, set)...)
+			c.garbage[d].k6 = append(c.garbage[d].k6, tagKeys6(l.k6, set)...)
+		}
 		return 0
 	}
 	c.used[d][0] -= held[0]

@@ -112,14 +112,11 @@ func entriesFromTrie(k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey
 }
 
 // entryDelta turns one entry set into another: puts (keys the old set lacks, or
-// whose value changed) and deletes, keys without their set.
+// whose value changed: indices into next) and deletes (indices into old).
 type entryDelta struct {
-	put4       []policyLpmKey4
-	val4       []policyRuleValue
-	del4       []policyLpmKey4
-	put6       []policyLpmKey6
-	val6       []policyRuleValue
-	del6       []policyLpmKey6
+	old, next  *dirEntries
+	put4, del4 []int32
+	put6, del6 []int32
 	add4, add6 int // puts of keys the old set lacks
 }
 
@@ -131,6 +128,19 @@ func (d *entryDelta) growth(fam int) int {
 		return d.add4 - len(d.del4)
 	}
 	return d.add6 - len(d.del6)
+}
+
+// fullDelta writes every entry of next into an empty set.
+func fullDelta(next *dirEntries) entryDelta {
+	d := entryDelta{old: &dirEntries{}, next: next, put4: make([]int32, len(next.k4)), put6: make([]int32, len(next.k6))}
+	for i := range d.put4 {
+		d.put4[i] = int32(i)
+	}
+	for i := range d.put6 {
+		d.put6[i] = int32(i)
+	}
+	d.add4, d.add6 = len(d.put4), len(d.put6)
+	return d
 }
 
 // diffEntries returns the delta from old to next: one merge of the sorted keys.
@@ -159,14 +169,14 @@ func diffEntries(old, next *dirEntries) entryDelta {
 			}
 		}
 	}
-	var d entryDelta
-	d.put4, d.val4, d.del4, d.add4 = diffFamily(old.k4, old.i4, next.k4, next.i4, next.vals, same, compareKey4)
-	d.put6, d.val6, d.del6, d.add6 = diffFamily(old.k6, old.i6, next.k6, next.i6, next.vals, same, compareKey6)
+	d := entryDelta{old: old, next: next}
+	d.put4, d.del4, d.add4 = diffFamily(old.k4, old.i4, next.k4, next.i4, same, compareKey4)
+	d.put6, d.del6, d.add6 = diffFamily(old.k6, old.i6, next.k6, next.i6, same, compareKey6)
 	return d
 }
 
-func diffFamily[K any](oldK []K, oldI []uint32, newK []K, newI []uint32, newVals []policyRuleValue, same []int,
-	compare func(a, b *K) int) (put []K, val []policyRuleValue, del []K, adds int) {
+func diffFamily[K any](oldK []K, oldI []uint32, newK []K, newI []uint32, same []int,
+	compare func(a, b *K) int) (put, del []int32, adds int) {
 	i, j := 0, 0
 	for i < len(oldK) || j < len(newK) {
 		var c int
@@ -180,31 +190,39 @@ func diffFamily[K any](oldK []K, oldI []uint32, newK []K, newI []uint32, newVals
 		}
 		switch {
 		case c < 0:
-			del = append(del, oldK[i])
+			del = append(del, int32(i))
 			i++
 		case c > 0:
-			put = append(put, newK[j])
-			val = append(val, newVals[newI[j]])
+			put = append(put, int32(j))
 			adds++
 			j++
 		default:
 			if same[newI[j]] != int(oldI[i]) {
-				put = append(put, newK[j])
-				val = append(val, newVals[newI[j]])
+				put = append(put, int32(j))
 			}
 			i++
 			j++
 		}
 	}
-	return put, val, del, adds
+	return put, del, adds
+}
+
+// tagKey4 returns a key tagged for an entry set.
+func tagKey4(k policyLpmKey4, set uint32) policyLpmKey4 {
+	k.Tag = entryTag(set, tagTier(k.Tag))
+	return k
+}
+
+func tagKey6(k policyLpmKey6, set uint32) policyLpmKey6 {
+	k.Tag = entryTag(set, tagTier(k.Tag))
+	return k
 }
 
 // tagKeys4 returns the keys tagged for an entry set.
 func tagKeys4(keys []policyLpmKey4, set uint32) []policyLpmKey4 {
 	out := make([]policyLpmKey4, len(keys))
 	for i, k := range keys {
-		k.Tag = entryTag(set, tagTier(k.Tag))
-		out[i] = k
+		out[i] = tagKey4(k, set)
 	}
 	return out
 }
@@ -212,8 +230,7 @@ func tagKeys4(keys []policyLpmKey4, set uint32) []policyLpmKey4 {
 func tagKeys6(keys []policyLpmKey6, set uint32) []policyLpmKey6 {
 	out := make([]policyLpmKey6, len(keys))
 	for i, k := range keys {
-		k.Tag = entryTag(set, tagTier(k.Tag))
-		out[i] = k
+		out[i] = tagKey6(k, set)
 	}
 	return out
 }
