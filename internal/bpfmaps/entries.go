@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"slices"
+	"unsafe"
 )
 
 // dirEntries is a direction's compiled entries as user space keeps them between
@@ -20,6 +21,12 @@ type dirEntries struct {
 }
 
 func (e *dirEntries) len() int { return len(e.k4) + len(e.k6) }
+
+// bytes is the memory e holds (its slices' capacity).
+func (e *dirEntries) bytes() int {
+	return cap(e.k4)*int(unsafe.Sizeof(policyLpmKey4{})) + cap(e.k6)*int(unsafe.Sizeof(policyLpmKey6{})) +
+		4*(cap(e.i4)+cap(e.i6)) + cap(e.vals)*int(unsafe.Sizeof(policyRuleValue{}))
+}
 
 // tierRank orders tiers as compileDirection emits them: admin, then namespaced or
 // baseline.
