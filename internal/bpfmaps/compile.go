@@ -289,9 +289,14 @@ func compileDirection(ns, admin, baseline []sourceRule, isolated bool) (compiled
 
 // prefixNode gathers the rules whose CIDR or except is one prefix.
 type prefixNode struct {
-	prefix  netip.Prefix
-	cidrOf  []int // rules whose CIDR is this prefix
-	except  []int // rules that except this prefix
+	prefix netip.Prefix
+	cidrOf []int32 // rules whose CIDR is this prefix
+	except []int32 // rules that except this prefix
+}
+
+// stackNode is a prefix on the chain of enclosing prefixes, with its value.
+type stackNode struct {
+	node    *prefixNode
 	visible policyRuleValue
 }
 
@@ -313,25 +318,51 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 	for i := range rules {
 		count += len(rules[i].excepts)
 	}
+	// First pass: a node per prefix, and per CIDR and except its node's index.
 	nodes := make(map[netip.Prefix]int32, count)
 	pool := make([]prefixNode, 0, count) // one allocation for all nodes
-	node := func(p netip.Prefix) *prefixNode {
+	at := make([]int32, 0, count)        // per rule its CIDR's node, then its excepts'
+	uses := make([][2]int32, 0, count)   // per node: CIDRs, excepts
+	node := func(p netip.Prefix) int32 {
 		i, ok := nodes[p]
 		if !ok {
 			i = int32(len(pool))
 			pool = append(pool, prefixNode{prefix: p})
+			uses = append(uses, [2]int32{})
 			nodes[p] = i
 		}
-		return &pool[i]
+		return i
 	}
 	for i := range rules {
 		n := node(rules[i].cidr)
-		n.cidrOf = append(n.cidrOf, i)
+		uses[n][0]++
+		at = append(at, n)
 		for _, e := range rules[i].excepts {
 			n := node(e)
-			if len(n.except) == 0 || n.except[len(n.except)-1] != i {
-				n.except = append(n.except, i)
+			uses[n][1]++
+			at = append(at, n)
+		}
+	}
+	// Second pass: the rule lists, carved from one array.
+	arena := make([]int32, count)
+	off := 0
+	for i := range pool {
+		c, e := int(uses[i][0]), int(uses[i][1])
+		pool[i].cidrOf = arena[off : off : off+c]
+		pool[i].except = arena[off+c : off+c : off+c+e]
+		off += c + e
+	}
+	k := 0
+	for i := range rules {
+		n := &pool[at[k]]
+		n.cidrOf = append(n.cidrOf, int32(i))
+		k++
+		for range rules[i].excepts {
+			n := &pool[at[k]]
+			if len(n.except) == 0 || n.except[len(n.except)-1] != int32(i) {
+				n.except = append(n.except, int32(i))
 			}
+			k++
 		}
 	}
 	sorted := make([]*prefixNode, len(pool))
@@ -353,11 +384,12 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 
 	out = slices.Grow(out, len(sorted))
 	excepted := make([]int32, len(rules)) // per rule: excepts of it on the stack
-	var stack []*prefixNode
+	var stack []stackNode
 	var included []int
+	var scratch []policyPortRule
 	for _, n := range sorted {
 		for len(stack) > 0 {
-			top := stack[len(stack)-1]
+			top := stack[len(stack)-1].node
 			if top.prefix.Bits() <= n.prefix.Bits() && top.prefix.Contains(n.prefix.Addr()) {
 				break
 			}
@@ -369,22 +401,23 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 		for _, r := range n.except {
 			excepted[r]++
 		}
-		stack = append(stack, n)
+		stack = append(stack, stackNode{node: n})
+		top := &stack[len(stack)-1]
 
 		included = included[:0]
-		for _, s := range stack {
-			for _, r := range s.cidrOf {
+		for i := range stack {
+			for _, r := range stack[i].node.cidrOf {
 				if excepted[r] == 0 {
-					included = append(included, r)
+					included = append(included, int(r))
 				}
 			}
 		}
 		var err error
 		if t == tierNamespaced {
-			err = unionValue(&n.visible, rules, included, n.prefix)
+			scratch, err = unionValue(&top.visible, rules, included, n.prefix, scratch)
 		} else {
 			slices.Sort(included) // rules are in priority order
-			err = orderedValue(&n.visible, rules, included, n.prefix)
+			err = orderedValue(&top.visible, rules, included, n.prefix)
 		}
 		if err != nil {
 			return nil, err
@@ -393,8 +426,8 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 		if len(stack) > 1 {
 			parent = &stack[len(stack)-2].visible
 		}
-		if n.visible != *parent {
-			out = append(out, compiledEntry{Prefix: n.prefix, Tier: t, Value: n.visible})
+		if top.visible != *parent {
+			out = append(out, compiledEntry{Prefix: n.prefix, Tier: t, Value: top.visible})
 		}
 	}
 	return out, nil
@@ -432,33 +465,34 @@ func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p neti
 }
 
 // unionValue builds a namespaced value: the union of the included rules' port rules,
-// ranges of one protocol merged, sorted by protocol and port.
-func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+// ranges of one protocol merged, sorted by protocol and port. buf is scratch space,
+// returned for reuse.
+func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix, buf []policyPortRule) ([]policyPortRule, error) {
 	*v = policyRuleValue{}
-	merged := mergePorts(rules, included)
+	merged := mergePorts(rules, included, buf[:0])
 	if len(merged) > maxPortRules {
 		// Name the rule whose ports pushed the union over the limit.
 		for i := range included {
-			if len(mergePorts(rules, included[:i+1])) > maxPortRules {
-				return overflowErr(&rules[included[i]], p, len(merged))
+			if len(mergePorts(rules, included[:i+1], nil)) > maxPortRules {
+				return merged, overflowErr(&rules[included[i]], p, len(merged))
 			}
 		}
-		return overflowErr(&rules[included[len(included)-1]], p, len(merged))
+		return merged, overflowErr(&rules[included[len(included)-1]], p, len(merged))
 	}
 	copy(v.Rules[:], merged)
 	v.Count = uint32(len(merged))
-	return nil
+	return merged, nil
 }
 
 // mergePorts returns the union of the rules' port entries as few accept entries: one
 // all-traffic entry if any rule allows all traffic, else ranges of one protocol merged
-// where they overlap or touch.
-func mergePorts(rules []sourceRule, included []int) []policyPortRule {
-	var all []policyPortRule
+// where they overlap or touch. The result is built in buf's array.
+func mergePorts(rules []sourceRule, included []int, buf []policyPortRule) []policyPortRule {
+	all := buf[:0]
 	for _, ri := range included {
 		for _, e := range rules[ri].ports {
 			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
-				return []policyPortRule{{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}}
+				return append(all[:0], policyPortRule{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)})
 			}
 			e.Action = uint8(ActionAccept)
 			all = append(all, e)
