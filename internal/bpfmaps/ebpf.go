@@ -367,7 +367,33 @@ func (e *EBPF) adopt() error {
 		legacy[k.dir].k4 = append(legacy[k.dir].k4, s.k4...)
 		legacy[k.dir].k6 = append(legacy[k.dir].k6, s.k6...)
 		delete(sets, k)
-		sets[setKey{k.ifindex, k.dir, set}] = &readEntries{k4: k4, v4: s.v4, k6: k6, v6: s.v6}
+		to := setKey{k.ifindex, k.dir, set}
+		if was := sets[to]; was != nil {
+			// A rewrite a process died in: the keys written again were counted twice,
+			// and keys the old build's entries lack are deleted.
+			in4, in6 := map[policyLpmKey4]bool{}, map[policyLpmKey6]bool{}
+			for _, x := range k4 {
+				in4[x] = true
+			}
+			for _, x := range k6 {
+				in6[x] = true
+			}
+			for _, x := range was.k4 {
+				if in4[x] {
+					e.used[k.dir][0]--
+				} else {
+					e.garbage[k.dir].k4 = append(e.garbage[k.dir].k4, x)
+				}
+			}
+			for _, x := range was.k6 {
+				if in6[x] {
+					e.used[k.dir][1]--
+				} else {
+					e.garbage[k.dir].k6 = append(e.garbage[k.dir].k6, x)
+				}
+			}
+		}
+		sets[to] = &readEntries{k4: k4, v4: s.v4, k6: k6, v6: s.v6}
 	}
 
 	// Links: switch each to this process's programs.

@@ -249,7 +249,7 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 // when it died (an extra entry, a changed value); pod "after" has an inactive set a
 // commit was bringing level after its switch when it died (an entry missing); pod
 // "legacy" has entries in the tag format of the build with one generation per
-// commit. After the restart every pod decides as its committed policy, the unlevel
+// commit, and part of a rewrite of them a process died in. After the restart every pod decides as its committed policy, the unlevel
 // sets are gone, the legacy entries are rewritten, and further commits are deltas
 // again.
 func TestOpenRepairsEntrySets(t *testing.T) {
@@ -334,6 +334,21 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 			}
 		}
 	}
+	// ... and a rewrite of them a process died in: one entry rewritten, one extra.
+	half := tagKeys4(rec.dirs[Ingress].entries.k4[:1], wordSet(rec.state.Dir[Ingress]))[0]
+	var v policyRuleValue
+	legacyKey := half
+	legacyKey.Tag = wordGen(rec.state.Dir[Ingress])<<2 | uint32(tagTier(half.Tag))
+	if err := prev.objs.NpaInV4.Lookup(legacyKey, &v); err != nil {
+		t.Fatal(err)
+	}
+	stray := half
+	stray.Addr = [4]byte{10, 6, 6, 6}
+	for _, k := range []policyLpmKey4{half, stray} {
+		if err := prev.objs.NpaInV4.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := prev.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -372,6 +387,9 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 		}
 		if n := trieEntries(t, e); n != want {
 			t.Fatalf("%s: %d trie entries, want the %d of the pods' sets", stage, n, want)
+		}
+		if used := e.used[0][0] + e.used[0][1] + e.used[1][0] + e.used[1][1]; used != want {
+			t.Fatalf("%s: %d entries accounted, %d held", stage, used, want)
 		}
 	}
 	check("after the restart")
