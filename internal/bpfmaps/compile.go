@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sort"
 )
 
 // maxPortRules is how many port rules one trie value holds (MAX_PORT_RULES in
@@ -60,17 +61,10 @@ const _ uint32 = 1<<flagBits - 1 - knownDirFlags
 // covers).
 func (v *policyRuleValue) entries() []policyPortRule { return v.Rules[:v.Count] }
 
-// compiledEntry is one trie entry before it is tagged with a pod and entry set.
-type compiledEntry struct {
-	Prefix netip.Prefix // masked
-	Tier   tier
-	Value  policyRuleValue
-}
-
 // compiledDirection is a direction's policy as the datapath consumes it.
 type compiledDirection struct {
 	Flags   uint32
-	Entries []compiledEntry
+	Entries dirEntries
 }
 
 // sourceRule is a validated rule of one tier, ready for flattening.
@@ -257,19 +251,20 @@ func hashDirection(d *DirectionPolicy) uint64 {
 	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
 }
 
-// compileDirection flattens a validated Direction into trie entries.
-func compileDirection(ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error) {
+// compileDirection flattens a validated Direction into the trie entries of pod
+// ifindex.
+func compileDirection(ifindex uint32, ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error) {
 	var out compiledDirection
 	if isolated {
 		out.Flags |= flagIsolated
 	}
+	in := interner{vals: &out.Entries.vals, last: -1}
 	add := func(t tier, rules []sourceRule, flag uint32) error {
-		n := len(out.Entries)
-		var err error
-		if out.Entries, err = flatten(out.Entries, t, rules); err != nil {
+		n := out.Entries.len()
+		if err := flatten(&out.Entries, &in, ifindex, t, rules); err != nil {
 			return err
 		}
-		if len(out.Entries) > n {
+		if out.Entries.len() > n {
 			out.Flags |= flag
 		}
 		return nil
@@ -287,11 +282,90 @@ func compileDirection(ns, admin, baseline []sourceRule, isolated bool) (compiled
 	return out, nil
 }
 
-// prefixNode gathers the rules whose CIDR or except is one prefix.
+// prefixNode gathers the rules whose CIDR or except is one prefix: runs of flatten's
+// ruleOf, [cidr, except) and [except, end).
 type prefixNode struct {
-	prefix netip.Prefix
-	cidrOf []int32 // rules whose CIDR is this prefix
-	except []int32 // rules that except this prefix
+	key               prefixKey
+	cidr, except, end int32
+}
+
+// prefixKey orders prefixes as flatten visits them: IPv4 first, then by address,
+// then by length.
+type prefixKey struct {
+	v6     bool
+	hi, lo uint64
+	bits   uint8
+}
+
+// prefixUse is one CIDR or except of a rule.
+type prefixUse struct {
+	key    prefixKey
+	rule   int32
+	except bool
+}
+
+func newPrefixUse(p netip.Prefix, rule int32, except bool) prefixUse {
+	a := p.Addr()
+	u := prefixUse{rule: rule, except: except, key: prefixKey{v6: !a.Is4(), bits: uint8(p.Bits())}}
+	if a.Is4() {
+		b := a.As4()
+		u.key.lo = uint64(binary.BigEndian.Uint32(b[:]))
+	} else {
+		b := a.As16()
+		u.key.hi, u.key.lo = binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	}
+	return u
+}
+
+func (k prefixKey) prefix() netip.Prefix {
+	if !k.v6 {
+		return netip.PrefixFrom(netip.AddrFrom4(k.addr4()), int(k.bits))
+	}
+	return netip.PrefixFrom(netip.AddrFrom16(k.addr6()), int(k.bits))
+}
+
+func (k prefixKey) addr4() (b [4]byte) {
+	binary.BigEndian.PutUint32(b[:], uint32(k.lo))
+	return b
+}
+
+func (k prefixKey) addr6() (b [16]byte) {
+	binary.BigEndian.PutUint64(b[:8], k.hi)
+	binary.BigEndian.PutUint64(b[8:], k.lo)
+	return b
+}
+
+// contains reports whether prefix k contains prefix n.
+func (k prefixKey) contains(n prefixKey) bool {
+	if k.v6 != n.v6 || k.bits > n.bits {
+		return false
+	}
+	if !k.v6 {
+		return n.lo>>(32-k.bits) == k.lo>>(32-k.bits)
+	}
+	if k.bits <= 64 {
+		return n.hi>>(64-k.bits) == k.hi>>(64-k.bits)
+	}
+	return n.hi == k.hi && n.lo>>(128-k.bits) == k.lo>>(128-k.bits)
+}
+
+func comparePrefixUse(a, b prefixUse) int {
+	if a.key.v6 != b.key.v6 {
+		if b.key.v6 {
+			return -1
+		}
+		return 1
+	}
+	if c := cmp.Or(cmp.Compare(a.key.hi, b.key.hi), cmp.Compare(a.key.lo, b.key.lo), cmp.Compare(a.key.bits, b.key.bits)); c != 0 {
+		return c
+	}
+	if a.except != b.except {
+		if b.except {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.rule, b.rule)
 }
 
 // stackNode is a prefix on the chain of enclosing prefixes, with its value.
@@ -310,95 +384,65 @@ type stackNode struct {
 // r.CIDR ⊇ p and no except of r ⊇ p: p's value is exactly the rules matching a.
 // Prefixes are visited in pre-order (sorted by address, then length), keeping the
 // chain of enclosing prefixes on a stack.
-func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, error) {
+func flatten(out *dirEntries, in *interner, ifindex uint32, t tier, rules []sourceRule) error {
 	if len(rules) == 0 {
-		return out, nil
+		return nil
 	}
+	// Every CIDR and except, sorted by prefix (IPv4 first, then address, then
+	// length: pre-order) and, per prefix, CIDRs before excepts, by rule. A node is a
+	// run of one prefix; its rule lists are runs of ruleOf.
 	count := len(rules)
 	for i := range rules {
 		count += len(rules[i].excepts)
 	}
-	// First pass: a node per prefix, and per CIDR and except its node's index.
-	nodes := make(map[netip.Prefix]int32, count)
-	pool := make([]prefixNode, 0, count) // one allocation for all nodes
-	at := make([]int32, 0, count)        // per rule its CIDR's node, then its excepts'
-	uses := make([][2]int32, 0, count)   // per node: CIDRs, excepts
-	node := func(p netip.Prefix) int32 {
-		i, ok := nodes[p]
-		if !ok {
-			i = int32(len(pool))
-			pool = append(pool, prefixNode{prefix: p})
-			uses = append(uses, [2]int32{})
-			nodes[p] = i
-		}
-		return i
-	}
+	uses := make([]prefixUse, 0, count)
 	for i := range rules {
-		n := node(rules[i].cidr)
-		uses[n][0]++
-		at = append(at, n)
+		uses = append(uses, newPrefixUse(rules[i].cidr, int32(i), false))
 		for _, e := range rules[i].excepts {
-			n := node(e)
-			uses[n][1]++
-			at = append(at, n)
+			uses = append(uses, newPrefixUse(e, int32(i), true))
 		}
 	}
-	// Second pass: the rule lists, carved from one array.
-	arena := make([]int32, count)
-	off := 0
-	for i := range pool {
-		c, e := int(uses[i][0]), int(uses[i][1])
-		pool[i].cidrOf = arena[off : off : off+c]
-		pool[i].except = arena[off+c : off+c : off+c+e]
-		off += c + e
-	}
-	k := 0
-	for i := range rules {
-		n := &pool[at[k]]
-		n.cidrOf = append(n.cidrOf, int32(i))
-		k++
-		for range rules[i].excepts {
-			n := &pool[at[k]]
-			if len(n.except) == 0 || n.except[len(n.except)-1] != int32(i) {
-				n.except = append(n.except, int32(i))
+	slices.SortFunc(uses, comparePrefixUse)
+	ruleOf := make([]int32, len(uses))
+	pool := make([]prefixNode, 0, len(uses))
+	for i := 0; i < len(uses); {
+		n := prefixNode{key: uses[i].key, cidr: int32(i)}
+		j := i
+		for ; j < len(uses) && uses[j].key == n.key && !uses[j].except; j++ {
+			ruleOf[j] = uses[j].rule
+		}
+		n.except, n.end = int32(j), int32(j)
+		for ; j < len(uses) && uses[j].key == n.key; j++ {
+			// A rule may except one prefix twice: keep it once.
+			if r := uses[j].rule; n.end == n.except || ruleOf[n.end-1] != r {
+				ruleOf[n.end] = r
+				n.end++
 			}
-			k++
 		}
+		pool = append(pool, n)
+		i = j
 	}
-	sorted := make([]*prefixNode, len(pool))
-	for i := range pool {
-		sorted[i] = &pool[i]
-	}
-	slices.SortFunc(sorted, func(a, b *prefixNode) int {
-		if a.prefix.Addr().Is4() != b.prefix.Addr().Is4() {
-			if a.prefix.Addr().Is4() {
-				return -1
-			}
-			return 1
-		}
-		if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
-	})
 
-	out = slices.Grow(out, len(sorted))
+	n6 := len(pool) - sort.Search(len(pool), func(i int) bool { return pool[i].key.v6 })
+	out.k4, out.i4 = slices.Grow(out.k4, len(pool)-n6), slices.Grow(out.i4, len(pool)-n6)
+	out.k6, out.i6 = slices.Grow(out.k6, n6), slices.Grow(out.i6, n6)
 	excepted := make([]int32, len(rules)) // per rule: excepts of it on the stack
 	var stack []stackNode
 	var included []int
 	var scratch []policyPortRule
-	for _, n := range sorted {
+	for ni := range pool {
+		n := &pool[ni]
 		for len(stack) > 0 {
 			top := stack[len(stack)-1].node
-			if top.prefix.Bits() <= n.prefix.Bits() && top.prefix.Contains(n.prefix.Addr()) {
+			if top.key.contains(n.key) {
 				break
 			}
-			for _, r := range top.except {
+			for _, r := range ruleOf[top.except:top.end] {
 				excepted[r]--
 			}
 			stack = stack[:len(stack)-1]
 		}
-		for _, r := range n.except {
+		for _, r := range ruleOf[n.except:n.end] {
 			excepted[r]++
 		}
 		stack = append(stack, stackNode{node: n})
@@ -406,7 +450,8 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 
 		included = included[:0]
 		for i := range stack {
-			for _, r := range stack[i].node.cidrOf {
+			s := stack[i].node
+			for _, r := range ruleOf[s.cidr:s.except] {
 				if excepted[r] == 0 {
 					included = append(included, int(r))
 				}
@@ -414,35 +459,43 @@ func flatten(out []compiledEntry, t tier, rules []sourceRule) ([]compiledEntry, 
 		}
 		var err error
 		if t == tierNamespaced {
-			scratch, err = unionValue(&top.visible, rules, included, n.prefix, scratch)
+			scratch, err = unionValue(&top.visible, rules, included, n.key, scratch)
 		} else {
 			slices.Sort(included) // rules are in priority order
-			err = orderedValue(&top.visible, rules, included, n.prefix)
+			err = orderedValue(&top.visible, rules, included, n.key)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		parent := &emptyValue
 		if len(stack) > 1 {
 			parent = &stack[len(stack)-2].visible
 		}
-		if top.visible != *parent {
-			out = append(out, compiledEntry{Prefix: n.prefix, Tier: t, Value: top.visible})
+		if top.visible == *parent {
+			continue
+		}
+		vi := in.intern(&top.visible)
+		if !n.key.v6 {
+			out.k4 = append(out.k4, policyLpmKey4{Prefixlen: 64 + uint32(n.key.bits), Ifindex: ifindex, Tag: uint32(t), Addr: n.key.addr4()})
+			out.i4 = append(out.i4, vi)
+		} else {
+			out.k6 = append(out.k6, policyLpmKey6{Prefixlen: 64 + uint32(n.key.bits), Ifindex: ifindex, Tag: uint32(t), Addr: n.key.addr6()})
+			out.i6 = append(out.i6, vi)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 var emptyValue policyRuleValue
 
-func overflowErr(r *sourceRule, p netip.Prefix, need int) error {
-	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p, need, maxPortRules)
+func overflowErr(r *sourceRule, p prefixKey, need int) error {
+	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p.prefix(), need, maxPortRules)
 }
 
 // orderedValue builds a tier value: every port rule of the included rules in priority
 // order; the datapath takes the first match. Exact duplicates of an earlier entry and
 // everything after an all-traffic entry can never match first and are dropped.
-func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix) error {
+func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p prefixKey) error {
 	*v = policyRuleValue{}
 	for _, ri := range included {
 		for _, e := range rules[ri].ports {
@@ -467,7 +520,7 @@ func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p neti
 // unionValue builds a namespaced value: the union of the included rules' port rules,
 // ranges of one protocol merged, sorted by protocol and port. buf is scratch space,
 // returned for reuse.
-func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p netip.Prefix, buf []policyPortRule) ([]policyPortRule, error) {
+func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p prefixKey, buf []policyPortRule) ([]policyPortRule, error) {
 	*v = policyRuleValue{}
 	merged := mergePorts(rules, included, buf[:0])
 	if len(merged) > maxPortRules {

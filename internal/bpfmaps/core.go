@@ -205,7 +205,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if !changed[d] {
 			continue
 		}
-		comp, err := compileDirection(srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
+		comp, err := compileDirection(idx, srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
 		if err != nil {
 			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 		}
@@ -214,7 +214,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 			old = rec.dirs[d]
 		}
 		pl := &plans[d]
-		pl.next = newDirEntries(idx, comp.Entries)
+		pl.next = comp.Entries
 		gen := nextGen(wordGen(newState.Dir[d]))
 		pl.target = gen & 1
 		newState.Dir[d] = dirWord(idx, gen, comp.Flags)

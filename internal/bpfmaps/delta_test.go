@@ -180,11 +180,11 @@ func TestCompiledEntriesInCompileOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		comp, err := compileDirection(ns, admin, baseline, d.Isolated)
+		comp, err := compileDirection(1, ns, admin, baseline, d.Isolated)
 		if err != nil {
 			continue // too many ports for one value: rejected anyway
 		}
-		e := newDirEntries(1, comp.Entries)
+		e := comp.Entries
 		if !slices.IsSortedFunc(e.k4, func(a, b policyLpmKey4) int { return compareKey4(&a, &b) }) ||
 			!slices.IsSortedFunc(e.k6, func(a, b policyLpmKey6) int { return compareKey6(&a, &b) }) {
 			t.Fatalf("compiled entries out of order: %+v", d)

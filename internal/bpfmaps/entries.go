@@ -64,33 +64,6 @@ func (in *interner) intern(v *policyRuleValue) uint32 {
 	return i
 }
 
-// newDirEntries keeps compiled entries (already in compile order) of pod ifindex.
-func newDirEntries(ifindex uint32, entries []compiledEntry) dirEntries {
-	n4 := 0
-	for i := range entries {
-		if entries[i].Prefix.Addr().Is4() {
-			n4++
-		}
-	}
-	out := dirEntries{
-		k4: make([]policyLpmKey4, 0, n4), i4: make([]uint32, 0, n4),
-		k6: make([]policyLpmKey6, 0, len(entries)-n4), i6: make([]uint32, 0, len(entries)-n4),
-	}
-	in := interner{vals: &out.vals, last: -1}
-	for i := range entries {
-		e := &entries[i]
-		vi := in.intern(&e.Value)
-		if e.Prefix.Addr().Is4() {
-			out.k4 = append(out.k4, policyLpmKey4{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: ifindex, Tag: uint32(e.Tier), Addr: e.Prefix.Addr().As4()})
-			out.i4 = append(out.i4, vi)
-		} else {
-			out.k6 = append(out.k6, policyLpmKey6{Prefixlen: 64 + uint32(e.Prefix.Bits()), Ifindex: ifindex, Tag: uint32(e.Tier), Addr: e.Prefix.Addr().As16()})
-			out.i6 = append(out.i6, vi)
-		}
-	}
-	return out
-}
-
 // entriesFromTrie keeps entries read back from a trie (tagged keys, any order).
 func entriesFromTrie(k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey6, v6 []policyRuleValue) dirEntries {
 	var out dirEntries
