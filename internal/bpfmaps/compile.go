@@ -251,9 +251,9 @@ func hashDirection(d *DirectionPolicy) uint64 {
 	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
 }
 
-// compileDirection flattens a validated Direction into the trie entries of pod
-// ifindex.
-func compileDirection(ifindex uint32, ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error) {
+// compileDirection flattens a validated Direction into trie entries (of no pod yet:
+// keys carry Ifindex 0).
+func compileDirection(ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error) {
 	var out compiledDirection
 	if isolated {
 		out.Flags |= flagIsolated
@@ -261,7 +261,7 @@ func compileDirection(ifindex uint32, ns, admin, baseline []sourceRule, isolated
 	in := interner{vals: &out.Entries.vals, last: -1}
 	add := func(t tier, rules []sourceRule, flag uint32) error {
 		n := out.Entries.len()
-		if err := flatten(&out.Entries, &in, ifindex, t, rules); err != nil {
+		if err := flatten(&out.Entries, &in, t, rules); err != nil {
 			return err
 		}
 		if out.Entries.len() > n {
@@ -384,7 +384,7 @@ type stackNode struct {
 // r.CIDR ⊇ p and no except of r ⊇ p: p's value is exactly the rules matching a.
 // Prefixes are visited in pre-order (sorted by address, then length), keeping the
 // chain of enclosing prefixes on a stack.
-func flatten(out *dirEntries, in *interner, ifindex uint32, t tier, rules []sourceRule) error {
+func flatten(out *dirEntries, in *interner, t tier, rules []sourceRule) error {
 	if len(rules) == 0 {
 		return nil
 	}
@@ -476,10 +476,10 @@ func flatten(out *dirEntries, in *interner, ifindex uint32, t tier, rules []sour
 		}
 		vi := in.intern(&top.visible)
 		if !n.key.v6 {
-			out.k4 = append(out.k4, policyLpmKey4{Prefixlen: 64 + uint32(n.key.bits), Ifindex: ifindex, Tag: uint32(t), Addr: n.key.addr4()})
+			out.k4 = append(out.k4, policyLpmKey4{Prefixlen: 64 + uint32(n.key.bits), Tag: uint32(t), Addr: n.key.addr4()})
 			out.i4 = append(out.i4, vi)
 		} else {
-			out.k6 = append(out.k6, policyLpmKey6{Prefixlen: 64 + uint32(n.key.bits), Ifindex: ifindex, Tag: uint32(t), Addr: n.key.addr6()})
+			out.k6 = append(out.k6, policyLpmKey6{Prefixlen: 64 + uint32(n.key.bits), Tag: uint32(t), Addr: n.key.addr6()})
 			out.i6 = append(out.i6, vi)
 		}
 	}

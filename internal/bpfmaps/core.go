@@ -99,6 +99,16 @@ type podRecord struct {
 type dirRecord struct {
 	entries dirEntries
 	level   bool
+	shared  *sharedDirection // where entries came from; nil if adopted
+}
+
+// sharedDirection is a compiled direction policy, shared by every pod and direction
+// committed with the same content (hash): pods a policy selects compile it once and
+// hold its entries once.
+type sharedDirection struct {
+	hash uint64
+	comp compiledDirection
+	refs int // directions of pods holding it
 }
 
 // dirKeys are tagged keys of one direction (garbage to delete).
@@ -119,6 +129,7 @@ type core struct {
 	used    [2][2]int  // entries in the tries, [direction][0 IPv4, 1 IPv6]
 	garbage [2]dirKeys // entries whose deletion failed; retried on the next commit
 	scratch scratch
+	shared  map[uint64]*sharedDirection // by content hash
 	// afterWrite, if set, is called after each change of the maps in a commit (tests
 	// evaluate packets at every step).
 	afterWrite func()
@@ -131,7 +142,7 @@ func (c *core) wrote() {
 }
 
 func newCore(l Limits, s store) *core {
-	return &core{limits: l.withDefaults(), store: s, pods: map[uint32]*podRecord{}}
+	return &core{limits: l.withDefaults(), store: s, pods: map[uint32]*podRecord{}, shared: map[uint64]*sharedDirection{}}
 }
 
 // attachFunc readies a pod's interface before state is written (a no-op returning a
@@ -180,9 +191,14 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		res.Compile = time.Since(start)
 		return res, nil
 	}
+	// Content some pod has committed was validated and compiled then: it is shared.
+	var shared [2]*sharedDirection
 	var srcs [2][3][]sourceRule
 	for d := range pols {
 		if !changed[d] {
+			continue
+		}
+		if shared[d] = c.shared[hashes[d]]; shared[d] != nil {
 			continue
 		}
 		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
@@ -205,10 +221,17 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if !changed[d] {
 			continue
 		}
-		comp, err := compileDirection(idx, srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
-		if err != nil {
-			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+		if d == 1 && changed[0] && hashes[1] == hashes[0] {
+			shared[1] = shared[0] // both directions the same: one compile
 		}
+		if shared[d] == nil {
+			comp, err := compileDirection(srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
+			if err != nil {
+				return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+			}
+			shared[d] = &sharedDirection{hash: hashes[d], comp: comp}
+		}
+		comp := &shared[d].comp
 		var old dirRecord
 		if rec != nil {
 			old = rec.dirs[d]
@@ -276,7 +299,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 				rec.dirs[d].level = false
 			}
 			c.used[d] = usedBefore[d]
-			c.dropSet(Direction(d), plans[d].target, [2]int{len(held.k4), len(held.k6)}, &held, &plans[d].next)
+			c.dropSet(Direction(d), idx, plans[d].target, [2]int{len(held.k4), len(held.k6)}, &held, &plans[d].next)
 		}
 		res.EntriesWritten, res.EntriesDeleted = 0, 0
 	}
@@ -285,7 +308,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 			continue
 		}
 		tried[d] = true
-		if err := c.apply(Direction(d), plans[d].target, &plans[d].pre, &res); err != nil {
+		if err := c.apply(Direction(d), idx, plans[d].target, &plans[d].pre, &res); err != nil {
 			rollback()
 			return res, fmt.Errorf("commit pod %d: write %s entries: %w", ifindex, Direction(d), err)
 		}
@@ -314,22 +337,26 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		}
 		pl := &plans[d]
 		old := rec.dirs[d].entries
-		rec.dirs[d] = dirRecord{entries: pl.next}
+		c.release(rec.dirs[d].shared)
+		rec.dirs[d] = dirRecord{entries: pl.next, shared: shared[d]}
+		if shared[d].refs++; shared[d].refs == 1 {
+			c.shared[shared[d].hash] = shared[d]
+		}
 		other := pl.target ^ 1
 		held := [2]int{len(old.k4), len(old.k6)}
 		if pl.level {
 			usedMid := c.used[d]
-			if c.apply(Direction(d), other, &pl.post, &res) == nil {
+			if c.apply(Direction(d), idx, other, &pl.post, &res) == nil {
 				rec.dirs[d].level = true
 				continue
 			}
 			res.Delta = false
 			// The set is in between: drop whatever it may hold.
 			c.used[d] = usedMid
-			c.dropSet(Direction(d), other, held, &old, &pl.next)
+			c.dropSet(Direction(d), idx, other, held, &old, &pl.next)
 			continue
 		}
-		res.EntriesDeleted += c.dropSet(Direction(d), other, held, &old)
+		res.EntriesDeleted += c.dropSet(Direction(d), idx, other, held, &old)
 	}
 	res.Cleanup = time.Since(t)
 	return res, nil
@@ -348,9 +375,9 @@ type scratch struct {
 
 // apply writes a delta into an entry set of direction d: deletions first, so the
 // set never holds more entries than before or after.
-func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult) error {
+func (c *core) apply(d Direction, ifindex, set uint32, dl *entryDelta, res *CommitResult) error {
 	s := &c.scratch
-	if err := c.deleteKeys(d, set, false, dl.old.k4, dl.del4, dl.old.k6, dl.del6); err != nil {
+	if err := c.deleteKeys(d, ifindex, set, false, dl.old.k4, dl.del4, dl.old.k6, dl.del6); err != nil {
 		return err
 	}
 	c.used[d][0] -= len(dl.del4)
@@ -360,7 +387,7 @@ func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult)
 	for start := 0; start < len(dl.put4); start += writeChunk {
 		s.k4, s.v = s.k4[:0], s.v[:0]
 		for _, j := range dl.put4[start:min(start+writeChunk, len(dl.put4))] {
-			s.k4 = append(s.k4, tagKey4(n.k4[j], set))
+			s.k4 = append(s.k4, tagKey4(n.k4[j], ifindex, set))
 			s.v = append(s.v, n.vals[n.i4[j]])
 		}
 		err := c.store.writeEntries(d, s.k4, s.v, nil, nil)
@@ -372,7 +399,7 @@ func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult)
 	for start := 0; start < len(dl.put6); start += writeChunk {
 		s.k6, s.v = s.k6[:0], s.v[:0]
 		for _, j := range dl.put6[start:min(start+writeChunk, len(dl.put6))] {
-			s.k6 = append(s.k6, tagKey6(n.k6[j], set))
+			s.k6 = append(s.k6, tagKey6(n.k6[j], ifindex, set))
 			s.v = append(s.v, n.vals[n.i6[j]])
 		}
 		err := c.store.writeEntries(d, nil, nil, s.k6, s.v)
@@ -389,7 +416,7 @@ func (c *core) apply(d Direction, set uint32, dl *entryDelta, res *CommitResult)
 
 // deleteKeys deletes keys of an entry set: those of k4 and k6 at the indices i4 and
 // i6, or all of them if all is set.
-func (c *core) deleteKeys(d Direction, set uint32, all bool, k4 []policyLpmKey4, i4 []int32, k6 []policyLpmKey6, i6 []int32) error {
+func (c *core) deleteKeys(d Direction, ifindex, set uint32, all bool, k4 []policyLpmKey4, i4 []int32, k6 []policyLpmKey6, i6 []int32) error {
 	s := &c.scratch
 	n4, n6 := len(k4), len(k6)
 	if !all {
@@ -402,7 +429,7 @@ func (c *core) deleteKeys(d Direction, set uint32, all bool, k4 []policyLpmKey4,
 			if !all {
 				j = int(i4[x])
 			}
-			s.k4 = append(s.k4, tagKey4(k4[j], set))
+			s.k4 = append(s.k4, tagKey4(k4[j], ifindex, set))
 		}
 		err := c.store.deleteEntries(d, s.k4, nil)
 		c.wrote()
@@ -417,7 +444,7 @@ func (c *core) deleteKeys(d Direction, set uint32, all bool, k4 []policyLpmKey4,
 			if !all {
 				j = int(i6[x])
 			}
-			s.k6 = append(s.k6, tagKey6(k6[j], set))
+			s.k6 = append(s.k6, tagKey6(k6[j], ifindex, set))
 		}
 		err := c.store.deleteEntries(d, nil, s.k6)
 		c.wrote()
@@ -432,23 +459,33 @@ func (c *core) deleteKeys(d Direction, set uint32, all bool, k4 []policyLpmKey4,
 // (duplicates allowed); held is how many it holds, per family, when known exactly.
 // Keys whose deletion fails are kept as garbage and retried; the commit stands.
 // It returns how many entries were deleted.
-func (c *core) dropSet(d Direction, set uint32, held [2]int, lists ...*dirEntries) int {
+func (c *core) dropSet(d Direction, ifindex, set uint32, held [2]int, lists ...*dirEntries) int {
 	failed := false
 	for _, l := range lists {
-		if err := c.deleteKeys(d, set, true, l.k4, nil, l.k6, nil); err != nil {
+		if err := c.deleteKeys(d, ifindex, set, true, l.k4, nil, l.k6, nil); err != nil {
 			failed = true
 		}
 	}
 	if failed {
 		for _, l := range lists {
-			c.garbage[d].k4 = append(c.garbage[d].k4, tagKeys4(l.k4, set)...)
-			c.garbage[d].k6 = append(c.garbage[d].k6, tagKeys6(l.k6, set)...)
+			c.garbage[d].k4 = append(c.garbage[d].k4, tagKeys4(l.k4, ifindex, set)...)
+			c.garbage[d].k6 = append(c.garbage[d].k6, tagKeys6(l.k6, ifindex, set)...)
 		}
 		return 0
 	}
 	c.used[d][0] -= held[0]
 	c.used[d][1] -= held[1]
 	return held[0] + held[1]
+}
+
+// release drops a direction's hold on its shared compiled policy.
+func (c *core) release(s *sharedDirection) {
+	if s == nil {
+		return
+	}
+	if s.refs--; s.refs == 0 && c.shared[s.hash] == s {
+		delete(c.shared, s.hash)
+	}
 }
 
 // hasGarbage reports whether garbage keys of a pod's entry set are left.
@@ -504,11 +541,12 @@ func (c *core) remove(ifindex int, detach func(ifindex int) error) (CommitResult
 	t = time.Now()
 	for d := range rec.dirs {
 		dr := &rec.dirs[d]
+		c.release(dr.shared)
 		held := [2]int{len(dr.entries.k4), len(dr.entries.k6)}
 		active := wordSet(rec.state.Dir[d])
-		res.EntriesDeleted += c.dropSet(Direction(d), active, held, &dr.entries)
+		res.EntriesDeleted += c.dropSet(Direction(d), idx, active, held, &dr.entries)
 		if dr.level {
-			res.EntriesDeleted += c.dropSet(Direction(d), active^1, held, &dr.entries)
+			res.EntriesDeleted += c.dropSet(Direction(d), idx, active^1, held, &dr.entries)
 		}
 	}
 	res.Cleanup = time.Since(t)

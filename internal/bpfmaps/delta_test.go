@@ -129,12 +129,16 @@ func TestDeltaCommitsMatchVerdict(t *testing.T) {
 	const pods, steps, packets = 3, 600, 60
 	pols := make([]PodPolicy, pods)
 	var kinds commitKinds
+	sharedSeen := 0
 	for step := range steps {
 		i := step % pods
 		ifindex := i + 1
-		if step < pods {
+		switch {
+		case step < pods:
 			pols[i] = g.widePod()
-		} else {
+		case g.rnd.IntN(15) == 0:
+			pols[i] = pols[(i+1)%pods] // another pod's policy: its compile is shared
+		default:
 			pols[i] = g.mutate(pols[i])
 		}
 		res, err := m.Commit(ifindex, pols[i])
@@ -158,8 +162,14 @@ func TestDeltaCommitsMatchVerdict(t *testing.T) {
 				t.Fatalf("step %d: %s maps hold %d entries, accounted %d", step, Direction(d), n, m.used[d][0]+m.used[d][1])
 			}
 		}
+		if checkShared(t, m.core) > 1 {
+			sharedSeen++
+		}
 	}
 	kinds.requireMix(t, steps)
+	if sharedSeen < steps/20 {
+		t.Fatalf("a compile was shared after only %d of %d commits", sharedSeen, steps)
+	}
 	for i := range pods {
 		if _, err := m.Remove(i + 1); err != nil {
 			t.Fatal(err)
@@ -168,6 +178,36 @@ func TestDeltaCommitsMatchVerdict(t *testing.T) {
 	if n := m.entryCount(Ingress) + m.entryCount(Egress); n != 0 {
 		t.Fatalf("after removing every pod %d entries remain", n)
 	}
+	if len(m.shared) != 0 {
+		t.Fatalf("%d shared compiles left after removing every pod", len(m.shared))
+	}
+}
+
+// checkShared checks the shared compiles: each is held by as many directions as it
+// counts, under its hash, and each direction holds the one of its committed hash.
+// It returns the most directions holding one.
+func checkShared(t *testing.T, c *core) (most int) {
+	t.Helper()
+	refs := map[*sharedDirection]int{}
+	for ifindex, rec := range c.pods {
+		for d := range rec.dirs {
+			s := rec.dirs[d].shared
+			if s == nil {
+				continue
+			}
+			if s.hash != rec.state.Hash[d] || c.shared[s.hash] != s {
+				t.Fatalf("pod %d %s holds a shared compile of another hash or not in the cache", ifindex, Direction(d))
+			}
+			refs[s]++
+		}
+	}
+	for h, s := range c.shared {
+		if s.hash != h || s.refs != refs[s] {
+			t.Fatalf("shared compile %x: hash %x, %d refs, held %d times", h, s.hash, s.refs, refs[s])
+		}
+		most = max(most, s.refs)
+	}
+	return most
 }
 
 // TestCompiledEntriesInCompileOrder: the difference between two commits is one merge
@@ -180,7 +220,7 @@ func TestCompiledEntriesInCompileOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		comp, err := compileDirection(1, ns, admin, baseline, d.Isolated)
+		comp, err := compileDirection(ns, admin, baseline, d.Isolated)
 		if err != nil {
 			continue // too many ports for one value: rejected anyway
 		}

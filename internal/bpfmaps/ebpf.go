@@ -358,7 +358,7 @@ func (e *EBPF) adopt() error {
 		// The word's gen names the set this build's program reads: write the old
 		// build's active entries there. The old program still reads them as they are.
 		set := wordSet(e.pods[k.ifindex].state.Dir[k.dir])
-		k4, k6 := tagKeys4(s.k4, set), tagKeys6(s.k6, set)
+		k4, k6 := tagKeys4(s.k4, k.ifindex, set), tagKeys6(s.k6, k.ifindex, set)
 		if err := e.store.writeEntries(Direction(k.dir), k4, s.v4, k6, s.v6); err != nil {
 			return fmt.Errorf("rewrite entries of interface %d written by an older build: %w", k.ifindex, err)
 		}

@@ -287,7 +287,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	}
 	inactiveKey := func(i int) policyLpmKey4 {
 		rec := prev.pods[uint32(i)]
-		return tagKeys4(rec.dirs[Ingress].entries.k4[:1], wordSet(rec.state.Dir[Ingress])^1)[0]
+		return tagKeys4(rec.dirs[Ingress].entries.k4[:1], uint32(i), wordSet(rec.state.Dir[Ingress])^1)[0]
 	}
 	var accept policyRuleValue
 	accept.Count = 1
@@ -309,7 +309,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	for d, tries := range [2][2]*ebpf.Map{{prev.objs.NpaInV4, prev.objs.NpaInV6}, {prev.objs.NpaEgV4, prev.objs.NpaEgV6}} {
 		w := rec.state.Dir[d]
 		var v policyRuleValue
-		for _, k := range tagKeys4(rec.dirs[d].entries.k4, wordSet(w)) {
+		for _, k := range tagKeys4(rec.dirs[d].entries.k4, uint32(legacy), wordSet(w)) {
 			if err := tries[0].Lookup(k, &v); err != nil {
 				t.Fatal(err)
 			}
@@ -321,7 +321,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, k := range tagKeys6(rec.dirs[d].entries.k6, wordSet(w)) {
+		for _, k := range tagKeys6(rec.dirs[d].entries.k6, uint32(legacy), wordSet(w)) {
 			if err := tries[1].Lookup(k, &v); err != nil {
 				t.Fatal(err)
 			}
@@ -335,7 +335,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 		}
 	}
 	// ... and a rewrite of them a process died in: one entry rewritten, one extra.
-	half := tagKeys4(rec.dirs[Ingress].entries.k4[:1], wordSet(rec.state.Dir[Ingress]))[0]
+	half := tagKeys4(rec.dirs[Ingress].entries.k4[:1], uint32(legacy), wordSet(rec.state.Dir[Ingress]))[0]
 	var v policyRuleValue
 	legacyKey := half
 	legacyKey.Tag = wordGen(rec.state.Dir[Ingress])<<2 | uint32(tagTier(half.Tag))
