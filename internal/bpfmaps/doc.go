@@ -15,11 +15,14 @@
 //     hold the committed entries between commits, so a commit writes only the entries
 //     that changed (CommitResult.Delta), twice: O(changed entries), not O(policy).
 //     The difference is taken on the flattened entries (added keys, keys whose value
-//     changed, removed keys) against the committed entries user space keeps per pod
-//     (keys and an index into the direction's few distinct values: 20 bytes per IPv4
-//     entry, 32 per IPv6). A first commit, a change of more than half the entries, or
-//     one for which two sets do not fit the trie writes the inactive set in full and
-//     deletes the other one (the next commit fills it). The datapath reads the word
+//     changed, removed keys) against the committed entries user space keeps (keys and
+//     an index into the direction's few distinct values: 20 bytes per IPv4 entry, 32
+//     per IPv6), one copy per distinct direction policy: pods committed with the same
+//     content share one compile. Validating, hashing and flattening the whole policy
+//     remain O(policy) in user space; only the map writes are O(changed entries). A
+//     first commit, a change of more than half the entries, or one for which two sets
+//     do not fit the trie writes the inactive set in full and deletes the other one
+//     (the next commit fills it). The datapath reads the word
 //     again after deciding and decides anew if it changed: the word carries a
 //     sequence number that changes with every switch, and a set is only written while
 //     no word names it, so a packet that read the old word just before a switch never
