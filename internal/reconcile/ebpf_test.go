@@ -96,10 +96,12 @@ func TestEBPFEnforcement(t *testing.T) {
 	l := newPodLab(t)
 	l.serve(t, 8080)
 	l.serve(t, 8081)
+	// The veth may still be coming up (the first SYN lost, its retransmission a
+	// second later): wait for the path before asserting anything about policy.
 	for _, port := range []int{8080, 8081} {
-		if err := l.reach(port); err != nil {
-			t.Fatalf("before any policy, port %d: %v", port, err)
-		}
+		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("port %d reachable before any policy", port), func() bool {
+			return l.reach(port) == nil
+		})
 	}
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-test-%d", os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(pin) })
