@@ -58,9 +58,10 @@
 //     process that died mid-commit left (an inactive entry set that is not level with
 //     the active one — written before the switch or not yet levelled after it — is
 //     deleted; a slot filled but not mapped; a mapping to a slot its pod does not
-//     own). Entries an older build wrote (one generation per commit) are rewritten as
-//     the set the state word names before the programs are replaced. A pinned map
-//     this build cannot adopt stops OpenEBPF with an error naming the pin path.
+//     own). State in a layout no release wrote (entries without an entry-set mark,
+//     from a development build with one generation per commit) is not migrated:
+//     OpenEBPF stops with ErrIncompatiblePins naming the pin path to remove, and
+//     changes nothing; so does a pinned map of another shape.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.

@@ -290,34 +290,30 @@ func (e *EBPF) detach(ifindex int) error {
 // direction the active entry set's entries become the committed ones; the inactive
 // set is kept if it equals them (level) and deleted otherwise (a commit interrupted
 // before or after its switch). Entries of pods without state are deleted, and pods
-// whose interface is gone (their tcx links are defunct) are removed. Entries a build
-// with one generation per commit wrote (no set mark) are rewritten as the set the
-// state word names before the links switch to this build's programs, and deleted
-// once the old programs can no longer run.
+// whose interface is gone (their tcx links are defunct) are removed. Entries without
+// an entry-set mark were written by an unreleased build with one generation per
+// commit; no release wrote that layout, so it is not migrated: adopt refuses with
+// ErrIncompatiblePins, naming the pin directory to remove.
 func (e *EBPF) adopt() error {
 	for ifindex, st := range e.states.all() {
 		e.pods[ifindex] = &podRecord{state: st}
 	}
 
-	// Entries, by pod, direction and set (legacySet: the active generation of an
-	// older build).
-	const legacySet = 2
+	// Entries, by pod, direction and set.
 	type setKey struct{ ifindex, dir, set uint32 }
 	sets := map[setKey]*readEntries{}
-	var legacy [2]dirKeys
+	unmarked := 0
 	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
 		where := func(ifindex, tag uint32) *readEntries {
 			rec := e.pods[ifindex]
 			if rec == nil {
 				return nil
 			}
-			k := setKey{ifindex, uint32(d), tagSet(tag)}
 			if tag&tagSets == 0 {
-				if tag>>2 != wordGen(rec.state.Dir[d]) {
-					return nil
-				}
-				k.set = legacySet
+				unmarked++
+				return nil
 			}
+			k := setKey{ifindex, uint32(d), tagSet(tag)}
 			if sets[k] == nil {
 				sets[k] = &readEntries{}
 			}
@@ -351,49 +347,9 @@ func (e *EBPF) adopt() error {
 			return fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
 		}
 	}
-	for k, s := range sets {
-		if k.set != legacySet {
-			continue
-		}
-		// The word's gen names the set this build's program reads: write the old
-		// build's active entries there. The old program still reads them as they are.
-		set := wordSet(e.pods[k.ifindex].state.Dir[k.dir])
-		k4, k6 := tagKeys4(s.k4, k.ifindex, set), tagKeys6(s.k6, k.ifindex, set)
-		if err := e.store.writeEntries(Direction(k.dir), k4, s.v4, k6, s.v6); err != nil {
-			return fmt.Errorf("rewrite entries of interface %d written by an older build: %w", k.ifindex, err)
-		}
-		e.used[k.dir][0] += len(k4)
-		e.used[k.dir][1] += len(k6)
-		legacy[k.dir].k4 = append(legacy[k.dir].k4, s.k4...)
-		legacy[k.dir].k6 = append(legacy[k.dir].k6, s.k6...)
-		delete(sets, k)
-		to := setKey{k.ifindex, k.dir, set}
-		if was := sets[to]; was != nil {
-			// A rewrite a process died in: the keys written again were counted twice,
-			// and keys the old build's entries lack are deleted.
-			in4, in6 := map[policyLpmKey4]bool{}, map[policyLpmKey6]bool{}
-			for _, x := range k4 {
-				in4[x] = true
-			}
-			for _, x := range k6 {
-				in6[x] = true
-			}
-			for _, x := range was.k4 {
-				if in4[x] {
-					e.used[k.dir][0]--
-				} else {
-					e.garbage[k.dir].k4 = append(e.garbage[k.dir].k4, x)
-				}
-			}
-			for _, x := range was.k6 {
-				if in6[x] {
-					e.used[k.dir][1]--
-				} else {
-					e.garbage[k.dir].k6 = append(e.garbage[k.dir].k6, x)
-				}
-			}
-		}
-		sets[to] = &readEntries{k4: k4, v4: s.v4, k6: k6, v6: s.v6}
+	if unmarked > 0 {
+		return fmt.Errorf("%w: %d entries under %s have no entry-set mark (an unreleased layout with one generation per commit); remove the directory and restart: the pods' enforcement lapses until they are committed again",
+			ErrIncompatiblePins, unmarked, e.pinPath)
 	}
 
 	// Links: switch each to this process's programs.
@@ -479,15 +435,6 @@ func (e *EBPF) adopt() error {
 			}
 		}
 	}
-	if legacy[0].len()+legacy[1].len() > 0 {
-		// The old programs may still be deciding a packet by the old entries: wait
-		// until every program that started before the links switched has ended.
-		waitForPrograms()
-		for d := range legacy {
-			e.garbage[d].k4 = append(e.garbage[d].k4, legacy[d].k4...)
-			e.garbage[d].k6 = append(e.garbage[d].k6, legacy[d].k6...)
-		}
-	}
 	e.collectGarbage()
 	return nil
 }
@@ -498,16 +445,6 @@ type readEntries struct {
 	v4 []policyRuleValue
 	k6 []policyLpmKey6
 	v6 []policyRuleValue
-}
-
-// waitForPrograms waits for an RCU grace period: membarrier(MEMBARRIER_CMD_GLOBAL)
-// is synchronize_rcu(), and BPF programs run inside RCU read-side sections. Where it
-// is refused (nohz_full kernels), a generous sleep stands in.
-func waitForPrograms() {
-	const membarrierCmdGlobal = 1
-	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // ebpfMaps is the store over the kernel maps.

@@ -19,6 +19,11 @@ var ErrInvalidPolicy = errors.New("invalid policy")
 // state has been removed.
 var ErrCapacity = errors.New("dataplane capacity exceeded")
 
+// ErrIncompatiblePins is wrapped by OpenEBPF when the pinned maps hold state in a
+// layout this build does not read (written by an unreleased build). Nothing is
+// changed; the error names the pin directory to remove.
+var ErrIncompatiblePins = errors.New("pinned eBPF state of an incompatible layout")
+
 // Protocol is an IP protocol number as it appears in a rule.
 type Protocol uint8
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -247,16 +248,14 @@ func TestOpenRepairsPodSlots(t *testing.T) {
 // sets is repaired at the next start, and level sets are adopted as level. Pod
 // "level" has two level sets; pod "before" has an inactive set a commit was writing
 // when it died (an extra entry, a changed value); pod "after" has an inactive set a
-// commit was bringing level after its switch when it died (an entry missing); pod
-// "legacy" has entries in the tag format of the build with one generation per
-// commit, and part of a rewrite of them a process died in. After the restart every pod decides as its committed policy, the unlevel
-// sets are gone, the legacy entries are rewritten, and further commits are deltas
-// again.
+// commit was bringing level after its switch when it died (an entry missing). After
+// the restart every pod decides as its committed policy, the unlevel sets are gone,
+// and further commits are deltas again.
 func TestOpenRepairsEntrySets(t *testing.T) {
 	requireKernel(t)
 	pin := testPinPath(t)
-	level, before, after, legacy := dummyInterface(t), dummyInterface(t), dummyInterface(t), dummyInterface(t)
-	pods := []int{level, before, after, legacy}
+	level, before, after := dummyInterface(t), dummyInterface(t), dummyInterface(t)
+	pods := []int{level, before, after}
 	base := widePolicy(20, 80)
 	base.Egress = DirectionPolicy{Admin: []TierRule{{Priority: 1, Action: ActionDeny, Rule: Rule{CIDR: netip.MustParsePrefix("fd00:1::/32")}}}}
 	grow := func(p PodPolicy, last byte) PodPolicy {
@@ -273,9 +272,6 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 		committed[i] = base
 		if _, err := prev.Commit(i, base); err != nil {
 			t.Fatal(err)
-		}
-		if i == legacy {
-			continue
 		}
 		committed[i] = grow(base, 1)
 		if _, err := prev.Commit(i, committed[i]); err != nil {
@@ -303,51 +299,6 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	// "after": an entry missing from its inactive set.
 	if err := prev.objs.NpaInV4.Delete(inactiveKey(after)); err != nil {
 		t.Fatal(err)
-	}
-	// "legacy": its active entries retagged gen << 2 | tier, as the older build wrote them.
-	rec := prev.pods[uint32(legacy)]
-	for d, tries := range [2][2]*ebpf.Map{{prev.objs.NpaInV4, prev.objs.NpaInV6}, {prev.objs.NpaEgV4, prev.objs.NpaEgV6}} {
-		w := rec.state.Dir[d]
-		var v policyRuleValue
-		for _, k := range tagKeys4(rec.dirs[d].entries.k4, uint32(legacy), wordSet(w)) {
-			if err := tries[0].Lookup(k, &v); err != nil {
-				t.Fatal(err)
-			}
-			if err := tries[0].Delete(k); err != nil {
-				t.Fatal(err)
-			}
-			k.Tag = wordGen(w)<<2 | uint32(tagTier(k.Tag))
-			if err := tries[0].Put(k, v); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, k := range tagKeys6(rec.dirs[d].entries.k6, uint32(legacy), wordSet(w)) {
-			if err := tries[1].Lookup(k, &v); err != nil {
-				t.Fatal(err)
-			}
-			if err := tries[1].Delete(k); err != nil {
-				t.Fatal(err)
-			}
-			k.Tag = wordGen(w)<<2 | uint32(tagTier(k.Tag))
-			if err := tries[1].Put(k, v); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	// ... and a rewrite of them a process died in: one entry rewritten, one extra.
-	half := tagKeys4(rec.dirs[Ingress].entries.k4[:1], uint32(legacy), wordSet(rec.state.Dir[Ingress]))[0]
-	var v policyRuleValue
-	legacyKey := half
-	legacyKey.Tag = wordGen(rec.state.Dir[Ingress])<<2 | uint32(tagTier(half.Tag))
-	if err := prev.objs.NpaInV4.Lookup(legacyKey, &v); err != nil {
-		t.Fatal(err)
-	}
-	stray := half
-	stray.Addr = [4]byte{10, 6, 6, 6}
-	for _, k := range []policyLpmKey4{half, stray} {
-		if err := prev.objs.NpaInV4.Put(k, v); err != nil {
-			t.Fatal(err)
-		}
 	}
 	if err := prev.Close(); err != nil {
 		t.Fatal(err)
@@ -393,7 +344,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 		}
 	}
 	check("after the restart")
-	for i, wantLevel := range map[int]bool{level: true, before: false, after: false, legacy: false} {
+	for i, wantLevel := range map[int]bool{level: true, before: false, after: false} {
 		if got := e.pods[uint32(i)].dirs[Ingress].level; got != wantLevel {
 			t.Errorf("pod %d: ingress sets adopted level=%v, want %v", i, got, wantLevel)
 		}
@@ -416,5 +367,65 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 			}
 		}
 		check(fmt.Sprintf("after commit round %d", round))
+	}
+}
+
+// TestOpenRefusesUnmarkedEntries: entries without an entry-set mark were written by
+// an unreleased build (one generation per commit). OpenEBPF does not migrate them:
+// it refuses with ErrIncompatiblePins naming the pin directory, and changes
+// nothing (the entries stay as they were).
+func TestOpenRefusesUnmarkedEntries(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	pod := dummyInterface(t)
+	prev, err := OpenEBPF(EBPFOptions{PinPath: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prev.Commit(pod, widePolicy(3, 80)); err != nil {
+		t.Fatal(err)
+	}
+	// Its active entries retagged gen << 2 | tier, as the unreleased build wrote them.
+	rec := prev.pods[uint32(pod)]
+	w := rec.state.Dir[Ingress]
+	var v policyRuleValue
+	var unmarked []policyLpmKey4
+	for _, k := range tagKeys4(rec.dirs[Ingress].entries.k4, uint32(pod), wordSet(w)) {
+		if err := prev.objs.NpaInV4.Lookup(k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := prev.objs.NpaInV4.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+		k.Tag = wordGen(w)<<2 | uint32(tagTier(k.Tag))
+		if err := prev.objs.NpaInV4.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		unmarked = append(unmarked, k)
+	}
+	if len(unmarked) == 0 {
+		t.Fatal("the policy wrote no IPv4 ingress entries to retag")
+	}
+	if err := prev.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e, err := OpenEBPF(EBPFOptions{PinPath: pin})
+	if err == nil {
+		_ = e.Close()
+		t.Fatal("OpenEBPF adopted entries of an unreleased layout; want ErrIncompatiblePins")
+	}
+	if !errors.Is(err, ErrIncompatiblePins) || !strings.Contains(err.Error(), pin) {
+		t.Fatalf("OpenEBPF: %v; want ErrIncompatiblePins naming %s", err, pin)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pin, "npa_in_v4"), nil)
+	if err != nil {
+		t.Fatalf("reopen the pinned trie: %v", err)
+	}
+	defer m.Close()
+	for _, k := range unmarked {
+		if err := m.Lookup(k, &v); err != nil {
+			t.Errorf("entry %+v gone after the refusal: %v", k, err)
+		}
 	}
 }
