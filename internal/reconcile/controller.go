@@ -85,6 +85,9 @@ type Controller struct {
 	initial initialSync
 
 	stats counters
+	// progress is when keys were taken, syncs finished and events arrived, for a
+	// liveness check (see progress.go).
+	progress progress
 }
 
 // New builds the loop: a REST client for networking.k8s.aws/v1alpha1, one shared
@@ -128,6 +131,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objectKey](5*time.Millisecond, cfg.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[objectKey]{}),
 	}
+	c.progress.init(cfg.Workers)
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation)
 
@@ -188,6 +192,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.initial.begin(keys)
 	c.initialSynced(objectKey{})
+	c.progress.started(time.Now())
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for c.processNext(ctx) {
@@ -216,6 +221,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	if shutdown {
 		return false
 	}
+	defer c.progress.done(c.progress.take(time.Now())) // a slot held until the key is done
 	defer c.queue.Done(key)
 	if ctx.Err() != nil {
 		return false // stop taking work; what is queued is re-listed at the next start
