@@ -13,12 +13,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +105,12 @@ func (a *agentProcess) logs() string {
 // choosing, and waits until it logs the port.
 func startAgent(t *testing.T, kubeconfig, stateFile string, extra ...string) *agentProcess {
 	t.Helper()
+	return startAgentEnv(t, nil, kubeconfig, stateFile, extra...)
+}
+
+// startAgentEnv is startAgent with env added to the agent's environment.
+func startAgentEnv(t *testing.T, env []string, kubeconfig, stateFile string, extra ...string) *agentProcess {
+	t.Helper()
 	args := append([]string{
 		"--kubeconfig=" + kubeconfig,
 		"--node-name=" + testNodeName,
@@ -114,7 +124,7 @@ func startAgent(t *testing.T, kubeconfig, stateFile string, extra ...string) *ag
 	}, extra...)
 	a := &agentProcess{cmd: exec.Command(buildAgent(t), args...), addr: make(chan string, 1), done: make(chan struct{})}
 	// OTLP off: no collector in this test; /metrics is what is checked.
-	a.cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none")
+	a.cmd.Env = append(append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none"), env...)
 	stderr, err := a.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +165,7 @@ func (a *agentProcess) scan(r io.Reader) {
 		a.stderr.WriteString(line + "\n")
 		a.mu.Unlock()
 		var rec struct{ Msg, Addr string }
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving /metrics, /healthz and /readyz" {
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving /metrics, /livez, /healthz and /readyz" {
 			a.addr <- rec.Addr
 		}
 	}
@@ -283,17 +293,28 @@ func startControlPlane(t *testing.T) (cp *testenv.ControlPlane, kubeconfig, stat
 	return cp, kubeconfig, filepath.Join(dir, "state", "seen.state") // the agent creates the directory
 }
 
-// TestAgentLifecycle: the binary against a real apiserver serves /healthz at once,
-// turns ready after its informers sync, serves its metrics, warns that the memory
+// TestAgentLifecycle: the binary against a real apiserver serves /livez and /healthz
+// at once, turns ready after its informers sync, stays alive (the loop records its
+// progress and is not stalled), serves its metrics, warns that the memory
 // dataplane enforces nothing, and on SIGTERM exits 0 with the state file written.
 func TestAgentLifecycle(t *testing.T) {
 	_, kubeconfig, stateFile := startControlPlane(t)
 
 	a := startAgent(t, kubeconfig, stateFile)
-	if code, body := a.get(t, "/healthz"); code != http.StatusOK {
-		t.Fatalf("/healthz = %d %q, want 200", code, body)
+	for _, p := range []string{"/livez", "/healthz"} {
+		if code, body := a.get(t, p); code != http.StatusOK {
+			t.Fatalf("%s = %d %q, want 200", p, code, body)
+		}
 	}
 	testenv.Eventually(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	// Resyncs every second keep the loop busy: still alive, still ready.
+	time.Sleep(2 * time.Second)
+	if code, body := a.get(t, "/livez"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/livez on a healthy, synced agent = %d %q, want 200 ok", code, body)
+	}
+	if code, body := a.get(t, "/readyz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/readyz = %d %q, want 200 ok (nothing degraded)", code, body)
+	}
 	if _, body := a.get(t, "/metrics"); !strings.Contains(body, "npagent_") {
 		t.Fatalf("/metrics serves no npagent metric:\n%s", body)
 	}
@@ -388,38 +409,159 @@ func TestAgentMeasuresEachTriggerOnceAcrossRestarts(t *testing.T) {
 	}
 }
 
-// TestAgentUnreachableAPIServer: a kubeconfig naming an address where nothing
-// listens makes the binary exit non-zero with that address in its message, before
-// anything else starts.
-func TestAgentUnreachableAPIServer(t *testing.T) {
-	skipIfShort(t)
+// deadAPIServer returns a kubeconfig naming an address where nothing listens.
+func deadAPIServer(t *testing.T) (kubeconfig, addr string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
+	addr = ln.Addr().String()
 	ln.Close() // nothing listens there now
+	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	testenv.WriteKubeconfig(t, &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+	return kubeconfig, addr
+}
 
+// TestAgentUnreachableAPIServerIsRetried: with nothing listening at the apiserver's
+// address the agent does not exit: it is alive, not ready, /readyz names the address
+// as unreachable, and SIGTERM during the retries exits 0 at once.
+func TestAgentUnreachableAPIServerIsRetried(t *testing.T) {
+	skipIfShort(t)
+	kubeconfig, addr := deadAPIServer(t)
+	a := startAgent(t, kubeconfig, filepath.Join(t.TempDir(), "seen.state"), "--apiserver-timeout=2s")
+	testenv.Eventually(t, 20*time.Second, "/readyz to name the unreachable apiserver", func() bool {
+		code, body := a.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "apiserver unreachable") && strings.Contains(body, addr)
+	})
+	if code, body := a.get(t, "/livez"); code != http.StatusOK {
+		t.Errorf("/livez while the apiserver is unreachable = %d %q, want 200", code, body)
+	}
+	// Past the first retries (1s, 2s): still running, still saying why.
+	time.Sleep(3500 * time.Millisecond)
+	select {
+	case <-a.done:
+		t.Fatalf("agent exited with the apiserver unreachable: %v\n%s", a.exit, a.logs())
+	default:
+	}
+	if n := strings.Count(a.logs(), "apiserver probe failed; retrying"); n < 2 {
+		t.Errorf("%d failed probes logged, want the retries logged", n)
+	}
+	start := time.Now()
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM while waiting for the apiserver = %d, want 0:\n%s", code, a.logs())
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v to exit after SIGTERM while waiting for the apiserver", d)
+	}
+}
+
+// lateAPIServer is an apiserver address for the agent's kubeconfig, before the
+// apiserver exists. Until up, every connection is closed at once (as an apiserver
+// that is not listening yet; the port stays ours). After up, it forwards to a real
+// apiserver with that apiserver's credentials, as kubectl proxy does.
+type lateAPIServer struct {
+	srv   *httptest.Server
+	proxy atomic.Pointer[httputil.ReverseProxy]
+}
+
+func newLateAPIServer(t *testing.T) *lateAPIServer {
+	l := &lateAPIServer{}
+	l.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := l.proxy.Load(); p != nil {
+			p.ServeHTTP(w, r)
+			return
+		}
+		if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			c.Close()
+		}
+	}))
+	t.Cleanup(l.srv.Close)
+	return l
+}
+
+// up forwards to the apiserver rc reaches from now on.
+func (l *lateAPIServer) up(t *testing.T, rc *rest.Config) {
+	t.Helper()
+	host := rc.Host
+	if !strings.Contains(host, "://") {
+		host = "https://" + host
+	}
+	target, err := url.Parse(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := rest.TransportFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.proxy.Store(&httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		Transport:     rt,
+		FlushInterval: -1, // watches stream
+	})
+}
+
+// TestAgentWaitsForTheAPIServer: the agent starts before the apiserver. It serves
+// /livez 200 and /readyz 503 naming the apiserver meanwhile, and turns ready when the
+// apiserver comes up, without restarting.
+func TestAgentWaitsForTheAPIServer(t *testing.T) {
+	skipIfShort(t)
+	late := newLateAPIServer(t)
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	testenv.WriteKubeconfig(t, &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}, kubeconfig)
+	testenv.WriteKubeconfig(t, &rest.Config{Host: late.srv.URL}, kubeconfig)
 
-	cmd := exec.Command(buildAgent(t), "--kubeconfig="+kubeconfig, "--node-ip=10.0.0.1", "--node-name=n",
-		"--dataplane=memory", "--state-file="+filepath.Join(dir, "seen.state"), "--metrics-addr=127.0.0.1:0",
-		"--apiserver-timeout=3s")
-	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("agent exited 0 with an unreachable apiserver:\n%s", out)
+	a := startAgent(t, kubeconfig, filepath.Join(dir, "seen.state"), "--apiserver-timeout=2s")
+	testenv.Eventually(t, 20*time.Second, "/readyz to name the apiserver", func() bool {
+		code, body := a.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "apiserver unreachable") && strings.Contains(body, late.srv.URL)
+	})
+	if code, body := a.get(t, "/livez"); code != http.StatusOK {
+		t.Fatalf("/livez while the apiserver is not up = %d %q, want 200", code, body)
 	}
-	if code := cmd.ProcessState.ExitCode(); code != 1 {
-		t.Errorf("exit code = %d, want 1", code)
+
+	cp := testenv.Start(t) // after the agent
+	late.up(t, cp.Config)
+	// The probe backs off up to 30s between attempts.
+	testenv.Eventually(t, 90*time.Second, "/readyz 200 once the apiserver is up", func() bool {
+		code, _ := a.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	select {
+	case <-a.done:
+		t.Fatalf("agent exited: %v", a.exit)
+	default:
 	}
-	if !strings.Contains(string(out), addr) || !strings.Contains(string(out), "unreachable") {
-		t.Errorf("output does not say the apiserver at %s is unreachable:\n%s", addr, out)
+	if !strings.Contains(a.logs(), "apiserver probe failed; retrying") || !strings.Contains(a.logs(), "apiserver reachable") {
+		t.Errorf("the log does not show the retries and the recovery:\n%s", a.logs())
 	}
-	if d := time.Since(start); d > 15*time.Second {
-		t.Errorf("took %v to give up; the probe is bounded by --apiserver-timeout=3s", d)
+	if code, body := a.get(t, "/livez"); code != http.StatusOK {
+		t.Errorf("/livez = %d %q, want 200", code, body)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+}
+
+// TestAgentMalformedOTELResourceAttributes: a malformed OTEL_RESOURCE_ATTRIBUTES
+// (which telemetry rejects) does not stop the agent: it logs the problem, runs
+// without the variable, becomes ready, and /readyz names what is degraded.
+func TestAgentMalformedOTELResourceAttributes(t *testing.T) {
+	_, kubeconfig, stateFile := startControlPlane(t)
+	a := startAgentEnv(t, []string{"OTEL_RESOURCE_ATTRIBUTES=k8s.cluster.name"}, kubeconfig, stateFile)
+	testenv.Eventually(t, 30*time.Second, "/readyz 200", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	if _, body := a.get(t, "/readyz"); !strings.Contains(body, "degraded: telemetry: OTEL_RESOURCE_ATTRIBUTES ignored") {
+		t.Errorf("/readyz does not name the degraded telemetry:\n%s", body)
+	}
+	if !strings.Contains(a.logs(), "telemetry configuration rejected") || !strings.Contains(a.logs(), "OTEL_RESOURCE_ATTRIBUTES") {
+		t.Errorf("the rejected OTEL_RESOURCE_ATTRIBUTES is not logged:\n%s", a.logs())
+	}
+	if _, body := a.get(t, "/metrics"); !strings.Contains(body, "npagent_") {
+		t.Errorf("/metrics serves no npagent metric with degraded telemetry")
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
 	}
 }
 

@@ -22,6 +22,9 @@ const (
 	dataplaneMemory = "memory"
 )
 
+// defaultMetricsPort is --metrics-addr's port when the flag is empty.
+const defaultMetricsPort = "9090"
+
 // config is everything the agent is told at start. parseConfig fills it from the
 // command line, falling back to the environment for every flag not given.
 type config struct {
@@ -35,7 +38,8 @@ type config struct {
 	TraceParentAnnotation string
 	ResyncPeriod          time.Duration
 	Workers               int
-	MetricsAddr           string
+	MetricsAddr           string // "" at parse time becomes <node-ip>:9090
+	StallTimeout          time.Duration
 	APIServerTimeout      time.Duration
 	ShutdownTimeout       time.Duration
 	LogLevel              slog.Level
@@ -59,6 +63,7 @@ var flagEnv = map[string]string{
 	"resync-period":          "NPAGENT_RESYNC_PERIOD",
 	"workers":                "NPAGENT_WORKERS",
 	"metrics-addr":           "NPAGENT_METRICS_ADDR",
+	"stall-timeout":          "NPAGENT_STALL_TIMEOUT",
 	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
 	"shutdown-timeout":       "NPAGENT_SHUTDOWN_TIMEOUT",
 	"log-level":              "NPAGENT_LOG_LEVEL",
@@ -90,7 +95,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding a W3C traceparent to join; empty: none")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "address serving /metrics, /healthz and /readyz")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
+	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -145,6 +151,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		errs = append(errs, fmt.Errorf("--node-ip: %q is not an IP address", nodeIP))
 	} else {
 		c.NodeIP = ip.Unmap()
+		if c.MetricsAddr == "" {
+			// The node IP, not every interface: on the host network every interface
+			// is the node's. The kubelet's probes and Prometheus reach the pod IP,
+			// which is the node IP.
+			c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
+		}
 	}
 	if c.NodeName == "" {
 		host, err := os.Hostname()
@@ -177,7 +189,10 @@ func (c *config) validate() []error {
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers: %d, need at least 1", c.Workers))
 	}
-	if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+	if c.StallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stall-timeout: %v, need a positive duration", c.StallTimeout))
+	}
+	if _, _, err := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr != "" && err != nil { // "": node IP missing, reported
 		errs = append(errs, fmt.Errorf("--metrics-addr: %q is not host:port", c.MetricsAddr))
 	}
 	if c.APIServerTimeout <= 0 {

@@ -36,7 +36,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		TraceParentAnnotation: v1alpha1.AnnotationTraceParent,
 		ResyncPeriod:          10 * time.Minute,
 		Workers:               2,
-		MetricsAddr:           ":9090",
+		MetricsAddr:           "10.0.0.5:9090", // the node IP, not every interface
+		StallTimeout:          2 * time.Minute,
 		APIServerTimeout:      10 * time.Second,
 		ShutdownTimeout:       10 * time.Second,
 		LogLevel:              slog.LevelInfo,
@@ -61,6 +62,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_RESYNC_PERIOD":          "30s",
 		"NPAGENT_WORKERS":                "4",
 		"NPAGENT_METRICS_ADDR":           "127.0.0.1:9999",
+		"NPAGENT_STALL_TIMEOUT":          "45s",
 		"NPAGENT_APISERVER_TIMEOUT":      "3s",
 		"NPAGENT_SHUTDOWN_TIMEOUT":       "4s",
 		"NPAGENT_LOG_LEVEL":              "debug",
@@ -92,6 +94,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		ResyncPeriod:          30 * time.Second,
 		Workers:               4,
 		MetricsAddr:           "127.0.0.1:9999",
+		StallTimeout:          45 * time.Second,
 		APIServerTimeout:      3 * time.Second,
 		ShutdownTimeout:       4 * time.Second,
 		LogLevel:              slog.LevelDebug,
@@ -133,6 +136,7 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"negative resync", []string{"--resync-period=-1s"}, nil, []string{"--resync-period", "negative"}},
 		{"zero workers", []string{"--workers=0"}, nil, []string{"--workers"}},
 		{"bad metrics addr", []string{"--metrics-addr=9090"}, nil, []string{"--metrics-addr", `"9090"`}},
+		{"zero stall timeout", []string{"--stall-timeout=0s"}, nil, []string{"--stall-timeout"}},
 		{"zero apiserver timeout", []string{"--apiserver-timeout=0s"}, nil, []string{"--apiserver-timeout"}},
 		{"zero shutdown timeout", []string{"--shutdown-timeout=0s"}, nil, []string{"--shutdown-timeout"}},
 		{"bad log level", []string{"--log-level=loud"}, nil, []string{"--log-level", `"loud"`}},
@@ -228,18 +232,136 @@ func TestVersionCommand(t *testing.T) {
 	}
 }
 
+func TestMetricsAddrDefaultsToTheNodeIP(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"IPv4 node", nil, map[string]string{"NODE_IP": "10.0.0.5"}, "10.0.0.5:9090"},
+		{"IPv6 node", nil, map[string]string{"NODE_IP": "fd00::5"}, "[fd00::5]:9090"},
+		{"IPv4-mapped node", []string{"--node-ip=::ffff:10.0.0.6"}, nil, "10.0.0.6:9090"},
+		{"explicit empty flag", []string{"--metrics-addr="}, map[string]string{"NODE_IP": "10.0.0.5"}, "10.0.0.5:9090"},
+		{"every interface, explicitly", []string{"--metrics-addr=:9090"}, map[string]string{"NODE_IP": "10.0.0.5"}, ":9090"},
+		{"localhost", nil, map[string]string{"NODE_IP": "10.0.0.5", "NPAGENT_METRICS_ADDR": "127.0.0.1:9437"}, "127.0.0.1:9437"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"NODE_NAME": "n"}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			c, err := parseConfig(tt.args, envMap(env), &bytes.Buffer{})
+			if err != nil {
+				t.Fatalf("parseConfig: %v", err)
+			}
+			if c.MetricsAddr != tt.want {
+				t.Errorf("metrics addr = %q, want %q", c.MetricsAddr, tt.want)
+			}
+		})
+	}
+}
+
+func TestHTTPServerBounds(t *testing.T) {
+	srv := newHTTPServer(http.NotFoundHandler(), nil)
+	for _, tt := range []struct {
+		name string
+		got  time.Duration
+	}{
+		{"ReadHeaderTimeout", srv.ReadHeaderTimeout},
+		{"ReadTimeout", srv.ReadTimeout},
+		{"WriteTimeout", srv.WriteTimeout},
+		{"IdleTimeout", srv.IdleTimeout},
+	} {
+		if tt.got <= 0 || tt.got > time.Minute {
+			t.Errorf("%s = %v, want set, at most a minute", tt.name, tt.got)
+		}
+	}
+	if srv.ReadHeaderTimeout > srv.ReadTimeout {
+		t.Errorf("ReadHeaderTimeout %v > ReadTimeout %v", srv.ReadHeaderTimeout, srv.ReadTimeout)
+	}
+	if srv.MaxHeaderBytes <= 0 || srv.MaxHeaderBytes > 64<<10 {
+		t.Errorf("MaxHeaderBytes = %d, want a small bound", srv.MaxHeaderBytes)
+	}
+}
+
+// TestHTTPServerLimitsRequestsInFlight holds httpMaxInFlight requests in a handler
+// and checks the next one is answered 503 at once, and served again once one ends.
+func TestHTTPServerLimitsRequestsInFlight(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, httpMaxInFlight)
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-release
+		}
+		w.Write([]byte("ok"))
+	})
+	ts := httptest.NewUnstartedServer(nil)
+	ts.Config = newHTTPServer(slow, nil)
+	ts.Start()
+	defer ts.Close()
+
+	done := make(chan int, httpMaxInFlight)
+	for range httpMaxInFlight {
+		go func() {
+			resp, err := http.Get(ts.URL + "/slow")
+			if err != nil {
+				done <- -1
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	for range httpMaxInFlight {
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the slow requests did not all reach the handler")
+		}
+	}
+	resp, err := http.Get(ts.URL + "/fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("request beyond %d in flight = %d (Retry-After %q), want 503 with Retry-After",
+			httpMaxInFlight, resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	close(release)
+	for range httpMaxInFlight {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("held request = %d, want 200", code)
+		}
+	}
+	resp, err = http.Get(ts.URL + "/fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("after the held requests ended = %d, want 200", resp.StatusCode)
+	}
+}
+
 func TestHTTPHandler(t *testing.T) {
+	var liveErr error
 	var readyErr error = errors.New("informer caches not synced yet")
+	var notes []string
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("npagent_metric 1\n")) })
-	h := newHTTPHandler(metrics, func() error { return readyErr })
+	h := newHTTPHandler(metrics, func() error { return liveErr }, func() ([]string, error) { return notes, readyErr })
 
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		return rec.Code, rec.Body.String()
 	}
-	if code, _ := get("/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz = %d, want 200", code)
+	for _, p := range []string{"/livez", "/healthz"} {
+		if code, _ := get(p); code != http.StatusOK {
+			t.Errorf("%s = %d, want 200", p, code)
+		}
 	}
 	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "informer caches not synced") {
 		t.Errorf("/readyz before sync = %d %q, want 503 with the reason", code, body)
@@ -247,6 +369,16 @@ func TestHTTPHandler(t *testing.T) {
 	readyErr = nil
 	if code, _ := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz when ready = %d, want 200", code)
+	}
+	notes = []string{"telemetry: OTEL_RESOURCE_ATTRIBUTES ignored"}
+	if code, body := get("/readyz"); code != http.StatusOK || !strings.Contains(body, "degraded: telemetry: OTEL_RESOURCE_ATTRIBUTES ignored") {
+		t.Errorf("/readyz when ready and degraded = %d %q, want 200 naming what is degraded", code, body)
+	}
+	liveErr = errors.New("worker slot 0: one sync in flight for 3m0s")
+	for _, p := range []string{"/livez", "/healthz"} {
+		if code, body := get(p); code != http.StatusInternalServerError || !strings.Contains(body, "one sync in flight") {
+			t.Errorf("%s when stalled = %d %q, want 500 with the reason", p, code, body)
+		}
 	}
 	if code, body := get("/metrics"); code != http.StatusOK || body != "npagent_metric 1\n" {
 		t.Errorf("/metrics = %d %q, want the metrics handler's answer", code, body)

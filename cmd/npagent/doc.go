@@ -16,14 +16,26 @@
 //
 // What it promises:
 //
-//   - Startup fails fast and says why: a bad flag names the flag (exit 2); an
-//     unreachable apiserver names its address; missing CRDs are named; eBPF without
-//     privileges names CAP_BPF and CAP_NET_ADMIN. The apiserver is probed (GET
-//     /version, bounded by --apiserver-timeout) before any informer starts.
+//   - A bad flag names the flag and exits 2 at once. Local, certain failures at
+//     start exit 1 naming the cause (eBPF without privileges names CAP_BPF and
+//     CAP_NET_ADMIN; --metrics-addr in use).
+//   - What may heal by itself does not stop the agent, since a crash loop backs off
+//     for minutes after the cause is gone: an apiserver that is unreachable at start
+//     or does not serve the CRDs yet is probed again (GET /version and the group,
+//     each bounded by --apiserver-timeout; 1s doubling to 30s between attempts)
+//     while HTTP already answers; a malformed OTEL_* setting is logged once and
+//     telemetry degrades (without OTEL_RESOURCE_ATTRIBUTES, else without OTLP
+//     export, else off), listed by /readyz.
 //   - --dataplane=memory polices nothing and logs a warning saying so.
-//   - HTTP on --metrics-addr: /healthz (alive), /readyz (200 once the informer
-//     caches synced and the dataplane is ready; 503 with the reason otherwise),
-//     /metrics (Prometheus; the latency histogram is native, protobuf exposition).
+//   - HTTP on --metrics-addr (default: the node IP, port 9090; ":9090" for every
+//     interface), every timeout set, at most 16 requests in flight (503 beyond):
+//     /livez and its alias /healthz (liveness and startup probe: 500 when one sync
+//     has run, or keys have waited with no sync finishing, for longer than
+//     --stall-timeout; 200 while waiting for the apiserver), /readyz (200 once the
+//     apiserver answered, the informer caches synced, the dataplane is ready and
+//     the loop is not stalled; 503 naming the first that is not; what runs degraded
+//     listed either way), /metrics (Prometheus; the latency histogram is native,
+//     protobuf exposition).
 //   - SIGTERM or SIGINT: stop taking work, finish the commit in flight, persist the
 //     seen-set to --state-file, flush telemetry within --shutdown-timeout, exit 0.
 //     The next start restores the seen-set, so a trigger reported before the

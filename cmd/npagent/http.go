@@ -2,29 +2,91 @@ package main
 
 import (
 	"fmt"
+	"log"
 	"net/http"
+	"time"
 )
+
+// Bounds of the HTTP server on --metrics-addr. Its clients are the kubelet's probes
+// and a Prometheus scrape or two; anything beyond is a misbehaving client, answered
+// 503 at once rather than queued.
+const (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpWriteTimeout      = 30 * time.Second // a scrape of the native histograms fits easily
+	httpIdleTimeout       = 60 * time.Second
+	httpMaxHeaderBytes    = 16 << 10
+	httpMaxInFlight       = 16
+)
+
+// newHTTPServer returns the server for h: every timeout set, headers bounded, and at
+// most httpMaxInFlight requests served at once (limitInFlight).
+func newHTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           limitInFlight(h, httpMaxInFlight),
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		ErrorLog:          errorLog,
+	}
+}
+
+// limitInFlight serves at most n requests of h at once; a request beyond that is
+// answered 503 with Retry-After at once, so a flood of slow clients cannot pile up
+// goroutines and memory (a probe that meets a full server fails once; the kubelet
+// needs several failures in a row to act).
+func limitInFlight(h http.Handler, n int) http.Handler {
+	sem := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+			h.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("too many requests in flight (limit %d)", n), http.StatusServiceUnavailable)
+		}
+	})
+}
 
 // newHTTPHandler serves the agent's endpoints:
 //
-//   - /healthz: 200 while the process serves HTTP at all (liveness);
-//   - /readyz: 200 once ready() returns nil, else 503 with its reason (informer
-//     caches not synced, dataplane not ready, shutting down);
+//   - /livez, and /healthz as its alias: 200 while the process makes progress, 500
+//     with the reason when live() says it does not (a sync stuck, the loop wedged;
+//     see stalled). Liveness, and the startup probe: it is 200 while the agent waits
+//     for the apiserver, because restarting would not bring the apiserver back.
+//   - /readyz: 200 once ready() returns no error, with its notes (what runs
+//     degraded) after "ok"; else 503 with the reason (apiserver unreachable, CRDs
+//     not served, informer caches not synced, dataplane not ready, stalled,
+//     shutting down).
 //   - /metrics: the Prometheus exposition of every npagent instrument.
-func newHTTPHandler(metrics http.Handler, ready func() error) http.Handler {
+func newHTTPHandler(metrics http.Handler, live func() error, ready func() (notes []string, err error)) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	liveness := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := ready(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", err)
+		if err := live(); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, "not alive: %v\n", err)
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	}
+	mux.HandleFunc("GET /livez", liveness)
+	mux.HandleFunc("GET /healthz", liveness)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		notes, err := ready()
+		if err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %v\n", err)
+		} else {
+			fmt.Fprintln(w, "ok")
+		}
+		for _, n := range notes {
+			fmt.Fprintf(w, "degraded: %s\n", n)
+		}
 	})
 	mux.Handle("GET /metrics", metrics)
 	return mux

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,7 +36,10 @@ func (e usageError) Unwrap() error { return e.err }
 // part, blocks until ctx is done, then shuts down in order — stop taking work,
 // finish the commit in flight, persist the seen-set, flush telemetry — and returns
 // nil. It returns a usageError for a bad command line, flag.ErrHelp after printing
-// usage, and any other error when the agent could not start or failed.
+// usage, and any other error when the agent could not start for a local, certain
+// cause (a port in use, no privileges for eBPF) or failed. What may heal by itself
+// does not end it: it waits for the apiserver and the CRDs (waitForAPIServer), and
+// runs with degraded telemetry when OTEL_* is malformed (openTelemetry).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "version" {
 		fmt.Fprintf(stdout, "npagent %s\n", agentVersion())
@@ -62,6 +64,70 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer ln.Close()
 
+	// Telemetry is local: a bad OTEL_* setting degrades it, never stops the agent.
+	health := newAgentHealth(cfg.StallTimeout)
+	tel, degraded := openTelemetry(ctx, log.With("component", "telemetry"),
+		telemetry.WithNodeName(cfg.NodeName),
+		telemetry.WithServiceVersion(agentVersion()),
+		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
+		telemetry.WithLogger(log.With("component", "telemetry")),
+	)
+	if degraded != "" {
+		health.addDegraded(degraded)
+	}
+	var sink report.Sink = report.Discard{}
+	metrics := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "telemetry off: "+degraded, http.StatusServiceUnavailable)
+	}))
+	if tel != nil {
+		sink, metrics = tel, tel.MetricsHandler()
+	}
+
+	// HTTP from here on: /livez answers while the agent waits for the apiserver, and
+	// /readyz says what it waits for.
+	srv := newHTTPServer(newHTTPHandler(metrics, health.live, health.ready),
+		slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("serving /metrics, /livez, /healthz and /readyz", "addr", ln.Addr().String())
+	defer func() {
+		httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancelHTTP()
+		if err := srv.Shutdown(httpCtx); err != nil {
+			log.Warn("http server shutdown", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	if tel != nil { // flushed before the HTTP server stops (defers run last first)
+		defer shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
+	}
+
+	// Everything stops on runCtx: the signal context, or a failed HTTP server.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	httpFailed := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed; stopping", "addr", ln.Addr().String(), "err", err)
+				httpFailed <- fmt.Errorf("http server on %s: %w", ln.Addr(), err)
+			}
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
+	// stopped is run's result once runCtx ended early: the HTTP server's failure, or
+	// nil for a signal.
+	stopped := func() error {
+		select {
+		case err := <-httpFailed:
+			return err
+		default:
+			log.Info("signal received while starting: exiting")
+			return nil
+		}
+	}
+
 	restConfig, err := loadRESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return err
@@ -77,8 +143,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("close dataplane", "dataplane", cfg.Dataplane, "err", err)
 		}
 	}()
-	if err := probeAPIServer(ctx, restConfig, cfg.APIServerTimeout); err != nil {
-		return err
+	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
+		return stopped()
 	}
 
 	seenSet, err := openSeenSet(cfg, start, log)
@@ -86,22 +152,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
-	tel, err := telemetry.New(ctx,
-		telemetry.WithNodeName(cfg.NodeName),
-		telemetry.WithServiceVersion(agentVersion()),
-		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
-		telemetry.WithLogger(log.With("component", "telemetry")),
-	)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
 		NodeIP:                cfg.NodeIP,
 		Dataplane:             dp,
 		Seen:                  seenSet,
-		Sink:                  tel,
+		Sink:                  sink,
 		Resolver:              podif.NewRouteResolver(),
 		TriggerAnnotation:     cfg.TriggerAnnotation,
 		TraceParentAnnotation: cfg.TraceParentAnnotation,
@@ -111,56 +167,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Logger:                log.With("component", "reconcile"),
 	})
 	if err != nil {
-		shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
 		return fmt.Errorf("reconcile: %w", err)
 	}
-	// Each count has one owner; telemetry reads them at each collection.
-	tel.ObserveCounts(func(c *report.Counts) {
-		ctrl.Counts(c)
-		st := seenSet.Stats()
-		c.Suppressed = st.Suppressed
-		c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
+	if tel != nil {
+		// Each count has one owner; telemetry reads them at each collection.
+		tel.ObserveCounts(func(c *report.Counts) {
+			ctrl.Counts(c)
+			st := seenSet.Stats()
+			c.Suppressed = st.Suppressed
+			c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
+		})
+	}
+	health.setLoop(ctrl, func() error {
+		if err := dp.Ready(); err != nil {
+			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
+		}
+		return nil
 	})
 
-	var stopping atomic.Bool
-	srv := &http.Server{
-		Handler: newHTTPHandler(tel.MetricsHandler(), func() error {
-			switch {
-			case stopping.Load():
-				return errors.New("shutting down")
-			case !ctrl.HasSynced():
-				return errors.New("informer caches not synced yet")
-			}
-			if err := dp.Ready(); err != nil {
-				return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
-			}
-			return nil
-		}),
-		ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
-
-	// The controller stops on runCtx: the signal context, or a failed HTTP server.
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	httpFailed := make(chan error, 1)
-	go func() {
-		select {
-		case err := <-serveErr:
-			if !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server failed; stopping", "addr", ln.Addr().String(), "err", err)
-				httpFailed <- fmt.Errorf("http server on %s: %w", ln.Addr(), err)
-			}
-			cancelRun()
-		case <-runCtx.Done():
-		}
-	}()
-
 	runErr := ctrl.Run(runCtx)
-	stopping.Store(true)
+	health.setStopping()
 	if ctx.Err() != nil {
 		log.Info("signal received: stopped taking work, in-flight commits finished")
 	}
@@ -171,13 +197,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := seenSet.Persist(); err != nil {
 		log.Error("persist seen-set", "state_file", cfg.StateFile, "err", err)
 	}
-	shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
-	httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
-	if err := srv.Shutdown(httpCtx); err != nil {
-		log.Warn("http server shutdown", "addr", ln.Addr().String(), "err", err)
-	}
-	cancelHTTP()
-
 	st, cs := seenSet.Stats(), ctrl.Stats()
 	log.Info("npagent stopped", "uptime", time.Since(start).Round(time.Millisecond),
 		"reported", st.Reported, "accepted", st.Accepted, "pending", st.Pending,
@@ -218,10 +237,49 @@ func loadRESTConfig(kubeconfig string) (*rest.Config, error) {
 	return rc, nil
 }
 
+// Backoff between apiserver probes at start: doubling from the first to the cap.
+const (
+	apiserverRetryFirst = time.Second
+	apiserverRetryMax   = 30 * time.Second
+)
+
+// waitForAPIServer probes the apiserver (probeAPIServer) until it answers and serves
+// networking.k8s.aws/v1alpha1, waiting apiserverRetryFirst, doubling up to
+// apiserverRetryMax, between attempts. An apiserver that is down or slow at start,
+// or CRDs not installed yet, is not a reason to exit: the DaemonSet would crash-loop
+// and back off for minutes after the apiserver is back. Meanwhile each failure is
+// logged and is what /readyz answers; /livez stays 200. It returns nil once the
+// probe passes, or ctx's error when ctx ends first.
+func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, health *agentHealth, log *slog.Logger) error {
+	health.setWaiting(fmt.Errorf("apiserver %s: not probed yet", rc.Host))
+	delay := apiserverRetryFirst
+	for attempt := 1; ; attempt++ {
+		err := probeAPIServer(ctx, rc, timeout)
+		if err == nil {
+			log.Info("apiserver reachable, CRDs served", "apiserver", rc.Host, "attempts", attempt)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		health.setWaiting(err)
+		log.Warn("apiserver probe failed; retrying (not ready meanwhile)", "apiserver", rc.Host,
+			"attempt", attempt, "retry_in", delay, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, apiserverRetryMax)
+	}
+}
+
 // probeAPIServer asks the apiserver for its version and for the
-// networking.k8s.aws/v1alpha1 group, within timeout, so an unreachable address or
-// missing CRDs fail the start with a clear message instead of informers retrying
-// forever.
+// networking.k8s.aws/v1alpha1 group, within timeout, so that an unreachable address
+// or missing CRDs are named (in the log and /readyz) before any informer starts
+// retrying silently.
 func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration) error {
 	probeConfig := rest.CopyConfig(rc)
 	probeConfig.Timeout = timeout
@@ -232,11 +290,11 @@ func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := dc.RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
-		return fmt.Errorf("apiserver %s unreachable (probe GET /version, timeout %v): %w", rc.Host, timeout, err)
+		return fmt.Errorf("apiserver unreachable: %s (probe GET /version, timeout %v): %w", rc.Host, timeout, err)
 	}
 	group := "/apis/" + v1alpha1.SchemeGroupVersion.String()
 	if err := dc.RESTClient().Get().AbsPath(group).Do(ctx).Error(); err != nil {
-		return fmt.Errorf("apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? The AWS Network Policy Controller installs them; config/crd holds compatible copies for a local control plane)", rc.Host, group, err)
+		return fmt.Errorf("CRDs not served: apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? The AWS Network Policy Controller installs them; config/crd holds compatible copies for a local control plane)", rc.Host, group, err)
 	}
 	return nil
 }
