@@ -1,10 +1,8 @@
 package reconcile
 
 import (
-	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
-	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
@@ -30,7 +27,6 @@ type podLab struct {
 	hostIf    string
 	hostIP    string // the node's address on the host end
 	podIP     string
-	strayIP   string // in the subnet, no host route: must not resolve
 	hostIndex int
 }
 
@@ -43,11 +39,10 @@ func newPodLab(t *testing.T) *podLab {
 	id := os.Getpid() % 100000
 	subnet := fmt.Sprintf("10.251.%d", id%250+1)
 	l := &podLab{
-		ns:      fmt.Sprintf("npr-pods-%d", id),
-		hostIf:  fmt.Sprintf("npr%d", id),
-		hostIP:  subnet + ".1",
-		podIP:   subnet + ".2",
-		strayIP: subnet + ".3",
+		ns:     fmt.Sprintf("npr-pods-%d", id),
+		hostIf: fmt.Sprintf("npr%d", id),
+		hostIP: subnet + ".1",
+		podIP:  subnet + ".2",
 	}
 	netlab.AddNamespace(t, l.ns)
 	netlab.Run(t, "ip", "link", "add", l.hostIf, "type", "veth", "peer", "name", "eth0", "netns", l.ns)
@@ -74,20 +69,6 @@ func (l *podLab) serve(t *testing.T, port int) {
 // reach dials the pod from the node and exchanges one message.
 func (l *podLab) reach(port int) error {
 	return netlab.Exchange("", "tcp4", fmt.Sprintf("%s:%d", l.podIP, port), 400*time.Millisecond)
-}
-
-// TestRouteResolver: the route resolver finds the pod's veth by its host route, and
-// refuses an address of the same subnet that has no host route.
-func TestRouteResolver(t *testing.T) {
-	l := newPodLab(t)
-	r := podif.NewRouteResolver()
-	got, err := r.Resolve(netip.MustParseAddr(l.podIP))
-	if err != nil || got != l.hostIndex {
-		t.Errorf("Resolve(%s) = %d, %v; want %d (%s)", l.podIP, got, err, l.hostIndex, l.hostIf)
-	}
-	if got, err := r.Resolve(netip.MustParseAddr(l.strayIP)); !errors.Is(err, podif.ErrInterfaceNotFound) {
-		t.Errorf("Resolve(%s) = %d, %v; want podif.ErrInterfaceNotFound (only a connected /24 covers it)", l.strayIP, got, err)
-	}
 }
 
 // TestEBPFEnforcement programs a PolicyEndpoint written to a real apiserver into the
