@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // These tests drive one Controller's handlers and sync directly, with its informer
@@ -294,5 +296,67 @@ func TestCompileOptionsReachTheWorker(t *testing.T) {
 		case drop && (got != outcomeDone || invalid != 0 || len(mem.Pods()) != 1):
 			t.Errorf("drop: sync = %v, invalid %d, pods %v; want done, 0, the pod", got, invalid, mem.Pods())
 		}
+	}
+}
+
+// TestChunksOfOnePolicyMerge: the controller splits a policy into several objects,
+// some with rules and no pods. A pod one chunk lists gets the rules of every chunk of
+// its policy; a trigger on a rules-only chunk is reported where the policy has local
+// pods (its commit changed them); deleting that chunk takes its rules away; a chunk
+// of another policy does not leak in.
+func TestChunksOfOnePolicyMerge(t *testing.T) {
+	sink := newRecordingSink()
+	mem := bpfmaps.NewMemory()
+	c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7), sink)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	chunk := func(name, policy string, pods []v1alpha1.PodEndpoint, cidr string, port int32) *v1alpha1.PolicyEndpoint {
+		pe := ingressPE("bench", name, pods, cidr, port)
+		pe.UID = types.UID("uid-" + name)
+		pe.ResourceVersion = "1"
+		pe.Spec.PolicyRef.Name = policy
+		pe.Annotations = map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)}
+		return pe
+	}
+	add := func(pe *v1alpha1.PolicyEndpoint) {
+		t.Helper()
+		if err := store.Add(pe); err != nil {
+			t.Fatal(err)
+		}
+		h.OnAdd(pe, false)
+		if got := c.sync(keyOf(report.KindPolicyEndpoint, pe), time.Now()); got != outcomeDone {
+			t.Fatalf("sync %s = %v", pe.Name, got)
+		}
+	}
+	peer, other := netip.MustParseAddr("10.80.0.9"), netip.MustParseAddr("10.90.0.9")
+	add(chunk("np-a-pods", "np-a", []v1alpha1.PodEndpoint{pod(benchNode, "10.60.0.1")}, "10.70.0.0/16", 8000))
+	rules := chunk("np-a-rules", "np-a", nil, "10.80.0.0/16", 9000)
+	add(rules)
+	add(chunk("np-b-rules", "np-b", nil, "10.90.0.0/16", 9100))
+
+	if !mem.Verdict(7, bpfmaps.Ingress, peer, bpfmaps.ProtocolTCP, 9000) {
+		t.Error("the pod does not get the rules of its policy's rules-only chunk")
+	}
+	if mem.Verdict(7, bpfmaps.Ingress, other, bpfmaps.ProtocolTCP, 9100) {
+		t.Error("a chunk of another policy leaked into the pod")
+	}
+	if recs := sink.recordsFor("uid-np-a-rules"); len(recs) != 1 || recs[0].Pods != 1 {
+		t.Errorf("rules-only chunk's trigger: records %+v, want one, for the one local pod it changed", recs)
+	}
+	if recs := sink.recordsFor("uid-np-b-rules"); len(recs) != 0 {
+		t.Errorf("np-b has no pod here: %d records, want none (no_local_pods)", len(recs))
+	}
+
+	if err := store.Delete(rules); err != nil {
+		t.Fatal(err)
+	}
+	h.OnDelete(rules)
+	if got := c.sync(keyOf(report.KindPolicyEndpoint, rules), time.Now()); got != outcomeDone {
+		t.Fatalf("sync after delete = %v", got)
+	}
+	if mem.Verdict(7, bpfmaps.Ingress, peer, bpfmaps.ProtocolTCP, 9000) {
+		t.Error("the deleted chunk's rules are still in force")
+	}
+	if !mem.Verdict(7, bpfmaps.Ingress, netip.MustParseAddr("10.70.0.9"), bpfmaps.ProtocolTCP, 8000) {
+		t.Error("the remaining chunk's rules were lost")
 	}
 }

@@ -22,6 +22,11 @@
 //     re-commit is skipped by the dataplane's content hash and writes nothing.
 //   - A change to one object re-commits every local pod it selects and every pod it no
 //     longer selects; a pod no object selects any more is removed from the dataplane.
+//   - Chunks: the controller splits a policy into several objects (same
+//     spec.policyRef), some with rules and no pods. A pod any chunk lists is merged
+//     with every chunk of its policy, so a rules-only chunk's change re-commits the
+//     pods its siblings list, and its trigger is reported on the nodes where those
+//     pods are (elsewhere it is no_local_pods).
 //   - A trigger is reported only after every local pod of the object version carrying
 //     it was committed (seen.Committed), with its attempts: a commit that fails and
 //     then succeeds is one record with every attempt. An object with no local pods now

@@ -23,6 +23,10 @@ import (
 // the last commit of a pod always merges the newest versions, and an older version
 // never overwrites a newer one.
 //
+// The controller splits a policy into several objects (chunks: some with rules and
+// no pods). A pod any chunk selects is merged with every chunk of that policy, so a
+// change to a rules-only chunk re-commits the pods its siblings select.
+//
 // Workers compile their object before they ask for the lock; the wait for it is
 // measured (report.Attempt.Requested → Start) and so is the merge under it.
 type podTable struct {
@@ -33,8 +37,9 @@ type podTable struct {
 
 	mu         sync.Mutex
 	objects    map[objectKey]*objectState
-	podIndex   map[netip.Addr]map[objectKey]struct{}
-	programmed map[netip.Addr]int // local pod → ifindex holding its committed state
+	podIndex   map[netip.Addr]map[objectKey]struct{} // pod → the objects that list it
+	chunks     map[policyKey]map[objectKey]struct{}  // policy → its objects' keys
+	programmed map[netip.Addr]int                    // local pod → ifindex holding its committed state
 }
 
 // objectState is what the table remembers of one object key.
@@ -54,6 +59,7 @@ func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters,
 		dp: dp, resolver: resolver, stats: stats, log: log,
 		objects:    map[objectKey]*objectState{},
 		podIndex:   map[netip.Addr]map[objectKey]struct{}{},
+		chunks:     map[policyKey]map[objectKey]struct{}{},
 		programmed: map[netip.Addr]int{},
 	}
 }
@@ -105,7 +111,7 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 	if st == nil || st.uid != uid {
 		next := &objectState{uid: uid}
 		if st != nil {
-			next.dirty = union(st.dirty, st.pods())
+			next.dirty = union(st.dirty, t.reach(st.compiled))
 			t.index(st, nil)
 			res.replaced = st.uid
 		}
@@ -114,8 +120,9 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 	}
 	affected := st.dirty
 	if compiled != nil {
-		affected = union(st.dirty, st.pods(), compiled.pods)
+		before := t.reach(st.compiled)
 		t.index(st, compiled)
+		affected = union(st.dirty, before, t.reach(compiled))
 	}
 	if len(affected) == 0 {
 		res.noLocalWork = true
@@ -136,7 +143,7 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	if st == nil {
 		return res, ""
 	}
-	affected := union(st.dirty, st.pods())
+	affected := union(st.dirty, t.reach(st.compiled))
 	t.index(st, nil)
 	t.commitLocked(&res, affected)
 	st.dirty = res.notDone
@@ -146,28 +153,82 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	return res, st.uid
 }
 
-// pods returns the local pods of the state's valid version.
-func (st *objectState) pods() []netip.Addr {
-	if st.compiled == nil {
+// reach returns the local pods a version's rules apply to: its own, and those of
+// every other chunk of its policy. Called with mu held.
+func (t *podTable) reach(c *compiledObject) []netip.Addr {
+	if c == nil {
 		return nil
 	}
-	return st.compiled.pods
+	if c.policy == (policyKey{}) {
+		return c.pods
+	}
+	var lists [][]netip.Addr
+	for k := range t.chunks[c.policy] {
+		if st := t.objects[k]; st != nil && st.compiled != nil {
+			lists = append(lists, st.compiled.pods)
+		}
+	}
+	return union(append(lists, c.pods)...)
+}
+
+// objectsFor returns the valid versions a pod's policy merges: every object that
+// lists the pod, and every other chunk of their policies. Called with mu held.
+func (t *podTable) objectsFor(pod netip.Addr, objs []*compiledObject) []*compiledObject {
+	for k := range t.podIndex[pod] {
+		st := t.objects[k]
+		if st == nil || st.compiled == nil {
+			continue
+		}
+		if st.compiled.policy == (policyKey{}) {
+			objs = appendOnce(objs, st.compiled)
+			continue
+		}
+		for sibling := range t.chunks[st.compiled.policy] {
+			if sst := t.objects[sibling]; sst != nil && sst.compiled != nil {
+				objs = appendOnce(objs, sst.compiled)
+			}
+		}
+	}
+	return objs
+}
+
+// appendOnce appends c unless objs holds it already (a pod is listed by several
+// chunks of one policy).
+func appendOnce(objs []*compiledObject, c *compiledObject) []*compiledObject {
+	for _, o := range objs {
+		if o == c {
+			return objs
+		}
+	}
+	return append(objs, c)
 }
 
 // index makes compiled the state's version and updates podIndex. Called with mu held.
 func (t *podTable) index(st *objectState, compiled *compiledObject) {
-	if st.compiled != nil {
-		for _, pod := range st.compiled.pods {
+	if old := st.compiled; old != nil {
+		for _, pod := range old.pods {
 			keys := t.podIndex[pod]
-			delete(keys, st.compiled.key)
+			delete(keys, old.key)
 			if len(keys) == 0 {
 				delete(t.podIndex, pod)
+			}
+		}
+		if old.policy != (policyKey{}) {
+			delete(t.chunks[old.policy], old.key)
+			if len(t.chunks[old.policy]) == 0 {
+				delete(t.chunks, old.policy)
 			}
 		}
 	}
 	st.compiled = compiled
 	if compiled == nil {
 		return
+	}
+	if compiled.policy != (policyKey{}) {
+		if t.chunks[compiled.policy] == nil {
+			t.chunks[compiled.policy] = map[objectKey]struct{}{}
+		}
+		t.chunks[compiled.policy][compiled.key] = struct{}{}
 	}
 	for _, pod := range compiled.pods {
 		keys := t.podIndex[pod]
@@ -222,12 +283,7 @@ func (t *podTable) settled(key objectKey) {
 func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 	objs := make([]*compiledObject, 0, 4)
 	for _, pod := range pods {
-		objs = objs[:0]
-		for k := range t.podIndex[pod] {
-			if st := t.objects[k]; st != nil && st.compiled != nil {
-				objs = append(objs, st.compiled)
-			}
-		}
+		objs = t.objectsFor(pod, objs[:0])
 		if len(objs) == 0 {
 			t.removePod(res, pod)
 			continue

@@ -55,6 +55,10 @@ type compiledObject struct {
 	uid             types.UID
 	resourceVersion string
 	pods            []netip.Addr // local pods (hostIP == node IP), sorted, no duplicates
+	// policy is the policy the object is a chunk of (spec.policyRef): the controller
+	// splits one policy into several objects, and a pod any of them selects gets the
+	// rules of all of them. Zero when policyRef has no name: the object stands alone.
+	policy policyKey
 
 	// PolicyEndpoint: the directions it isolates and its allow rules for them.
 	isolated [2]bool
@@ -67,6 +71,22 @@ type compiledObject struct {
 	// domainRulesDropped counts the domainName rules left out under
 	// CompileOptions.DropDomainAllowRules, for the caller to log and count.
 	domainRulesDropped int
+}
+
+// policyKey names the policy an object is a chunk of: a NetworkPolicy (namespaced, for
+// PolicyEndpoints: a PolicyEndpoint serves a policy of its own namespace) or a cluster
+// policy.
+type policyKey struct {
+	kind            report.Kind
+	namespace, name string
+}
+
+// policyOf is the policyKey of an object's policyRef; zero when the name is empty.
+func policyOf(kind report.Kind, namespace, name string) policyKey {
+	if name == "" {
+		return policyKey{}
+	}
+	return policyKey{kind: kind, namespace: namespace, name: name}
 }
 
 // CompileOptions changes how objects compile. The zero value is the default: strict.
@@ -101,6 +121,7 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 		key:             objectKey{kind: report.KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
 		uid:             pe.UID,
 		resourceVersion: pe.ResourceVersion,
+		policy:          policyOf(report.KindPolicyEndpoint, pe.Namespace, pe.Spec.PolicyRef.Name),
 	}
 	var err error
 	if c.pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
@@ -155,6 +176,7 @@ func (o CompileOptions) clusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoin
 		key:             objectKey{kind: report.KindClusterPolicyEndpoint, name: cpe.Name},
 		uid:             cpe.UID,
 		resourceVersion: cpe.ResourceVersion,
+		policy:          policyOf(report.KindClusterPolicyEndpoint, "", cpe.Spec.PolicyRef.Name),
 		tier:            cpe.Spec.Tier,
 	}
 	if c.tier != v1alpha1.TierAdmin && c.tier != v1alpha1.TierBaseline {
