@@ -10,13 +10,23 @@ TEST_TIMEOUT ?= 25m
 # again under the race detector.
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
-.PHONY: all build test unit tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image test unit tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
 build: ## build bin/npagent
 	@echo "==> go build ./cmd/npagent -> bin/npagent ($(VERSION))"
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/npagent ./cmd/npagent
+
+# The image's revision label and every timestamp in it: the commit and its time, so
+# the same commit gives the same digests (SOURCE_DATE_EPOCH, as reproducible builds name it).
+IMAGE_REVISION    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image: ## OCI image, linux/amd64 + linux/arm64, no daemon: bin/image/oci and a docker-archive per arch
+	@echo "==> image: npagent $(VERSION) at $(IMAGE_REVISION) (time $(SOURCE_DATE_EPOCH)) -> bin/image"
+	$(GO) run ./hack/image -go "$(GO)" -version "$(VERSION)" -ldflags "$(LDFLAGS)" \
+		-revision "$(IMAGE_REVISION)" -created "$(SOURCE_DATE_EPOCH)" -out bin/image
 
 tools: ## build kube-apiserver, etcd and the OpenTelemetry Collector (cached)
 	@echo "==> tools: kube-apiserver, etcd, otelcol (cached after the first build)"
