@@ -22,7 +22,7 @@ func TestRouteResolver(t *testing.T) {
 	}
 	netlab.RequireIP(t, "build the pod's network namespace")
 	id := os.Getpid() % 100000
-	subnet := fmt.Sprintf("10.252.%d", id%250+1)
+	subnet := fmt.Sprintf("10.249.%d", id%250+1)
 	ns, hostIf := fmt.Sprintf("npif-%d", id), fmt.Sprintf("npif%d", id)
 	podIP, strayIP := subnet+".2", subnet+".3"
 	netlab.AddNamespace(t, ns)
