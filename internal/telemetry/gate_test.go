@@ -349,3 +349,40 @@ func TestHandoffFullQueueAndScrapeLoseNothing(t *testing.T) {
 		t.Errorf("%d spans arrived + %d dropped, want %d (5 per report)", spans, dropped, 5*n)
 	}
 }
+
+// Reports racing Shutdown are all points: each is queued before the final drain
+// or drawn on its caller, never left in the queue.
+func TestShutdownRacingReportsLosesNoPoint(t *testing.T) {
+	for round := range 20 {
+		reader := sdkmetric.NewManualReader()
+		tel, err := New(context.Background(), WithOTLP(false), WithTraceExporter(&countingExporter{}), WithMetricReader(reader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reported atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 100 {
+					tel.Report(record(base, fmt.Sprintf("pe-%d-%d-%d", round, g, i), 30*time.Millisecond))
+					reported.Add(1)
+				}
+			})
+		}
+		time.Sleep(time.Duration(round) * 50 * time.Microsecond)
+		tel.handoff.close() // Shutdown's first step, racing the reports
+		wg.Wait()
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		var points uint64
+		for _, p := range latencyPoints(t, rm) {
+			points += p.Count
+		}
+		if points != uint64(reported.Load()) {
+			t.Fatalf("round %d: %d reports, %d points", round, reported.Load(), points)
+		}
+		_ = tel.Shutdown(context.Background())
+	}
+}

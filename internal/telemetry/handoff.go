@@ -22,11 +22,14 @@ import (
 // The histogram point of a queued trigger is recorded when its tree is drawn (the
 // exemplar must name the drawn root): within drawInterval, or at the next drain.
 type handoff struct {
-	queue   chan *report.Record
-	drawMu  sync.Mutex // one drain at a time: the goroutine's, a flush's, a scrape's
+	queue  chan *report.Record
+	drawMu sync.Mutex // one drain at a time: the goroutine's, a flush's, a scrape's
+	// closeMu: offer holds it shared while it checks closed and queues, close
+	// exclusively to set closed, so no record is queued after the final drain.
+	closeMu sync.RWMutex
+	closed  bool
 	stop    chan struct{}
 	done    chan struct{}
-	stopped sync.Once
 }
 
 // drawInterval is how often the goroutine draws what is queued: often enough that
@@ -57,10 +60,10 @@ func (h *handoff) run(draw func(*report.Record)) {
 // offer queues a copy of r; false when the queue is full or stopping (the caller
 // draws it then).
 func (h *handoff) offer(r *report.Record) bool {
-	select {
-	case <-h.stop:
+	h.closeMu.RLock()
+	defer h.closeMu.RUnlock()
+	if h.closed {
 		return false
-	default:
 	}
 	c := *r
 	c.Attempts = slices.Clone(r.Attempts) // the caller may reuse its record
@@ -86,8 +89,15 @@ func (h *handoff) drain(draw func(*report.Record)) {
 	}
 }
 
-// close stops the goroutine after it drained the queue; later offers fail.
+// close stops the goroutine after it drained the queue; later offers fail, and
+// none that began before can queue after the final drain.
 func (h *handoff) close() {
-	h.stopped.Do(func() { close(h.stop) })
+	h.closeMu.Lock()
+	first := !h.closed
+	h.closed = true
+	h.closeMu.Unlock()
+	if first {
+		close(h.stop)
+	}
 	<-h.done
 }
