@@ -47,6 +47,7 @@ type config struct {
 	SlowTraceThreshold    time.Duration
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
+	MaxTriggerSkew        time.Duration
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -71,6 +72,7 @@ var flagEnv = map[string]string{
 	"slow-trace-threshold":   "NPAGENT_SLOW_TRACE_THRESHOLD",
 	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
 	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
+	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -103,6 +105,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (key=value) or json")
 	fs.DurationVar(&c.SlowTraceThreshold, "slow-trace-threshold", 0, "triggers at least this slow are always traced")
 	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
+	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n\nFlags (each falls back to the environment variable in brackets):\n")

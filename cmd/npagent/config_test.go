@@ -43,6 +43,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		LogLevel:              slog.LevelInfo,
 		LogFormat:             "text",
 		FastTraceFraction:     1,
+		MaxTriggerSkew:        5 * time.Second,
 	}
 	if c != want {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -70,6 +71,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_SLOW_TRACE_THRESHOLD":   "250ms",
 		"NPAGENT_FAST_TRACE_FRACTION":    "0.1",
 		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
+		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -102,6 +104,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		SlowTraceThreshold:    250 * time.Millisecond,
 		FastTraceFraction:     0.1,
 		DropFQDNAllowRules:    true,
+		MaxTriggerSkew:        2 * time.Second,
 	}
 	if c != want {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)

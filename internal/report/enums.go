@@ -86,10 +86,14 @@ const (
 	// Overflow: a pending trigger dropped because the per-object bound was
 	// exceeded (the oldest and the newest are always kept).
 	Overflow
+	// Future: the trigger is later than this node's clock plus the allowed skew.
+	// It is not consumed: consuming it would make every later genuine trigger of
+	// the object stale until the clock passed it.
+	Future
 
 	// NumReasons is the number of Reason values, Accepted included; it sizes
 	// arrays indexed by Reason, whose Accepted slot stays zero.
-	NumReasons = int(Overflow) + 1
+	NumReasons = int(Future) + 1
 )
 
 var reasonNames = [NumReasons]string{
@@ -101,6 +105,7 @@ var reasonNames = [NumReasons]string{
 	NoLocalPods:       "no_local_pods",
 	Deleted:           "deleted",
 	Overflow:          "overflow",
+	Future:            "future",
 }
 
 // String returns the snake_case name, the value of the reason attribute

@@ -26,6 +26,12 @@
 // counted under exactly one of no_local_pods, deleted and overflow (see
 // Stats); re-deliveries are counted as redelivered or stale.
 //
+// A trigger later than the clock plus the allowed skew (WithMaxSkew, default
+// 5 s) is future: counted and not consumed, by Observe, Committed or
+// NoLocalWork alike. Consuming it would make every later genuine trigger of the
+// object stale until the clock passed it, and the state file would carry that
+// lock across restarts.
+//
 // A trigger that is not newer than the guard, for a uid with nothing restored
 // or accepted, is before_start, and it is consumed: the next resync of that
 // object answers redelivered, so before_start counts each old trigger once

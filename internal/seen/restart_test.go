@@ -28,7 +28,10 @@ func statePath(t *testing.T) string { return filepath.Join(t.TempDir(), "seen.st
 
 func restart(t *testing.T, start time.Time, path string, opts ...Option) *Set {
 	t.Helper()
-	s, err := New(start, append([]Option{WithStatePath(path)}, opts...)...)
+	// These tests' clocks stand still between the events they replay, so a
+	// trigger may lie past them: the future check (TestFutureTriggerNotConsumed)
+	// is not what they are about.
+	s, err := New(start, append([]Option{WithStatePath(path), WithMaxSkew(time.Hour)}, opts...)...)
 	if err != nil {
 		t.Fatalf("restore from %s: %v", path, err)
 	}

@@ -16,6 +16,7 @@ type config struct {
 	maxPending   int
 	now          func() time.Time
 	watermarkLag time.Duration
+	maxSkew      time.Duration
 }
 
 // Option configures New. Options are applied in order; later ones win.
@@ -45,6 +46,11 @@ func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now
 func WithWatermarkLag(d time.Duration) Option {
 	return func(c *config) { c.watermarkLag = max(d, 0) }
 }
+
+// WithMaxSkew sets how far past the clock a trigger may lie and still count:
+// later ones answer future and are not consumed (see report.Future). Default 5s;
+// negative values are treated as 0.
+func WithMaxSkew(d time.Duration) Option { return func(c *config) { c.maxSkew = max(d, 0) } }
 
 // Entry flags.
 const (
@@ -213,7 +219,7 @@ func (s *Set) shardOfName(name string) *shard {
 // should log it as a warning. A missing state file is not an error. A zero
 // start disables the guard.
 func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
-	cfg := config{maxPending: 8, now: time.Now, watermarkLag: 5 * time.Second}
+	cfg := config{maxPending: 8, now: time.Now, watermarkLag: 5 * time.Second, maxSkew: 5 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -316,6 +322,10 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 		sh.stats.Suppressed[report.InvalidAnnotation]++
 		return report.InvalidAnnotation
 	}
+	if s.future(t) {
+		sh.stats.Suppressed[report.Future]++
+		return report.Future
+	}
 	e, found := sh.get(&k)
 	if found {
 		switch {
@@ -383,6 +393,13 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	return report.Accepted
 }
 
+// future reports whether trigger t (Unix ns) lies more than the allowed skew past
+// the clock.
+func (s *Set) future(t int64) bool {
+	limit, ok := unixNano(s.cfg.now().Add(s.cfg.maxSkew))
+	return ok && t > limit
+}
+
 // ObserveInvalid counts an event whose annotation could not be parsed
 // (invalid_annotation). The uid is not tracked because of it.
 func (s *Set) ObserveInvalid(uid string) {
@@ -414,8 +431,8 @@ func (s *Set) ObserveInvalid(uid string) {
 // A zero programmed time (an object without the annotation) changes nothing.
 func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]Report, error) {
 	pt, ok := unixNano(programmed)
-	if !ok {
-		return nil, nil
+	if !ok || s.future(pt) {
+		return nil, nil // a future trigger is never observed: nothing to report or remember
 	}
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
@@ -519,8 +536,8 @@ func (s *Set) Failed(uid string, a report.Attempt) {
 // carrying those triggers answer redelivered or stale.
 func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 	t, ok := unixNano(trigger)
-	if !ok {
-		return
+	if !ok || s.future(t) {
+		return // consuming a future trigger would make later genuine ones stale
 	}
 	k := makeKey(uid)
 	sh := s.shardOf(&k)

@@ -485,3 +485,27 @@ func TestAheadReportCarriesTheCommitThatHeldIt(t *testing.T) {
 		t.Fatalf("report %+v, want one ahead report carrying the earlier commit %+v", got, ahead)
 	}
 }
+
+// TestFutureTriggerNotConsumed: a trigger far past the clock (2262-01-01, a
+// controller's bad clock or a hand-written annotation) is suppressed as future
+// and not consumed, neither by Observe nor by a commit or NoLocalWork of its
+// version, so the object's later genuine triggers are still measured; before,
+// every one of them answered stale until the clock passed 2262.
+func TestFutureTriggerNotConsumed(t *testing.T) {
+	now := at(100)
+	s := newTestSet(t, WithNow(func() time.Time { return now }), WithMaxSkew(5*time.Second))
+	far := time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC)
+	mustObserve(t, s, uidA, far, at(100), report.Future)
+	if got, _ := s.Committed(uidA, far, attemptAt(at(100.5))); len(got) != 0 {
+		t.Fatalf("commit of the future version reported %v", triggersOf(got))
+	}
+	s.NoLocalWork(uidA, far)
+	mustObserve(t, s, uidA, at(103), at(103.2), report.Accepted) // within the skew: counts
+	if got := mustCommit(t, s, uidA, at(103), at(104)); len(got) != 1 || !got[0].Trigger.Equal(at(103)) {
+		t.Fatalf("genuine trigger after a future one: reported %v, want [%s]", triggersOf(got), at(103))
+	}
+	mustObserve(t, s, uidA, at(99), at(104.5), report.Stale)
+	if st := s.Stats(); st.Suppressed[report.Future] != 1 {
+		t.Errorf("future counted %d times, want 1", st.Suppressed[report.Future])
+	}
+}
