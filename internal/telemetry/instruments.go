@@ -56,9 +56,16 @@ const (
 // exponential layout keeps a relative error of about 2^(2^-scale)-1 over any range
 // without a bucket layout to choose; MaxSize 160 holds a 2^5 (scale 5) resolution
 // across a factor of 30 in latency, scale 4 across a factor of 1000.
+//
+// MaxScale 8: Prometheus native histograms take schemas up to 8 (a bucket per
+// 0.27 %), and a finer point is coarsened on the way in. Only a histogram whose
+// observations all lie within a factor of about 1.6 reaches a scale above 8 (a
+// quiet node's first few triggers), and then the agent's own /metrics and what
+// arrives through the collector would disagree; capped at 8 they are one series,
+// and nothing is lost that Prometheus would have kept.
 const (
 	histogramMaxSize  = 160
-	histogramMaxScale = 20
+	histogramMaxScale = 8
 )
 
 // maxFieldSeries caps the distinct field names of the invalid-objects counter.

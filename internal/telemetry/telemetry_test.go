@@ -599,3 +599,20 @@ func TestMetricsHandlerServesCounters(t *testing.T) {
 		t.Logf("exposition:\n%s", text)
 	}
 }
+
+// A latency point never carries a scale Prometheus would have to coarsen (its
+// native histograms take schemas up to 8), even when every observation is the
+// same, which the exponential aggregation would otherwise resolve at scale 20.
+func TestLatencyScaleAtMost8(t *testing.T) {
+	tel := newInMemory(t)
+	for i := range 3 {
+		tel.Report(record(base, fmt.Sprintf("pe-%d", i), 30*time.Millisecond))
+	}
+	pts := latencyPoints(t, tel.collect(t))
+	if len(pts) != 1 || pts[0].Count != 3 {
+		t.Fatalf("points %+v, want one counting 3", pts)
+	}
+	if pts[0].Scale > 8 {
+		t.Errorf("scale %d, want at most 8", pts[0].Scale)
+	}
+}
