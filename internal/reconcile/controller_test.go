@@ -252,13 +252,13 @@ func TestDeleteForgetsOnlyInTheWorker(t *testing.T) {
 func TestTriggerParsedOncePerVersion(t *testing.T) {
 	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver(), nil)
 	pe, trigger := newVersion(benchPE(0, 1), nil)
-	if v := c.versions.record(pe); !v.trigger.Equal(trigger) {
-		t.Fatalf("recorded trigger %v, want %v", v.trigger, trigger)
+	if v, fresh := c.versions.record(pe); !v.trigger.Equal(trigger) || !fresh {
+		t.Fatalf("recorded trigger %v (fresh %v), want %v, fresh", v.trigger, fresh, trigger)
 	}
 	// Same version, annotation changed behind the table's back: a parse would see it.
 	pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = "not a time"
-	if v := c.versions.record(pe); !v.trigger.Equal(trigger) || v.triggerErr != nil {
-		t.Errorf("re-delivery parsed again: %+v", v)
+	if v, fresh := c.versions.record(pe); !v.trigger.Equal(trigger) || v.triggerErr != nil || fresh {
+		t.Errorf("re-delivery parsed again: %+v (fresh %v)", v, fresh)
 	}
 	if v := c.versions.checkout(pe); !v.trigger.Equal(trigger) {
 		t.Errorf("worker parsed again: %+v", v)
@@ -358,5 +358,39 @@ func TestChunksOfOnePolicyMerge(t *testing.T) {
 	}
 	if !mem.Verdict(7, bpfmaps.Ingress, netip.MustParseAddr("10.70.0.9"), bpfmaps.ProtocolTCP, 8000) {
 		t.Error("the remaining chunk's rules were lost")
+	}
+}
+
+// TestInvalidAnnotationCountedOncePerVersion: a version whose trigger annotation
+// does not parse is suppressed (invalid_annotation), counted and logged once, not
+// again on every resync or relist of it; a new version with the same bad value is
+// a new write and counts again.
+func TestInvalidAnnotationCountedOncePerVersion(t *testing.T) {
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver("10.60.0.1", 7), nil)
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	bad := func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = "yesterday"
+	}
+	v1, _ := newVersion(benchPE(0, 1), nil)
+	bad(v1)
+	if err := store.Add(v1); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(v1, false)
+	for range 3 {
+		h.OnUpdate(v1, v1) // resyncs
+	}
+	field := "metadata.annotations[" + v1alpha1.AnnotationLastChangeTriggerTime + "]"
+	if n := c.cfg.Seen.Stats().Suppressed[report.InvalidAnnotation]; n != 1 {
+		t.Errorf("invalid_annotation %d after a write and 3 resyncs, want 1", n)
+	}
+	v2, _ := newVersion(v1, nil)
+	bad(v2)
+	if err := store.Update(v2); err != nil {
+		t.Fatal(err)
+	}
+	h.OnUpdate(v1, v2)
+	if n, inv := c.cfg.Seen.Stats().Suppressed[report.InvalidAnnotation], invalidCount(c, report.KindPolicyEndpoint, field); n != 2 || inv != 2 {
+		t.Errorf("after a second bad write: invalid_annotation %d, invalid objects %d; want 2 and 2", n, inv)
 	}
 }

@@ -105,15 +105,17 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 // whether the seen-set accepted a new trigger (false without annotation).
 func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cause) bool {
 	c.stats.deliveries[kind][cause].Add(1)
-	v := c.versions.record(m)
+	v, fresh := c.versions.record(m)
 	if !v.hasTrigger {
 		return false // nothing to measure
 	}
 	if v.triggerErr != nil {
-		c.cfg.Seen.ObserveInvalid(string(v.uid))
-		if cause == report.CauseAdd || cause == report.CauseUpdate {
-			// Logged and counted once per write, not per re-delivery. The object is
-			// still programmed: a bad timestamp must not cost enforcement.
+		if fresh {
+			// Suppressed, logged and counted once per written version, not per
+			// re-delivery (a resync or relist of it brings nothing new). The
+			// object is still programmed: a bad timestamp must not cost
+			// enforcement.
+			c.cfg.Seen.ObserveInvalid(string(v.uid))
 			field := "metadata.annotations[" + c.cfg.TriggerAnnotation + "]"
 			c.stats.invalid(kind, field)
 			c.log.Warn("invalid trigger annotation: latency not measured", "kind", kind.String(),

@@ -38,19 +38,18 @@ func (t *versionTable) init(triggerKey, traceParentKey string) {
 }
 
 // record returns m's version for an event handler, parsing the annotations only if
-// this version is new to the table (the first event that brings it) and recording
-// it. Handlers of one informer run one at a time and in order, so the table holds
-// each uid's newest version. A re-delivery allocates nothing.
-func (t *versionTable) record(m metav1.Object) objectVersion {
-	v, ok := t.lookup(m)
-	if ok {
-		return v
+// this version is new to the table (the first event that brings it: fresh) and
+// recording it. Handlers of one informer run one at a time and in order, so the
+// table holds each uid's newest version. A re-delivery allocates nothing.
+func (t *versionTable) record(m metav1.Object) (v objectVersion, fresh bool) {
+	if v, ok := t.lookup(m); ok {
+		return v, false
 	}
 	v = t.parse(m)
 	t.mu.Lock()
 	t.byUID[v.uid] = v
 	t.mu.Unlock()
-	return v
+	return v, true
 }
 
 // checkout returns m's version for a worker: recorded by its event, or parsed here
