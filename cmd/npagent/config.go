@@ -14,6 +14,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"k8s.io/klog/v2"
 )
 
 // Dataplane backends --dataplane accepts.
@@ -219,6 +220,13 @@ func (c *config) validate() []error {
 }
 
 // newLogger builds the process logger: key=value text or JSON on w.
+// routeClientGoLogs sends client-go's logs (klog: the reflectors' list and watch
+// errors, backoffs, relists) into the agent's structured log, tagged
+// component=client-go. Without it they went to klog's default stderr format, or
+// nowhere an operator's log pipeline parses: a watch failing or stalled went
+// unseen.
+func routeClientGoLogs(log *slog.Logger) { klog.SetSlogLogger(log.With("component", "client-go")) }
+
 func newLogger(c config, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: c.LogLevel}
 	if c.LogFormat == "json" {

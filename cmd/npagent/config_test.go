@@ -14,6 +14,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"k8s.io/klog/v2"
 )
 
 // envMap is a getenv over a fixed map, so tests never read the process environment.
@@ -388,5 +389,21 @@ func TestHTTPHandler(t *testing.T) {
 	}
 	if code, _ := get("/other"); code != http.StatusNotFound {
 		t.Errorf("/other = %d, want 404", code)
+	}
+}
+
+// client-go's own logs (klog) reach the agent's structured log, tagged, in its
+// format: a reflector's watch error is a JSON line an operator's pipeline parses.
+func TestClientGoLogsRoutedIntoTheAgentLog(t *testing.T) {
+	var buf bytes.Buffer
+	routeClientGoLogs(newLogger(config{LogLevel: slog.LevelInfo, LogFormat: "json"}, &buf))
+	t.Cleanup(func() { klog.ClearLogger() })
+	klog.ErrorS(errors.New("connection refused"), "Failed to watch", "reflector", "example")
+	klog.Flush()
+	line := buf.String()
+	for _, want := range []string{`"component":"client-go"`, `"msg":"Failed to watch"`, `connection refused`, `"level":"ERROR"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("agent log %q lacks %s", line, want)
+		}
 	}
 }

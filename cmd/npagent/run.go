@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return usageError{err}
 	}
 	log := newLogger(cfg, stderr)
+	routeClientGoLogs(log)
 	start := time.Now()
 	log.Info("starting npagent", "version", agentVersion(), "node", cfg.NodeName, "node_ip", cfg.NodeIP,
 		"dataplane", cfg.Dataplane, "state_file", cfg.StateFile, "metrics_addr", cfg.MetricsAddr)
