@@ -49,6 +49,7 @@ type config struct {
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
 	MaxTriggerSkew        time.Duration
+	WatermarkMaxAge       time.Duration
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -74,6 +75,7 @@ var flagEnv = map[string]string{
 	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
 	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
+	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -106,6 +108,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (key=value) or json")
 	fs.DurationVar(&c.SlowTraceThreshold, "slow-trace-threshold", 0, "triggers at least this slow are always traced")
 	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
+	fs.DurationVar(&c.WatermarkMaxAge, "watermark-max-age", time.Hour, "after a restart, objects the last process never saw are measured only for changes up to this long before the start (older ones: before_start); 0: no bound")
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.Usage = func() {

@@ -45,6 +45,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		LogFormat:             "text",
 		FastTraceFraction:     1,
 		MaxTriggerSkew:        5 * time.Second,
+		WatermarkMaxAge:       time.Hour,
 	}
 	if c != want {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -73,6 +74,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_FAST_TRACE_FRACTION":    "0.1",
 		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
 		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
+		"NPAGENT_WATERMARK_MAX_AGE":      "30m",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -106,6 +108,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		FastTraceFraction:     0.1,
 		DropFQDNAllowRules:    true,
 		MaxTriggerSkew:        2 * time.Second,
+		WatermarkMaxAge:       30 * time.Minute,
 	}
 	if c != want {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)

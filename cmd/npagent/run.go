@@ -322,7 +322,7 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 // openSeenSet restores the seen-set from the state file. A damaged file is logged
 // and ignored (the set starts empty); a missing directory is created.
 func openSeenSet(cfg config, start time.Time, log *slog.Logger) (*seen.Set, error) {
-	opts := []seen.Option{seen.WithMaxSkew(cfg.MaxTriggerSkew)}
+	opts := []seen.Option{seen.WithMaxSkew(cfg.MaxTriggerSkew), seen.WithMaxWatermarkAge(cfg.WatermarkMaxAge)}
 	if cfg.StateFile != "" {
 		if err := os.MkdirAll(filepath.Dir(cfg.StateFile), 0o700); err != nil {
 			return nil, fmt.Errorf("--state-file %s: %w", cfg.StateFile, err)

@@ -180,6 +180,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
 	}
+	// The caches hold every object as of now: from here the seen-set's persisted
+	// watermark may follow the events observed (never before: a restart would
+	// take objects not yet listed as resolved).
+	c.cfg.Seen.MarkSynced(time.Now())
 	pruned := c.pruneSeen()
 	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)

@@ -50,7 +50,14 @@
 // W claims: every trigger ≤ W of a uid absent from the file was resolved or
 // is older than the guard. At a write,
 //
-//	W = max(guard, now − lag)
+//	W = max(guard, min(observed, now) − lag)
+//
+// where observed is the newest receipt time of an event observed since the
+// informers' caches synced (MarkSynced), and W = guard before that. W moves
+// only with what this process saw: not while the watch delivers nothing (an
+// outage), not before the initial list. On restore it is bounded below by
+// start − WithMaxWatermarkAge (default 1h), so a months-old file does not
+// turn every object created since into a months-long latency.
 //
 // Why that holds: every uid the process saw is in the file, and after a
 // restart its triggers are judged against its own consumed and pending

@@ -335,3 +335,51 @@ func TestRestoredWatermarkLaterThanStartIsCapped(t *testing.T) {
 	s2 := restart(t, at(100), path)
 	mustObserve(t, s2, uidA, at(150), at(151), report.Accepted)
 }
+
+// TestWatermarkFollowsObservedEvents: the persisted watermark moves only once
+// the caches synced, and then only with the events observed, never with the
+// wall clock alone. So an object created while the watch delivered nothing (an
+// outage), first seen after a restart, is measured; before, the watermark had
+// followed the clock past its trigger and it was before_start.
+func TestWatermarkFollowsObservedEvents(t *testing.T) {
+	const uidC = "c0ffee00-0000-4000-8000-000000000002" // created during the outage
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now), WithWatermarkLag(5*time.Second))
+	clk.set(at(20))
+	if err := s1.Persist(); err != nil { // before the caches synced: no move
+		t.Fatal(err)
+	}
+	if s := restart(t, at(30), path); s.guard != at(0).UnixNano() {
+		t.Fatalf("guard %v after a persist before sync, want the start %v", timeOf(s.guard), at(0))
+	}
+	s1.MarkSynced(at(20))
+	mustObserve(t, s1, uidA, at(25), at(30), report.Accepted) // the last event before the outage
+	clk.set(at(100))                                          // the watch delivers nothing from here
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := restart(t, at(200), path, WithNow(clk.now))
+	if want := at(30).Add(-5 * time.Second).UnixNano(); s2.guard != want {
+		t.Errorf("guard %v, want the last observed event minus the lag (%v)", timeOf(s2.guard), timeOf(want))
+	}
+	mustObserve(t, s2, uidC, at(60), at(201), report.Accepted)
+}
+
+// TestWatermarkAgeBounded: a restored watermark far older than the start does
+// not turn every object the last process never saw into a downtime-long latency:
+// only changes within the bound before the start are measured.
+func TestWatermarkAgeBounded(t *testing.T) {
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now))
+	s1.MarkSynced(at(0))
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	start := at(0).Add(3 * time.Hour)
+	clk.set(start)
+	s2 := restart(t, start, path, WithNow(clk.now), WithMaxWatermarkAge(time.Hour))
+	mustObserve(t, s2, uidA, start.Add(-2*time.Hour), start, report.BeforeStart)
+	mustObserve(t, s2, uidB, start.Add(-30*time.Minute), start, report.Accepted)
+}

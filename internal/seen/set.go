@@ -17,6 +17,7 @@ type config struct {
 	now          func() time.Time
 	watermarkLag time.Duration
 	maxSkew      time.Duration
+	maxAge       time.Duration
 }
 
 // Option configures New. Options are applied in order; later ones win.
@@ -36,7 +37,7 @@ func WithMaxPending(n int) Option { return func(c *config) { c.maxPending = max(
 // times that are missing. Default time.Now.
 func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
-// WithWatermarkLag sets how far behind the clock the persisted watermark is
+// WithWatermarkLag sets how far behind the events observed the persisted watermark is
 // kept. Default 5s. Events for objects created just before a shutdown may
 // still be in flight (watch delivery, handler buffers); a lagging watermark
 // lets the next process measure them instead of counting them before_start.
@@ -46,6 +47,12 @@ func WithNow(now func() time.Time) Option { return func(c *config) { c.now = now
 func WithWatermarkLag(d time.Duration) Option {
 	return func(c *config) { c.watermarkLag = max(d, 0) }
 }
+
+// WithMaxWatermarkAge bounds how far before start a restored watermark may
+// reach: objects the last process never saw, changed more than this before the
+// start, are before_start rather than measured with a latency of (at least) the
+// whole downtime. Default 1h; 0 or less: unbounded.
+func WithMaxWatermarkAge(d time.Duration) Option { return func(c *config) { c.maxAge = d } }
 
 // WithMaxSkew sets how far past the clock a trigger may lie and still count:
 // later ones answer future and are not consumed (see report.Future). Default 5s;
@@ -177,6 +184,11 @@ type Set struct {
 	seed  maphash.Seed
 
 	shards [numShards]shard
+	// synced: the informers' initial lists were delivered (MarkSynced);
+	// observedThrough: the newest receipt time of an event observed since, Unix
+	// ns. Together they move the persisted watermark.
+	synced          atomic.Bool
+	observedThrough atomic.Int64
 	// changeSeq counts state changes, taken inside the changed shard's lock;
 	// durableSeq (under writeMu) is the newest one a successful write covered.
 	changeSeq     atomic.Uint64
@@ -219,7 +231,7 @@ func (s *Set) shardOfName(name string) *shard {
 // should log it as a warning. A missing state file is not an error. A zero
 // start disables the guard.
 func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
-	cfg := config{maxPending: 8, now: time.Now, watermarkLag: 5 * time.Second, maxSkew: 5 * time.Second}
+	cfg := config{maxPending: 8, now: time.Now, watermarkLag: 5 * time.Second, maxSkew: 5 * time.Second, maxAge: time.Hour}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -257,8 +269,36 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 		}
 		sh.put(&k, e)
 	}
-	s.guard = min(s.guard, st.watermark)
+	watermark := st.watermark
+	if cfg.maxAge > 0 {
+		if oldest, ok := unixNano(start.Add(-cfg.maxAge)); ok {
+			watermark = max(watermark, oldest)
+		}
+	}
+	s.guard = min(s.guard, watermark)
 	return s, nil
+}
+
+// MarkSynced tells the set that the informers' caches hold every object as of
+// at (their initial list was delivered). Until then the persisted watermark does
+// not move; from then on it follows the events observed (see doc.go).
+func (s *Set) MarkSynced(at time.Time) {
+	s.synced.Store(true)
+	s.observed(at)
+}
+
+// observed moves the time through which events were seen forward to at.
+func (s *Set) observed(at time.Time) {
+	t, ok := unixNano(at)
+	if !ok {
+		return
+	}
+	for {
+		cur := s.observedThrough.Load()
+		if t <= cur || s.observedThrough.CompareAndSwap(cur, t) {
+			return
+		}
+	}
 }
 
 func (sh *shard) get(k *key) (entry, bool) {
@@ -314,6 +354,9 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 // overflow; the answer is still Accepted, as the trigger was.
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	t, valid := unixNano(trigger)
+	if s.synced.Load() {
+		s.observed(receivedAt)
+	}
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()

@@ -68,10 +68,16 @@ func (s *Set) appendState(buf []byte) []byte {
 	buf = append(buf, stateMagic...)
 	buf = binary.LittleEndian.AppendUint16(buf, stateVersion)
 	// The watermark claims every event up to it was resolved; see doc.go.
-	// Never below the guard: what was before_start must stay so.
+	// Never below the guard: what was before_start must stay so. It moves only
+	// once the caches synced, with the events observed since, never past the
+	// clock, and lags them (events in flight at a stop).
 	watermark := s.guard
-	if now, ok := unixNano(s.cfg.now().Add(-s.cfg.watermarkLag)); ok {
-		watermark = max(watermark, now)
+	if s.synced.Load() {
+		through := s.observedThrough.Load()
+		if now, ok := unixNano(s.cfg.now()); ok {
+			through = min(through, now)
+		}
+		watermark = max(watermark, through-int64(s.cfg.watermarkLag))
 	}
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(watermark))
 	buf = binary.LittleEndian.AppendUint64(buf, 0) // count, patched below
