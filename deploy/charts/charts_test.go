@@ -1,0 +1,574 @@
+package charts
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+// A fake digest, the form image.digest takes.
+var testDigest = "sha256:" + strings.Repeat("ab", 32)
+
+// testCase is a set of values the chart is rendered with, for a release of its own.
+type testCase struct {
+	name   string
+	rel    Release
+	values map[string]any
+}
+
+// cases: the defaults, and every knob the chart has changed at once (TLS through a
+// Secret, and through a ConfigMap with the namespace rendered).
+var cases = []testCase{
+	{"defaults", Release{"npagent", "npagent"}, nil},
+	{"custom", Release{"custom", "custom-ns"}, map[string]any{
+		"image":              map[string]any{"repository": "registry.example.com/npagent", "digest": testDigest},
+		"otlp":               map[string]any{"endpoint": "https://collector.example.com:4317", "insecure": false, "caCert": map[string]any{"secretName": "otlp-ca", "key": "bundle.pem"}, "clusterName": "prod"},
+		"resources":          map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "512Mi"}},
+		"goMemLimitPercent":  90,
+		"extraArgs":          []any{"--workers=4", "--resync-period=5m"},
+		"extraEnv":           []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
+		"dropFQDNAllowRules": true,
+		"metrics":            map[string]any{"port": 9555},
+		"serviceAccount":     map[string]any{"name": "agent"},
+	}},
+	{"configmap-ca-namespace", Release{"np", "np-system"}, map[string]any{
+		"namespace":         map[string]any{"create": true},
+		"image":             map[string]any{"tag": "v9.9.9"},
+		"otlp":              map[string]any{"endpoint": "https://collector:4317", "insecure": false, "caCert": map[string]any{"configMapName": "otlp-ca"}},
+		"resources":         map[string]any{"limits": map[string]any{"memory": "1G"}},
+		"goMemLimitPercent": 50,
+	}},
+}
+
+func render(t *testing.T, c testCase) Rendered {
+	t.Helper()
+	r, err := Render(Dir("npagent"), c.rel, c.values)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	return r
+}
+
+// objects decodes the rendered manifests.
+func objects(t *testing.T, r Rendered) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for _, m := range r.Manifests {
+		u := &unstructured.Unstructured{}
+		if err := yaml.UnmarshalStrict([]byte(m.Content), &u.Object); err != nil {
+			t.Fatalf("%s: %v\n%s", m.Source, err, m.Content)
+		}
+		objs = append(objs, u)
+	}
+	return objs
+}
+
+// typed converts the single object of kind in objs, rejecting unknown fields.
+func typed[T any](t *testing.T, objs []*unstructured.Unstructured, kind string) *T {
+	t.Helper()
+	var found *T
+	for _, o := range objs {
+		if o.GetKind() != kind {
+			continue
+		}
+		if found != nil {
+			t.Fatalf("more than one %s", kind)
+		}
+		found = new(T)
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, found, true); err != nil {
+			t.Fatalf("%s %s: %v", kind, o.GetName(), err)
+		}
+	}
+	if found == nil {
+		t.Fatalf("no %s rendered", kind)
+	}
+	return found
+}
+
+// TestLint runs what helm lint runs (Chart.yaml, values and their schema, templates,
+// deprecated APIs) with each case's values; warnings fail too (helm lint --strict).
+func TestLint(t *testing.T) {
+	kv, err := chartutil.ParseKubeVersion(KubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		l := lint.AllWithKubeVersion(Dir("npagent"), c.values, c.rel.Namespace, kv)
+		for _, m := range l.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("%s: helm lint: %s", c.name, m)
+			} else {
+				t.Logf("%s: helm lint: %s", c.name, m)
+			}
+		}
+	}
+}
+
+// TestChartHoldsNoCRD: the controller installs the CRDs; the chart must not replace them.
+func TestChartHoldsNoCRD(t *testing.T) {
+	for _, c := range cases {
+		for _, o := range objects(t, render(t, c)) {
+			if o.GetKind() == "CustomResourceDefinition" {
+				t.Errorf("%s: the chart renders the CRD %s: the controller installs the CRDs", c.name, o.GetName())
+			}
+		}
+	}
+	if entries, err := os.ReadDir(filepath.Join(Dir("npagent"), "crds")); err == nil && len(entries) > 0 {
+		t.Errorf("the chart has a crds/ directory: the controller installs the CRDs")
+	}
+	notes := render(t, cases[0]).Notes
+	if !strings.Contains(notes, "CRDs are not in this chart") {
+		t.Errorf("NOTES.txt does not say the CRDs are not in the chart:\n%s", notes)
+	}
+}
+
+// TestBadValuesFailTheRender: values that would run a broken or weaker agent are
+// refused when rendering, naming the value.
+func TestBadValuesFailTheRender(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		values  map[string]any
+		wantErr string
+	}{
+		{"ca with insecure", map[string]any{"otlp": map[string]any{"endpoint": "https://c:4317", "caCert": map[string]any{"secretName": "ca"}}}, "insecure"},
+		{"ca with http", map[string]any{"otlp": map[string]any{"insecure": false, "caCert": map[string]any{"secretName": "ca"}}}, "https://"},
+		{"ca twice", map[string]any{"otlp": map[string]any{"endpoint": "https://c:4317", "insecure": false, "caCert": map[string]any{"secretName": "ca", "configMapName": "ca"}}}, "not both"},
+		{"digest", map[string]any{"image": map[string]any{"digest": "sha256:xyz"}}, "digest"},
+		{"percent 0", map[string]any{"goMemLimitPercent": 0}, "goMemLimitPercent"},
+		{"percent 101", map[string]any{"goMemLimitPercent": 101}, "goMemLimitPercent"},
+		{"fractional limit", map[string]any{"goMemLimitPercent": 90, "resources": map[string]any{"limits": map[string]any{"memory": "0.5Gi"}}}, "resources.limits.memory"},
+		{"no limit", map[string]any{"goMemLimitPercent": 90, "resources": map[string]any{"limits": nil}}, "resources.limits.memory"},
+		{"pod security", map[string]any{"namespace": map[string]any{"podSecurity": map[string]any{"enforce": "baseline"}}}, "privileged"},
+		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
+	} {
+		_, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: err = %v, want one naming %q", tc.name, err, tc.wantErr)
+		}
+	}
+}
+
+// envByName returns the container's variable name, failing when it is missing.
+func envByName(t *testing.T, c corev1.Container, name string) corev1.EnvVar {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e
+		}
+	}
+	t.Fatalf("no %s in the container's environment", name)
+	return corev1.EnvVar{}
+}
+
+func hasEnv(c corev1.Container, name string) bool {
+	return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+}
+
+// TestDaemonSet checks the pod the chart runs, for every case: least privilege, the
+// host paths, the downward API, probes, metrics address and GOMEMLIMIT.
+func TestDaemonSet(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ds := typed[appsv1.DaemonSet](t, objects(t, render(t, c)), "DaemonSet")
+			pod := ds.Spec.Template.Spec
+			if !pod.HostNetwork || pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+				t.Errorf("hostNetwork %v dnsPolicy %q, want the host network resolving cluster names", pod.HostNetwork, pod.DNSPolicy)
+			}
+			if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists || pod.Tolerations[0].Key != "" || pod.Tolerations[0].Effect != "" {
+				t.Errorf("tolerations %+v, want one that tolerates every taint", pod.Tolerations)
+			}
+			if pod.PriorityClassName != "system-node-critical" {
+				t.Errorf("priorityClassName %q", pod.PriorityClassName)
+			}
+			if g := pod.TerminationGracePeriodSeconds; g == nil || *g != 30 {
+				t.Errorf("terminationGracePeriodSeconds %v, want 30", g)
+			}
+			if u := ds.Spec.UpdateStrategy; u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxUnavailable == nil || u.RollingUpdate.MaxUnavailable.String() != "10%" {
+				t.Errorf("updateStrategy %+v, want RollingUpdate with maxUnavailable 10%%", u)
+			}
+			if len(pod.Containers) != 1 || len(pod.InitContainers) != 0 {
+				t.Fatalf("%d containers, %d init containers, want the agent alone", len(pod.Containers), len(pod.InitContainers))
+			}
+			ctr := pod.Containers[0]
+
+			sc := ctr.SecurityContext
+			if sc == nil || sc.Capabilities == nil {
+				t.Fatal("no securityContext with capabilities")
+			}
+			if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+				t.Errorf("capabilities drop %v, want [ALL]", sc.Capabilities.Drop)
+			}
+			add := slices.Clone(sc.Capabilities.Add)
+			slices.Sort(add)
+			if !slices.Equal(add, []corev1.Capability{"BPF", "NET_ADMIN"}) {
+				t.Errorf("capabilities add %v, want exactly BPF and NET_ADMIN (no SYS_ADMIN: bpffs is mounted by the host)", sc.Capabilities.Add)
+			}
+			if sc.Privileged == nil || *sc.Privileged {
+				t.Errorf("privileged %v, want false", sc.Privileged)
+			}
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("allowPrivilegeEscalation %v, want false", sc.AllowPrivilegeEscalation)
+			}
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("readOnlyRootFilesystem %v, want true", sc.ReadOnlyRootFilesystem)
+			}
+			if sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+				t.Errorf("runAsUser %v, want 0 (the image runs as root; capabilities are not ambient)", sc.RunAsUser)
+			}
+			if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("seccompProfile %+v, want RuntimeDefault", sc.SeccompProfile)
+			}
+			if psc := pod.SecurityContext; psc != nil && psc.SeccompProfile != nil && psc.SeccompProfile.Type == corev1.SeccompProfileTypeUnconfined {
+				t.Error("the pod's seccompProfile is Unconfined")
+			}
+
+			mounts := map[string]corev1.VolumeMount{}
+			for _, m := range ctr.VolumeMounts {
+				mounts[m.MountPath] = m
+			}
+			hostPaths := map[string]string{}
+			for _, v := range pod.Volumes {
+				if v.HostPath != nil {
+					hostPaths[v.Name] = v.HostPath.Path
+				}
+			}
+			bpf, ok := mounts["/sys/fs/bpf"]
+			if !ok || hostPaths[bpf.Name] != "/sys/fs/bpf" {
+				t.Errorf("/sys/fs/bpf is not the host's /sys/fs/bpf")
+			} else if bpf.MountPropagation == nil || *bpf.MountPropagation != corev1.MountPropagationHostToContainer {
+				t.Errorf("/sys/fs/bpf mountPropagation %v, want HostToContainer (never Bidirectional: the agent mounts nothing)", ptrString(bpf.MountPropagation))
+			}
+			if st, ok := mounts["/var/lib/npagent"]; !ok || hostPaths[st.Name] != "/var/lib/npagent" {
+				t.Errorf("/var/lib/npagent is not the host's /var/lib/npagent")
+			}
+			if len(hostPaths) != 2 {
+				t.Errorf("host paths %v, want /sys/fs/bpf and /var/lib/npagent only", hostPaths)
+			}
+			if !slices.Contains(ctr.Args, "--state-file=/var/lib/npagent/seen.state") || !slices.Contains(ctr.Args, "--bpffs-path=/sys/fs/bpf/npagent") {
+				t.Errorf("args %v: the state file and the pins are not on the host paths", ctr.Args)
+			}
+
+			if f := envByName(t, ctr, "NODE_NAME").ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "spec.nodeName" {
+				t.Errorf("NODE_NAME not from spec.nodeName: %+v", f)
+			}
+			if f := envByName(t, ctr, "NODE_IP").ValueFrom; f == nil || f.FieldRef == nil || f.FieldRef.FieldPath != "status.hostIP" {
+				t.Errorf("NODE_IP not from status.hostIP: %+v", f)
+			}
+			var port int32
+			for _, p := range ctr.Ports {
+				if p.Name == "metrics" {
+					port = p.ContainerPort
+				}
+			}
+			if port == 0 {
+				t.Fatal("no port named metrics")
+			}
+			if got, want := envByName(t, ctr, "NPAGENT_METRICS_ADDR").Value, fmt.Sprintf("$(NODE_IP):%d", port); got != want {
+				t.Errorf("NPAGENT_METRICS_ADDR %q, want %q (the node IP, the metrics port)", got, want)
+			}
+			// NODE_IP must come before the variable that expands it.
+			if i, j := slices.IndexFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_IP" }), slices.IndexFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "NPAGENT_METRICS_ADDR" }); i > j {
+				t.Error("NODE_IP is defined after NPAGENT_METRICS_ADDR: $(NODE_IP) would not expand")
+			}
+			for name, p := range map[string]*corev1.Probe{"startup": ctr.StartupProbe, "liveness": ctr.LivenessProbe, "readiness": ctr.ReadinessProbe} {
+				want := "/livez"
+				if name == "readiness" {
+					want = "/readyz"
+				}
+				if p == nil || p.HTTPGet == nil {
+					t.Errorf("no %s probe over HTTP", name)
+					continue
+				}
+				if p.HTTPGet.Path != want || p.HTTPGet.Port.String() != "metrics" {
+					t.Errorf("%s probe on %s port %s, want %s on the named port metrics", name, p.HTTPGet.Path, p.HTTPGet.Port.String(), want)
+				}
+			}
+
+			limit := ctr.Resources.Limits.Memory()
+			gml := envByName(t, ctr, "GOMEMLIMIT")
+			pct, _ := c.values["goMemLimitPercent"].(int)
+			if pct == 0 || pct == 100 {
+				f := gml.ValueFrom
+				if f == nil || f.ResourceFieldRef == nil || f.ResourceFieldRef.Resource != "limits.memory" || f.ResourceFieldRef.ContainerName != ctr.Name || !f.ResourceFieldRef.Divisor.Equal(resource.MustParse("1")) {
+					t.Errorf("GOMEMLIMIT %+v, want the downward API's limits.memory of this container, divisor 1 (bytes)", gml)
+				}
+			} else if want := fmt.Sprint(limit.Value() * int64(pct) / 100); gml.Value != want {
+				t.Errorf("GOMEMLIMIT %q, want %s (%d%% of %s)", gml.Value, want, pct, limit)
+			}
+
+			var wantImage string
+			switch c.name {
+			case "defaults":
+				wantImage = "npagent:0.1.0"
+				if hasEnv(ctr, "OTEL_EXPORTER_OTLP_CERTIFICATE") || envByName(t, ctr, "OTEL_EXPORTER_OTLP_INSECURE").Value != "true" {
+					t.Error("defaults: want plaintext OTLP without a CA")
+				}
+				if limit.String() != "256Mi" {
+					t.Errorf("defaults: memory limit %s, want 256Mi", limit)
+				}
+			case "custom":
+				wantImage = "registry.example.com/npagent@" + testDigest
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules"} {
+					if !slices.Contains(ctr.Args, a) {
+						t.Errorf("args %v, want %s", ctr.Args, a)
+					}
+				}
+				if envByName(t, ctr, "OTEL_SERVICE_NAME").Value != "npagent-prod" || envByName(t, ctr, "OTEL_RESOURCE_ATTRIBUTES").Value != "k8s.cluster.name=prod" {
+					t.Error("custom: extraEnv or clusterName missing")
+				}
+				if ctr.Resources.Requests.Cpu().String() != "100m" || limit.String() != "512Mi" {
+					t.Errorf("custom: resources %+v", ctr.Resources)
+				}
+				if pod.ServiceAccountName != "agent" {
+					t.Errorf("serviceAccountName %q, want agent", pod.ServiceAccountName)
+				}
+				checkCA(t, pod, ctr, "bundle.pem", func(v corev1.Volume) string {
+					if v.Secret == nil {
+						return ""
+					}
+					return v.Secret.SecretName
+				})
+			case "configmap-ca-namespace":
+				wantImage = "npagent:v9.9.9"
+				checkCA(t, pod, ctr, "ca.crt", func(v corev1.Volume) string {
+					if v.ConfigMap == nil {
+						return ""
+					}
+					return v.ConfigMap.Name
+				})
+			}
+			if ctr.Image != wantImage {
+				t.Errorf("image %q, want %q", ctr.Image, wantImage)
+			}
+		})
+	}
+}
+
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
+}
+
+// checkCA: OTLP over TLS with the CA mounted read-only from the named source.
+func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string, source func(corev1.Volume) string) {
+	t.Helper()
+	if v := envByName(t, ctr, "OTEL_EXPORTER_OTLP_INSECURE").Value; v != "false" {
+		t.Errorf("OTEL_EXPORTER_OTLP_INSECURE %q with a CA, want false", v)
+	}
+	path := envByName(t, ctr, "OTEL_EXPORTER_OTLP_CERTIFICATE").Value
+	dir, file := filepath.Split(path)
+	if file != key {
+		t.Errorf("OTEL_EXPORTER_OTLP_CERTIFICATE %q, want a file named %s", path, key)
+	}
+	var mount *corev1.VolumeMount
+	for i, m := range ctr.VolumeMounts {
+		if m.MountPath == filepath.Clean(dir) {
+			mount = &ctr.VolumeMounts[i]
+		}
+	}
+	if mount == nil || !mount.ReadOnly {
+		t.Fatalf("no read-only mount at %s", dir)
+	}
+	for _, v := range pod.Volumes {
+		if v.Name == mount.Name && source(v) == "otlp-ca" {
+			return
+		}
+	}
+	t.Errorf("the volume %s is not otlp-ca from the expected source", mount.Name)
+}
+
+// TestInAPIServer runs one kube-apiserver (with the controller's own CRDs, as a
+// cluster has them) for: every object of every case created with a server-side dry
+// run (the apiserver's validation and defaulting, the DaemonSet's pod template
+// included), then the default RBAC applied for real and exercised as the service
+// account.
+func TestInAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs kube-apiserver and etcd")
+	}
+	cp := testenv.Start(t, testenv.WithCRDDir(testenv.UpstreamCRDDir(t)))
+	ctx := context.Background()
+
+	t.Run("dry-run", func(t *testing.T) {
+		for _, c := range cases {
+			objs := objects(t, render(t, c))
+			// The namespace first, for real: the chart's own when it renders one.
+			ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": c.rel.Namespace}}}
+			if i := slices.IndexFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" }); i >= 0 {
+				ns = objs[i]
+				objs = slices.Delete(objs, i, i+1)
+				if got := ns.GetLabels()["pod-security.kubernetes.io/enforce"]; got != "privileged" {
+					t.Errorf("%s: Namespace enforces %q, want privileged (hostNetwork and hostPath are forbidden by baseline)", c.name, got)
+				}
+			}
+			if err := cp.Client.Create(ctx, ns); err != nil {
+				t.Fatalf("%s: create namespace %s: %v", c.name, c.rel.Namespace, err)
+			}
+			for _, o := range objs {
+				if err := cp.Client.Create(ctx, o, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+					t.Errorf("%s: dry-run create %s %s/%s: %v", c.name, o.GetKind(), o.GetNamespace(), o.GetName(), err)
+				}
+			}
+		}
+	})
+
+	// PodSecurity admission: the agent's pod is admitted in the namespace the chart
+	// renders (enforce: privileged) and refused at baseline, which forbids hostNetwork
+	// and hostPath: the reason the namespace must be privileged.
+	t.Run("pod-security", func(t *testing.T) {
+		c := cases[2]
+		ds := typed[appsv1.DaemonSet](t, objects(t, render(t, c)), "DaemonSet")
+		pod := func(ns string) *corev1.Pod {
+			p := &corev1.Pod{Spec: *ds.Spec.Template.Spec.DeepCopy()}
+			p.Name, p.Namespace = "npagent-pod", ns
+			p.Spec.ServiceAccountName = "" // the chart's service account exists only in a dry run
+			return p
+		}
+		if err := cp.Client.Create(ctx, pod(c.rel.Namespace), client.DryRunAll); err != nil {
+			t.Errorf("the agent's pod in the chart's namespace %s: %v", c.rel.Namespace, err)
+		}
+		baseline := &corev1.Namespace{}
+		baseline.Name = "baseline"
+		baseline.Labels = map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}
+		if err := cp.Client.Create(ctx, baseline); err != nil {
+			t.Fatal(err)
+		}
+		err := cp.Client.Create(ctx, pod(baseline.Name), client.DryRunAll)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "hostNetwork") || !strings.Contains(err.Error(), "hostPath") {
+			t.Errorf("the agent's pod in a baseline namespace: err = %v, want Forbidden for hostNetwork and hostPath", err)
+		}
+	})
+
+	t.Run("rbac", func(t *testing.T) {
+		c := cases[0]
+		objs := objects(t, render(t, c))
+		cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
+		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}}
+		if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
+			t.Errorf("ClusterRole rules %+v, want only %+v", cr.Rules, want)
+		}
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+				if err := cp.Client.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+					t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+				}
+			}
+		}
+		sa := typed[corev1.ServiceAccount](t, objs, "ServiceAccount")
+		user := fmt.Sprintf("system:serviceaccount:%s:%s", sa.Namespace, sa.Name)
+
+		// What the agent does, as the agent.
+		agentConfig := rest.CopyConfig(cp.Config)
+		agentConfig.Impersonate = rest.ImpersonationConfig{UserName: user}
+		agent, err := client.NewWithWatch(agentConfig, client.Options{Scheme: cp.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := agent.List(ctx, &v1alpha1.PolicyEndpointList{}); err != nil {
+			t.Errorf("list PolicyEndpoints in every namespace: %v", err)
+		}
+		if err := agent.List(ctx, &v1alpha1.ClusterPolicyEndpointList{}); err != nil {
+			t.Errorf("list ClusterPolicyEndpoints: %v", err)
+		}
+		for _, l := range []client.ObjectList{&v1alpha1.PolicyEndpointList{}, &v1alpha1.ClusterPolicyEndpointList{}} {
+			w, err := agent.Watch(ctx, l)
+			if err != nil {
+				t.Errorf("watch %T: %v", l, err)
+				continue
+			}
+			w.Stop()
+		}
+		// NotFound, not Forbidden: the agent may get them.
+		if err := agent.Get(ctx, client.ObjectKey{Namespace: "default", Name: "absent"}, &v1alpha1.PolicyEndpoint{}); !apierrors.IsNotFound(err) {
+			t.Errorf("get PolicyEndpoint: err = %v, want NotFound", err)
+		}
+		if err := agent.Get(ctx, client.ObjectKey{Name: "absent"}, &v1alpha1.ClusterPolicyEndpoint{}); !apierrors.IsNotFound(err) {
+			t.Errorf("get ClusterPolicyEndpoint: err = %v, want NotFound", err)
+		}
+		pe := &v1alpha1.PolicyEndpoint{}
+		pe.Name, pe.Namespace = "written-by-agent", "default"
+		pe.Spec.PolicyRef.Name = "x"
+		if err := agent.Create(ctx, pe); !apierrors.IsForbidden(err) {
+			t.Errorf("create PolicyEndpoint: err = %v, want Forbidden (the agent only reads)", err)
+		}
+		if err := agent.Delete(ctx, pe); !apierrors.IsForbidden(err) {
+			t.Errorf("delete PolicyEndpoint: err = %v, want Forbidden", err)
+		}
+		if err := agent.List(ctx, &corev1.SecretList{}); !apierrors.IsForbidden(err) {
+			t.Errorf("list Secrets: err = %v, want Forbidden", err)
+		}
+		if err := agent.List(ctx, &corev1.PodList{}); !apierrors.IsForbidden(err) {
+			t.Errorf("list Pods: err = %v, want Forbidden", err)
+		}
+
+		// Every verb, by SubjectAccessReview: read both kinds, nothing else.
+		allowed := func(group, res, verb, ns string) bool {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               user,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: group, Resource: res, Verb: verb, Namespace: ns},
+			}}
+			if err := cp.Client.Create(ctx, sar); err != nil {
+				t.Fatalf("SubjectAccessReview: %v", err)
+			}
+			return sar.Status.Allowed
+		}
+		for _, res := range []string{"policyendpoints", "clusterpolicyendpoints"} {
+			for _, verb := range []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"} {
+				for _, ns := range []string{"", "default"} {
+					if res == "clusterpolicyendpoints" && ns != "" {
+						continue
+					}
+					want := verb == "get" || verb == "list" || verb == "watch"
+					if got := allowed("networking.k8s.aws", res, verb, ns); got != want {
+						t.Errorf("%s %s (namespace %q): allowed %v, want %v", verb, res, ns, got, want)
+					}
+				}
+			}
+			for _, sub := range []string{"status"} {
+				sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+					User:               user,
+					ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "networking.k8s.aws", Resource: res, Subresource: sub, Verb: "update"},
+				}}
+				if err := cp.Client.Create(ctx, sar); err != nil {
+					t.Fatal(err)
+				}
+				if sar.Status.Allowed {
+					t.Errorf("update %s/%s allowed, want denied (the agent writes no status)", res, sub)
+				}
+			}
+		}
+		for _, r := range []struct{ group, res string }{{"", "secrets"}, {"", "pods"}, {"", "configmaps"}, {"", "nodes"}, {"networking.k8s.io", "networkpolicies"}} {
+			for _, verb := range []string{"get", "list", "watch"} {
+				if allowed(r.group, r.res, verb, "") {
+					t.Errorf("%s %s allowed, want denied", verb, r.res)
+				}
+			}
+		}
+	})
+}
