@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 25m
 # again under the race detector.
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
-.PHONY: all build image test unit tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image chart test unit tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -27,6 +27,10 @@ image: ## OCI image, linux/amd64 + linux/arm64, no daemon: bin/image/oci and a d
 	@echo "==> image: npagent $(VERSION) at $(IMAGE_REVISION) (time $(SOURCE_DATE_EPOCH)) -> bin/image"
 	$(GO) run ./hack/image -go "$(GO)" -version "$(VERSION)" -ldflags "$(LDFLAGS)" \
 		-revision "$(IMAGE_REVISION)" -created "$(SOURCE_DATE_EPOCH)" -out bin/image
+
+chart: ## write examples/deploy: the Helm chart deploy/charts/npagent rendered with its default values
+	@echo "==> helm template deploy/charts/npagent (Helm's Go packages) -> examples/deploy; go run ./deploy/charts/template [-set k=v] prints other values"
+	$(GO) run ./deploy/charts/template -examples examples/deploy
 
 tools: ## build kube-apiserver, etcd and the OpenTelemetry Collector (cached)
 	@echo "==> tools: kube-apiserver, etcd, otelcol (cached after the first build)"

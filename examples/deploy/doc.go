@@ -1,9 +1,12 @@
-// Package deploy holds the manifests that run npagent in a cluster: rbac.yaml (a
-// namespace, a service account allowed to get, list and watch PolicyEndpoints and
-// ClusterPolicyEndpoints, nothing else) and daemonset.yaml (one agent per node on
-// the host network with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN, the host's bpffs
-// and state directory, NODE_NAME and NODE_IP from the downward API, OTLP export to
-// a collector service).
+// Package deploy holds the manifests that run npagent in a cluster without Helm: the
+// Helm chart deploy/charts/npagent rendered with its default values (make chart writes
+// them; deploy/charts' tests fail when they are stale, and check them in a real
+// kube-apiserver). namespace.yaml is the namespace, labelled to allow the privileged
+// pod (hostNetwork, hostPath); rbac.yaml a service account allowed to get, list and
+// watch PolicyEndpoints and ClusterPolicyEndpoints, nothing else; daemonset.yaml one
+// agent per node on the host network with CAP_BPF and CAP_NET_ADMIN only, the host's
+// bpffs (which the host must mount) and state directory, NODE_NAME and NODE_IP from
+// the downward API, OTLP export to a collector service.
 //
 // The kit installs no CRDs: the PolicyEndpoint and ClusterPolicyEndpoint CRDs come with
 // the AWS Network Policy Controller, which installs (and upgrades) them. Do not apply
@@ -11,7 +14,5 @@
 // with the controller's at the version api/v1alpha1's tests compare against, but a
 // newer controller may add fields that an older copy would prune.
 //
-// The package has no code: its test applies the manifests to a real kube-apiserver
-// and checks, by impersonating the service account, that the RBAC grants exactly
-// what the agent needs.
+// The package has no code.
 package deploy
