@@ -37,6 +37,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
@@ -604,6 +605,7 @@ func TestAgentEBPFWithoutPrivilegesNamesCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	netlab.HostBPFFS(t) // the host's part: the agent never mounts it
 	pinPath := fmt.Sprintf("/sys/fs/bpf/npagent-nopriv-%d", os.Getpid())
 	t.Cleanup(func() { os.RemoveAll(pinPath) })
 	cmd := exec.Command(bin, "--kubeconfig="+kubeconfig, "--node-ip=10.0.0.1", "--node-name=n",

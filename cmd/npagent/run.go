@@ -311,7 +311,7 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath})
 	if err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("--dataplane=ebpf: %w (needs CAP_BPF and CAP_NET_ADMIN, and CAP_SYS_ADMIN for bpffs at %s; run privileged, or --dataplane=memory for no enforcement)", err, cfg.BPFFSPath)
+			return nil, fmt.Errorf("--dataplane=ebpf: %w (needs CAP_BPF and CAP_NET_ADMIN, and the host's bpffs mounted at %s; or --dataplane=memory for no enforcement)", err, cfg.BPFFSPath)
 		}
 		return nil, fmt.Errorf("--dataplane=ebpf (bpffs at %s): %w", cfg.BPFFSPath, err)
 	}

@@ -222,6 +222,11 @@ start_agent() {
 }
 case $DATAPLANE in
 auto | ebpf)
+	# The host's part, as a node's init system does it: the agent never mounts bpffs.
+	if ! mountpoint -q /sys/fs/bpf && [[ $EUID == 0 ]]; then
+		log "mounting bpffs at /sys/fs/bpf (the host's job; the agent does not mount it)"
+		mount -t bpf bpf /sys/fs/bpf || log "could not mount bpffs"
+	fi
 	log "starting npagent with the eBPF dataplane (pinned under $BPFFS)"
 	if ! start_agent ebpf; then
 		[[ $DATAPLANE == auto ]] || die "npagent could not start with the eBPF dataplane (see above)"

@@ -134,8 +134,10 @@ func permissionHint(err error, capability string) error {
 	return err
 }
 
-// ensureBPFFS makes dir a directory on bpffs, mounting bpffs at /sys/fs/bpf first when
-// dir is below it and nothing is mounted there.
+// ensureBPFFS makes dir a directory on bpffs. It never mounts bpffs: a mount the
+// agent made inside its container would die with the container, and the pins with
+// it (enforcement would not survive a restart), and it would need CAP_SYS_ADMIN.
+// The host mounts bpffs; when /sys/fs/bpf is not one, the error says so.
 func ensureBPFFS(dir string) error {
 	const root = "/sys/fs/bpf"
 	if strings.HasPrefix(filepath.Clean(dir)+"/", root+"/") {
@@ -144,9 +146,8 @@ func ensureBPFFS(dir string) error {
 			return fmt.Errorf("statfs %s: %w", root, err)
 		}
 		if st.Type != bpfFSMagic {
-			if err := unix.Mount("bpf", root, "bpf", 0, ""); err != nil {
-				return fmt.Errorf("mount bpffs at %s: %w", root, permissionHint(err, "CAP_SYS_ADMIN"))
-			}
+			return fmt.Errorf("%w at %s: mount it on the host (mount -t bpf bpf %s, or systemd's sys-fs-bpf.mount) and into the pod as a hostPath; the agent does not mount it itself (a mount inside its container would die with the container, and the pins with it)",
+				ErrNoBPFFS, root, root)
 		}
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
@@ -58,6 +59,7 @@ func requireKernel(t testing.TB) {
 		skip.Unmet(t, "needs root (CAP_BPF to load programs, CAP_NET_ADMIN to attach them): run as root")
 	}
 	if !kernelChecked.done.Load() {
+		netlab.HostBPFFS(t) // the host's part: OpenEBPF never mounts it
 		if err := ensureBPFFS(filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-probe-%d", os.Getpid()))); err != nil {
 			kernelChecked.reason = "bpffs unavailable: " + err.Error()
 		}

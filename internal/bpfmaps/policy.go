@@ -19,6 +19,10 @@ var ErrInvalidPolicy = errors.New("invalid policy")
 // state has been removed.
 var ErrCapacity = errors.New("dataplane capacity exceeded")
 
+// ErrNoBPFFS is wrapped by OpenEBPF when the pin path is below /sys/fs/bpf and no
+// bpffs is mounted there. The host mounts it; the agent never does.
+var ErrNoBPFFS = errors.New("bpffs is not mounted")
+
 // ErrIncompatiblePins is wrapped by OpenEBPF when the pinned maps hold state in a
 // layout this build does not read (written by an unreleased build). Nothing is
 // changed; the error names the pin directory to remove.

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -428,4 +430,39 @@ func TestOpenRefusesUnmarkedEntries(t *testing.T) {
 			t.Errorf("entry %+v gone after the refusal: %v", k, err)
 		}
 	}
+}
+
+// TestOpenRefusesToMountBPFFS: with no bpffs at /sys/fs/bpf, OpenEBPF fails with
+// ErrNoBPFFS, telling the operator to mount it on the host, and mounts nothing
+// itself (a mount inside the agent's container would die with it, pins and all).
+// The test unmounts bpffs in a private mount namespace of its own thread, so the
+// host's mount is untouched.
+func TestOpenRefusesToMountBPFFS(t *testing.T) {
+	requireKernel(t)
+	done := make(chan struct{})
+	go func() { // a thread of its own: it ends in the private namespace and dies with it
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the runtime discards the thread
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			t.Errorf("unshare mount namespace: %v", err)
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			t.Errorf("make mounts private: %v", err)
+			return
+		}
+		if err := unix.Unmount("/sys/fs/bpf", unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs in the private namespace: %v", err)
+			return
+		}
+		_, err := OpenEBPF(EBPFOptions{PinPath: fmt.Sprintf("/sys/fs/bpf/npagent-nobpffs-%d", os.Getpid())})
+		if !errors.Is(err, ErrNoBPFFS) || !strings.Contains(err.Error(), "mount it on the host") {
+			t.Errorf("OpenEBPF without bpffs: %v; want ErrNoBPFFS telling to mount it on the host", err)
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == bpfFSMagic {
+			t.Error("OpenEBPF mounted bpffs itself")
+		}
+	}()
+	<-done
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/netlab"
 )
 
 const benchNode = "192.0.2.30"
@@ -175,6 +176,7 @@ func openBenchEBPF(b *testing.B) bpfmaps.Dataplane {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root to load eBPF programs, pin maps under /sys/fs/bpf and create veth interfaces")
 	}
+	netlab.HostBPFFS(b)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-bench-%d", os.Getpid()))
 	b.Cleanup(func() { _ = os.RemoveAll(pin) })
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})

@@ -84,6 +84,7 @@ func TestEBPFEnforcement(t *testing.T) {
 			return l.reach(port) == nil
 		})
 	}
+	netlab.HostBPFFS(t)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-test-%d", os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(pin) })
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
@@ -135,4 +136,18 @@ func Exchange(ns, network, addr string, timeout time.Duration) error {
 		return errors.New("echo mismatch")
 	}
 	return nil
+}
+
+// HostBPFFS does what a node's init system does and the agent never does: it
+// mounts bpffs at /sys/fs/bpf when nothing is mounted there (it is not mounted at
+// boot on these machines). Tests that open the eBPF dataplane call it as the host.
+func HostBPFFS(tb testing.TB) {
+	tb.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return
+	}
+	if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, ""); err != nil {
+		skip.Unmet(tb, "bpffs is not mounted at /sys/fs/bpf and mounting it failed (needs root): %v", err)
+	}
 }
