@@ -2,7 +2,7 @@
 # Builds the binaries npagent's tests and demo need, from Go module source, into a
 # cache folder outside the clone keyed by name and version, so a fresh clone reuses
 # them and a new machine builds them once. Usage: hack/tools.sh [name ...]
-# Names: kube-apiserver etcd otelcol prometheus jaeger (default: the first three).
+# Names: kube-apiserver etcd otelcol prometheus promtool jaeger (default: the first three).
 # Prints the path of each tool's binary on stdout, one line each (progress goes to stderr).
 # Concurrent runs (parallel test packages) wait on a lock instead of building twice.
 set -euo pipefail
@@ -71,6 +71,16 @@ build_prometheus() {
 	rm -rf "$work"
 }
 
+# promtool comes from the same module and version as the demo's Prometheus, so the
+# rules in deploy/prometheus are checked by the PromQL engine that runs them.
+build_promtool() {
+	local work
+	work="$(mktemp -d)"
+	GOBIN="$work" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+	mv "$work/promtool" "$OUT"
+	rm -rf "$work"
+}
+
 build_jaeger() {
 	(cd "$ROOT/tools/jaeger" && go build -trimpath -o "$OUT" github.com/jaegertracing/jaeger/cmd/jaeger)
 }
@@ -83,6 +93,7 @@ for n in "${names[@]}"; do
 	etcd) ensure etcd "$ETCD_VERSION" etcd build_etcd ;;
 	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_otelcol ;;
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
+	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
 	*) log "unknown tool $n"; exit 2 ;;
 	esac

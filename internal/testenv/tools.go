@@ -25,7 +25,7 @@ var (
 )
 
 // ToolPath returns the path of a tool built by hack/tools.sh ("kube-apiserver", "etcd",
-// "otelcol", "prometheus", "jaeger"), building it first when it is not cached. A failed
+// "otelcol", "prometheus", "promtool", "jaeger"), building it first when it is not cached. A failed
 // build skips the test with the build's output as the reason (a failure under
 // NPAGENT_TEST_NO_SKIP=1); -short skips every test that needs a tool.
 func ToolPath(tb testing.TB, name string) string {
