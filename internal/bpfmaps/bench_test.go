@@ -181,17 +181,25 @@ func BenchmarkCommitUnchanged(b *testing.B) {
 }
 
 // BenchmarkVerdict10k: the program's cost per packet, through BPF_PROG_TEST_RUN with
-// the kernel repeating the run, for a pod whose ingress trie holds 10,000 entries.
+// the kernel repeating the run, for a pod whose ingress trie holds 10,000 entries and
+// a node set of four addresses ("node": a port the policy denies, from a node
+// address).
 func BenchmarkVerdict10k(b *testing.B) {
 	e := openTestEBPF(b, EBPFOptions{})
 	ifindex := dummyInterface(b)
 	if _, err := e.Commit(ifindex, widePolicy(10000, 80)); err != nil {
 		b.Fatal(err)
 	}
+	// A node set as a node has one: its addresses and a host-side veth address.
+	if err := e.SetNodeAddrs([]netip.Prefix{netip.MustParsePrefix("192.0.2.10/32"), netip.MustParsePrefix("169.254.1.1/32"),
+		netip.MustParsePrefix("2001:db8::10/128"), netip.MustParsePrefix("fe80::1/128")}); err != nil {
+		b.Fatal(err)
+	}
 	benchVerdicts(b, e, ifindex, []verdictCase{
 		{"allowed", packetBytes(netip.MustParseAddr("10.0.20.7"), podAddrIngress4, ProtocolTCP, 40000, 80)},
 		{"denied-port", packetBytes(netip.MustParseAddr("10.0.20.7"), podAddrIngress4, ProtocolTCP, 40000, 81)},
 		{"denied-miss", packetBytes(netip.MustParseAddr("11.0.0.1"), podAddrIngress4, ProtocolTCP, 40000, 80)},
+		{"node", packetBytes(netip.MustParseAddr("192.0.2.10"), podAddrIngress4, ProtocolTCP, 40000, 81)},
 	})
 }
 

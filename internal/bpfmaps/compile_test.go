@@ -12,7 +12,7 @@ import (
 // of the LPM trie lookups policy.c does, and every random packet must get the verdict
 // DirectionPolicy.Verdict gives.
 func TestCompiledEntriesMatchVerdict(t *testing.T) {
-	g := newPolicyGen(1)
+	g := newPolicyGen(1).withNode()
 	m := NewMemory()
 	const pods, rounds, packets = 4, 400, 200
 	ifaces := make([]int, pods)

@@ -62,6 +62,14 @@
 //     from a development build with one generation per commit) is not migrated:
 //     OpenEBPF stops with ErrIncompatiblePins naming the pin path to remove, and
 //     changes nothing; so does a pinned map of another shape.
+//   - Node traffic is exempt: traffic between a pod and its own node is always
+//     allowed, in every tier (admin Deny included) and both directions (kubelet
+//     probes; the NetworkPolicy rule and the AWS agent's). The node set (every address
+//     of the node, and extra CIDRs; NodeExemption.SetNodeAddrs) is one LPM trie per
+//     family, shared by all pods and pinned. The programs consult it only for a packet
+//     the policy and the connection table deny: the verdict is "node or policy", so a
+//     packet the policy allows pays nothing for it. A replace writes the new prefixes
+//     before deleting the stale ones: an address in both sets is never missing.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 // builds for those architectures only. include/ stands in for the host's
 // asm/ headers, so no multiarch include path is needed and every host generates the
 // same bytes (include/README.md).
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key -type node_key4 -type node_key6 policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -54,6 +55,7 @@ type EBPF struct {
 	states  *podStates // guarded by core.mu
 	pinPath string
 	links   map[uint32]*podLinks // guarded by core.mu
+	nodeMu  sync.Mutex           // serializes SetNodeAddrs
 	closed  atomic.Bool
 }
 

@@ -29,11 +29,12 @@ func TestStateMapLayout(t *testing.T) {
 
 // TestKernelVerdictsMatchVerdict runs the property test's random policies through the
 // real program with BPF_PROG_TEST_RUN: every crafted packet (IPv4/IPv6, TCP, UDP,
-// SCTP, ICMP) gets the verdict DirectionPolicy.Verdict gives.
+// SCTP, ICMP) gets the verdict DirectionPolicy.Verdict gives, or passes when its peer
+// is in the node set (testNodeSet).
 func TestKernelVerdictsMatchVerdict(t *testing.T) {
 	e := openTestEBPF(t, EBPFOptions{})
 	ifaces := []int{dummyInterface(t), dummyInterface(t)}
-	g := newPolicyGen(1)
+	g := newPolicyGen(1).withNode()
 	rounds, packets := 300, 150
 	if testing.Short() {
 		rounds = 40
@@ -138,7 +139,7 @@ func TestEveryTargetsObject(t *testing.T) {
 			}
 			defer e.Close()
 			ifaces := []int{dummyInterface(t)}
-			checked, allowed := checkAgainstReference(t, newPolicyGen(7), e, ifaces, 30, 100, func(ifindex int, d Direction, pkt packet) bool {
+			checked, allowed := checkAgainstReference(t, newPolicyGen(7).withNode(), e, ifaces, 30, 100, func(ifindex int, d Direction, pkt packet) bool {
 				return e.kernelVerdict(t, ifindex, d, pkt)
 			})
 			t.Logf("%s: %d packets checked in the kernel, %d allowed", obj, checked, allowed)

@@ -9,7 +9,24 @@ import (
 // policyGen draws random policies and packets from a small address universe, so
 // that CIDRs, excepts and peers nest and overlap often.
 type policyGen struct {
-	rnd *rand.Rand
+	rnd  *rand.Rand
+	node []netip.Prefix // the node set (withNode): packets draw peers from it too
+}
+
+// testNodeSet is a node set inside the generator's address universe: exact
+// addresses and CIDRs of both families.
+var testNodeSet = []netip.Prefix{
+	netip.MustParsePrefix("10.1.2.128/32"),
+	netip.MustParsePrefix("10.255.0.0/16"),
+	netip.MustParsePrefix("fd00:0:0:ff:100::2/128"),
+	netip.MustParsePrefix("fd00:0:0:80::/64"),
+}
+
+// withNode makes checkAgainstReference set testNodeSet on the dataplane and expect
+// its peers allowed; packets then sometimes come from a node address.
+func (g *policyGen) withNode() *policyGen {
+	g.node = testNodeSet
+	return g
 }
 
 func newPolicyGen(seed uint64) *policyGen {
@@ -132,6 +149,15 @@ func (g *policyGen) packet() packet {
 	v6 := g.family()
 	protos := []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP, ProtocolTCP, ProtocolUDP, ProtocolICMP}
 	p := packet{peer: g.addr(v6), proto: protos[g.rnd.IntN(len(protos))]}
+	if len(g.node) > 0 && g.rnd.IntN(8) == 0 { // an address inside a node prefix
+		n := g.node[g.rnd.IntN(len(g.node))]
+		p.peer, v6 = n.Addr(), n.Addr().Is6()
+		if n.Bits() < n.Addr().BitLen() {
+			b := p.peer.AsSlice()
+			b[len(b)-1] = byte(1 + g.rnd.IntN(254))
+			p.peer, _ = netip.AddrFromSlice(b)
+		}
+	}
 	if v6 && p.proto == ProtocolICMP {
 		p.proto = ProtocolICMPv6
 	}
@@ -146,6 +172,12 @@ func (g *policyGen) packet() packet {
 		}
 	}
 	return p
+}
+
+// referenceVerdictNode is referenceVerdict with a node set: a peer in it is always
+// allowed (traffic between a pod and its own node), in every tier and direction.
+func referenceVerdictNode(node []netip.Prefix, p PodPolicy, d Direction, pkt packet) bool {
+	return nodeContains(node, pkt.peer) || referenceVerdict(p, d, pkt)
 }
 
 // referenceVerdict is what a backend must answer for pkt in direction d of pod
@@ -166,6 +198,12 @@ func referenceVerdict(p PodPolicy, d Direction, pkt packet) bool {
 func checkAgainstReference(t *testing.T, g *policyGen, dp Dataplane, ifaces []int, rounds, packets int,
 	backend func(ifindex int, d Direction, pkt packet) bool) (checked, allowed int) {
 	t.Helper()
+	if len(g.node) > 0 {
+		if err := dp.(NodeExemption).SetNodeAddrs(g.node); err != nil {
+			t.Fatalf("set node addresses: %v", err)
+		}
+	}
+	nodeAllowed := 0
 	for round := range rounds {
 		ifindex := ifaces[round%len(ifaces)]
 		p := g.pod()
@@ -175,7 +213,10 @@ func checkAgainstReference(t *testing.T, g *policyGen, dp Dataplane, ifaces []in
 		for range packets {
 			pkt := g.packet()
 			for _, d := range []Direction{Ingress, Egress} {
-				want := referenceVerdict(p, d, pkt)
+				want := referenceVerdictNode(g.node, p, d, pkt)
+				if want && !referenceVerdict(p, d, pkt) {
+					nodeAllowed++
+				}
 				if got := backend(ifindex, d, pkt); got != want {
 					t.Fatalf("round %d pod %d %s %v %v/%d: backend verdict %v, Verdict %v\npolicy: %+v",
 						round, ifindex, d, pkt.peer, pkt.proto, pkt.port, got, want, p)
@@ -189,6 +230,9 @@ func checkAgainstReference(t *testing.T, g *policyGen, dp Dataplane, ifaces []in
 	}
 	if allowed < checked/10 || allowed > checked*9/10 {
 		t.Fatalf("skewed sample: %d of %d packets allowed", allowed, checked)
+	}
+	if len(g.node) > 0 && nodeAllowed < checked/100 {
+		t.Fatalf("skewed sample: %d of %d packets allowed only as node traffic", nodeAllowed, checked)
 	}
 	return checked, allowed
 }

@@ -45,13 +45,17 @@ func (m *Memory) Ready() error { return nil }
 func (m *Memory) Close() error { return nil }
 
 // Verdict evaluates a packet against the pod's committed entries the way the eBPF
-// program does (policy only, no connection tracking). A pod without state allows all.
+// program does (policy and the node set, no connection tracking). A pod without state
+// allows all; a peer in the node set (SetNodeAddrs) is allowed whatever the policy.
 func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protocol, port uint16) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st, ok := m.maps.pods[uint32(ifindex)]
 	if !ok {
 		return true
+	}
+	if nodeContains(m.maps.node, peer) {
+		return true // traffic between the pod and its own node: always allowed
 	}
 	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordSet(st.Dir[d]), peer), proto, port)
 }
@@ -68,6 +72,7 @@ type memoryMaps struct {
 	v4   [2]map[policyLpmKey4]policyRuleValue
 	v6   [2]map[policyLpmKey6]policyRuleValue
 	pods map[uint32]policyPodState
+	node []netip.Prefix // normalized (SetNodeAddrs)
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.

@@ -188,6 +188,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } npa_ct SEC(".maps");
 
+// The node's own addresses (every address of the node's interfaces, and configured
+// CIDRs), one LPM trie per family keyed by prefix. Traffic between a pod and its node
+// is always allowed, in every tier and both directions (kubelet probes; a node-local
+// DNS cache): a packet whose peer is in the trie passes whatever the pod's policy
+// says. User space replaces the set by writing the new entries before deleting stale
+// ones, so a node address present before and after is never missing in between.
+struct node_key4 {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct node_key6 {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+#define NODE_TRIE(name, keytype)                                                       \
+	struct {                                                                       \
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);                                    \
+		__type(key, struct keytype);                                           \
+		__type(value, __u8);                                                   \
+		__uint(max_entries, 1024);                                             \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                                  \
+		__uint(pinning, LIBBPF_PIN_BY_NAME);                                   \
+	} name SEC(".maps")
+
+NODE_TRIE(npa_node_v4, node_key4);
+NODE_TRIE(npa_node_v6, node_key6);
+
 // How long a connection's replies pass without seeing traffic. Set by the loader.
 volatile const __u64 ct_timeout_ns = 300ull * 1000 * 1000 * 1000;
 
@@ -306,6 +335,19 @@ static __always_inline const struct rule_value *lookup(const int dir, __u32 ifin
 	struct lpm_key6 k = {.prefixlen = 64 + 128, .ifindex = ifindex, .tag = tag};
 	__builtin_memcpy(k.addr, peer, 16);
 	return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v6 : (void *)&npa_eg_v6, &k);
+}
+
+// is_node reports whether peer is one of the node's addresses.
+static __always_inline int is_node(const struct packet *p, const __u8 *peer)
+{
+	if (p->family == 4) {
+		struct node_key4 k = {.prefixlen = 32};
+		__builtin_memcpy(k.addr, peer, 4);
+		return bpf_map_lookup_elem(&npa_node_v4, &k) != 0;
+	}
+	struct node_key6 k = {.prefixlen = 128};
+	__builtin_memcpy(k.addr, peer, 16);
+	return bpf_map_lookup_elem(&npa_node_v6, &k) != 0;
 }
 
 // load_word loads a state word with (at least) acquire semantics, so that the lookups
@@ -454,14 +496,20 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		}
 		return VERDICT_NEXT;
 	}
-	// Denied by this direction's policy: pass only a reply of a connection the other
-	// direction allowed.
+	// Denied by this direction's policy: pass a reply of a connection the other
+	// direction allowed, and traffic between the pod and its own node. The node check
+	// comes only here, after the policy: the verdict is "node or policy", so the
+	// order does not change it, and a packet the policy allows (the common path) pays
+	// no extra lookup. Node traffic passing here makes no connection entry: its replies
+	// have the node as peer too and pass the same way.
 	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
 	struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
 	if (ct && now - ct->last_seen_ns < ct_timeout_ns) {
 		ct->last_seen_ns = now;
 		return VERDICT_NEXT;
 	}
+	if (is_node(&p, peer))
+		return VERDICT_NEXT;
 	return VERDICT_DROP;
 }
 

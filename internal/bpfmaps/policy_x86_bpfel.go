@@ -46,6 +46,18 @@ type policyLpmKey6 struct {
 	Addr      [16]uint8
 }
 
+type policyNodeKey4 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [4]uint8
+}
+
+type policyNodeKey6 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type policyPodState struct {
 	_    structs.HostLayout
 	Dir  [2]uint64
@@ -77,6 +89,8 @@ const (
 	policyMapNpaEgV6      = "npa_eg_v6"
 	policyMapNpaInV4      = "npa_in_v4"
 	policyMapNpaInV6      = "npa_in_v6"
+	policyMapNpaNodeV4    = "npa_node_v4"
+	policyMapNpaNodeV6    = "npa_node_v6"
 	policyMapNpaPodSlot   = "npa_pod_slot"
 	policyMapNpaSlotState = "npa_slot_state"
 	policyProgFromPod     = "from_pod"
@@ -139,6 +153,8 @@ type policyMapSpecs struct {
 	NpaEgV6      *ebpf.MapSpec `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.MapSpec `ebpf:"npa_in_v4"`
 	NpaInV6      *ebpf.MapSpec `ebpf:"npa_in_v6"`
+	NpaNodeV4    *ebpf.MapSpec `ebpf:"npa_node_v4"`
+	NpaNodeV6    *ebpf.MapSpec `ebpf:"npa_node_v6"`
 	NpaPodSlot   *ebpf.MapSpec `ebpf:"npa_pod_slot"`
 	NpaSlotState *ebpf.MapSpec `ebpf:"npa_slot_state"`
 }
@@ -175,6 +191,8 @@ type policyMaps struct {
 	NpaEgV6      *ebpf.Map `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.Map `ebpf:"npa_in_v4"`
 	NpaInV6      *ebpf.Map `ebpf:"npa_in_v6"`
+	NpaNodeV4    *ebpf.Map `ebpf:"npa_node_v4"`
+	NpaNodeV6    *ebpf.Map `ebpf:"npa_node_v6"`
 	NpaPodSlot   *ebpf.Map `ebpf:"npa_pod_slot"`
 	NpaSlotState *ebpf.Map `ebpf:"npa_slot_state"`
 }
@@ -186,6 +204,8 @@ func (m *policyMaps) Close() error {
 		m.NpaEgV6,
 		m.NpaInV4,
 		m.NpaInV6,
+		m.NpaNodeV4,
+		m.NpaNodeV6,
 		m.NpaPodSlot,
 		m.NpaSlotState,
 	)
