@@ -2,7 +2,9 @@ package reconcile
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,4 +128,102 @@ func TestEBPFEnforcement(t *testing.T) {
 	if err := l.reach(8081); err != nil {
 		t.Errorf("after delete the pod must be open again: %v", err)
 	}
+}
+
+// exchangeFrom dials addr from the caller's namespace with source address src, sends
+// one message and waits for its echo.
+func exchangeFrom(src, addr string) error {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 400 * time.Millisecond}
+	c, err := d.Dial("tcp4", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(400 * time.Millisecond))
+	msg := []byte("npagent node")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	_, err = io.ReadFull(c, buf)
+	return err
+}
+
+// TestEBPFNodeTrafficExempt: with real packets, traffic between a pod and its own
+// node passes whatever the pod's policy says (issue 10: kubelet probes to an
+// ingress-isolated pod timed out). The pod is isolated both ways; its ingress allows
+// one non-node peer on one port, its egress nothing. The node set holds the host-side
+// veth address (what the agent discovers on the node), not the host end's other
+// addresses, which stand for peers that are not the node.
+func TestEBPFNodeTrafficExempt(t *testing.T) {
+	l := newPodLab(t)
+	subnet := strings.TrimSuffix(l.hostIP, ".1")
+	peer, stranger := subnet+".3", subnet+".4" // not node addresses (not in the node set)
+	for _, a := range []string{peer, stranger} {
+		netlab.Run(t, "ip", "addr", "add", a+"/32", "dev", l.hostIf)
+	}
+	l.serve(t, 8080)
+	l.serve(t, 8081)
+	netlab.ServeEcho(t, "", "tcp4", l.hostIP+":8090") // the node's service (a node-local DNS cache, say)
+	netlab.ServeEcho(t, "", "tcp4", peer+":8090")     // a non-node peer's service
+	pod := func(port int) string { return fmt.Sprintf("%s:%d", l.podIP, port) }
+	// Every path works before any policy, so a drop below is the policy's.
+	for what, try := range map[string]func() error{
+		"node to pod":     func() error { return exchangeFrom(l.hostIP, pod(8081)) },
+		"peer to pod":     func() error { return exchangeFrom(peer, pod(8081)) },
+		"stranger to pod": func() error { return exchangeFrom(stranger, pod(8080)) },
+		"pod to node":     func() error { return netlab.Exchange(l.ns, "tcp4", l.hostIP+":8090", 400*time.Millisecond) },
+		"pod to the peer": func() error { return netlab.Exchange(l.ns, "tcp4", peer+":8090", 400*time.Millisecond) },
+	} {
+		testenv.Eventually(t, 10*time.Second, what+" before any policy", func() bool { return try() == nil })
+	}
+	netlab.HostBPFFS(t)
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-node-test-%d", os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(pin) })
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
+	if err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
+		}
+		t.Fatalf("OpenEBPF: %v", err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+	if err := dp.SetNodeAddrs([]netip.Prefix{netip.MustParsePrefix(l.hostIP + "/32")}); err != nil {
+		t.Fatal(err)
+	}
+	pol := bpfmaps.PodPolicy{
+		Ingress: bpfmaps.DirectionPolicy{Isolated: true, Allow: []bpfmaps.Rule{{
+			CIDR:  netip.MustParsePrefix(peer + "/32"),
+			Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolTCP, Port: 8080}},
+		}}},
+		Egress: bpfmaps.DirectionPolicy{Isolated: true},
+	}
+	if _, err := dp.Commit(l.hostIndex, pol); err != nil {
+		t.Fatal(err)
+	}
+	expect := func(what string, err error, pass bool) {
+		t.Helper()
+		if pass && err != nil {
+			t.Errorf("%s: %v, want it to pass", what, err)
+		}
+		if !pass && err == nil {
+			t.Errorf("%s passed, want it dropped", what)
+		}
+	}
+	// The policy still decides for peers that are not the node.
+	expect("allowed peer to port 8080", exchangeFrom(peer, pod(8080)), true)
+	expect("allowed peer to port 8081", exchangeFrom(peer, pod(8081)), false)
+	expect("other peer to port 8080", exchangeFrom(stranger, pod(8080)), false)
+	expect("pod to a non-node peer", netlab.Exchange(l.ns, "tcp4", peer+":8090", 400*time.Millisecond), false)
+	// The node reaches the pod on every port, and the pod the node.
+	expect("node (host-side veth address) to port 8080", exchangeFrom(l.hostIP, pod(8080)), true)
+	expect("node (host-side veth address) to port 8081", exchangeFrom(l.hostIP, pod(8081)), true)
+	expect("pod to the node", netlab.Exchange(l.ns, "tcp4", l.hostIP+":8090", 400*time.Millisecond), true)
+
+	// The exemption is the node set's: emptied, the node is policed as any peer.
+	if err := dp.SetNodeAddrs(nil); err != nil {
+		t.Fatal(err)
+	}
+	expect("node to port 8081 with an empty node set", exchangeFrom(l.hostIP, pod(8081)), false)
+	expect("pod to the node with an empty node set", netlab.Exchange(l.ns, "tcp4", l.hostIP+":8090", 400*time.Millisecond), false)
 }
