@@ -32,7 +32,8 @@ type config struct {
 	Kubeconfig            string // "" = in-cluster configuration
 	NodeName              string
 	NodeIP                netip.Addr
-	Dataplane             string // dataplaneEBPF or dataplaneMemory
+	NodeCIDRs             []netip.Prefix // exempt from policy with the node's own addresses
+	Dataplane             string         // dataplaneEBPF or dataplaneMemory
 	BPFFSPath             string
 	StateFile             string // "" = no persistence
 	TriggerAnnotation     string
@@ -58,6 +59,7 @@ var flagEnv = map[string]string{
 	"kubeconfig":             "KUBECONFIG",
 	"node-name":              "NODE_NAME",
 	"node-ip":                "NODE_IP",
+	"node-cidrs":             "NPAGENT_NODE_CIDRS",
 	"dataplane":              "NPAGENT_DATAPLANE",
 	"bpffs-path":             "NPAGENT_BPFFS_PATH",
 	"state-file":             "NPAGENT_STATE_FILE",
@@ -89,10 +91,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, logLevel string
+	var nodeIP, nodeCIDRs, logLevel string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
+	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses (every address of the host's interfaces and the node IP) always are")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
 	fs.StringVar(&c.StateFile, "state-file", "/var/lib/npagent/seen.state", "file persisting reported trigger times across restarts; empty: none")
@@ -164,6 +167,17 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			// which is the node IP.
 			c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
 		}
+	}
+	for _, f := range strings.Split(nodeCIDRs, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--node-cidrs: %q is not a CIDR", f))
+			continue
+		}
+		c.NodeCIDRs = append(c.NodeCIDRs, p.Masked())
 	}
 	if c.NodeName == "" {
 		host, err := os.Hostname()

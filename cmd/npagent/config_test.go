@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		MaxTriggerSkew:        5 * time.Second,
 		WatermarkMaxAge:       time.Hour,
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
 	}
 }
@@ -75,6 +76,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
 		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
 		"NPAGENT_WATERMARK_MAX_AGE":      "30m",
+		"NPAGENT_NODE_CIDRS":             "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -109,8 +111,10 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		DropFQDNAllowRules:    true,
 		MaxTriggerSkew:        2 * time.Second,
 		WatermarkMaxAge:       30 * time.Minute,
+		NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::/64"),
+			netip.MustParsePrefix("10.9.8.0/24")}, // masked
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
 	}
 
@@ -157,6 +161,7 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"bad env duration", nil, map[string]string{"NPAGENT_RESYNC_PERIOD": "soon"}, []string{"--resync-period", "$NPAGENT_RESYNC_PERIOD", `"soon"`}},
 		{"bad env int", nil, map[string]string{"NPAGENT_WORKERS": "x"}, []string{"--workers", "$NPAGENT_WORKERS"}},
 		{"bad env ip", nil, map[string]string{"NODE_IP": "nope"}, []string{"--node-ip", `"nope"`}},
+		{"bad node cidr", []string{"--node-cidrs=10.0.0.0/8,10.1.2.3"}, nil, []string{"--node-cidrs", `"10.1.2.3"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -144,6 +144,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("close dataplane", "dataplane", cfg.Dataplane, "err", err)
 		}
 	}()
+	// Traffic between a pod and its own node is always allowed: the node set is in
+	// place before any pod is programmed, and kept current.
+	dpNode, ok := dp.(bpfmaps.NodeExemption)
+	if !ok {
+		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
+	}
+	stopNodeAddrs, err := startNodeAddrs(runCtx, &nodeAddrs{dp: dpNode, nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs,
+		list: listHostAddrs, log: log.With("component", "node-addrs")}, nodeAddrsRefresh)
+	if err != nil {
+		return err
+	}
+	defer stopNodeAddrs() // before the dataplane closes
 	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
 		return stopped()
 	}
