@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
 )
@@ -53,8 +57,52 @@ func TestListHostAddrs(t *testing.T) {
 	}
 }
 
-// TestNodeAddrsRefresh: the set is written at start and again when the node's
-// addresses change; the dataplane's verdicts follow; a failed refresh keeps the set.
+// TestWatchHostAddrs: adding an address in the namespace is signalled (as root: it
+// adds one to a dummy interface of its own), and the channel closes once done is.
+func TestWatchHostAddrs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_NET_ADMIN) to add an address")
+	}
+	done := make(chan struct{})
+	changed, err := watchHostAddrs(done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("npw%d", os.Getpid()%100000)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netlink.LinkDel(l) }()
+	addr, _ := netlink.ParseAddr("192.0.2.201/32")
+	if err := netlink.AddrAdd(l, addr); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change signalled for an added address")
+	}
+	close(done)
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case _, ok := <-changed:
+			if !ok {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the change channel stayed open after done")
+		}
+	}
+}
+
+// TestNodeAddrsRefresh: the set is written at start and again when a change is
+// signalled; the dataplane's verdicts follow; a failed refresh keeps the set; stop
+// and a failed start end the watch.
 func TestNodeAddrsRefresh(t *testing.T) {
 	dp := bpfmaps.NewMemory()
 	isolated := bpfmaps.DirectionPolicy{Isolated: true}
@@ -74,7 +122,23 @@ func TestNodeAddrsRefresh(t *testing.T) {
 	}
 	n := &nodeAddrs{dp: dp, nodeIP: netip.MustParseAddr("10.0.0.5"), extra: []netip.Prefix{netip.MustParsePrefix("169.254.20.0/24")},
 		list: list, log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}
-	stop, err := startNodeAddrs(context.Background(), n, 10*time.Millisecond)
+	notify := make(chan struct{}, 1) // the address changes netlink would signal
+	n.watch = func(done <-chan struct{}) (<-chan struct{}, error) {
+		ch := make(chan struct{})
+		go func() {
+			defer close(ch)
+			for {
+				select {
+				case <-done:
+					return
+				case <-notify:
+					ch <- struct{}{}
+				}
+			}
+		}()
+		return ch, nil
+	}
+	stop, err := startNodeAddrs(context.Background(), n, time.Hour) // changes are noticed by the watch, not the interval
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +149,7 @@ func TestNodeAddrsRefresh(t *testing.T) {
 	mu.Lock()
 	host = append(host, netip.MustParseAddr("10.0.0.6"))
 	mu.Unlock()
+	notify <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
 	for !allowed("10.0.0.6") {
 		if time.Now().After(deadline) {
@@ -95,13 +160,14 @@ func TestNodeAddrsRefresh(t *testing.T) {
 	mu.Lock()
 	listErr = errors.New("netlink unavailable")
 	mu.Unlock()
+	notify <- struct{}{}
 	time.Sleep(50 * time.Millisecond)
 	if !allowed("10.0.0.6") || !allowed("10.0.0.5") {
 		t.Fatal("a failed refresh dropped the node set")
 	}
 	stop()
 	// A first read that fails is an error: the agent does not start without the set.
-	n2 := &nodeAddrs{dp: dp, list: list, log: n.log}
+	n2 := &nodeAddrs{dp: dp, list: list, watch: n.watch, log: n.log}
 	if _, err := startNodeAddrs(context.Background(), n2, time.Second); err == nil {
 		t.Fatal("startNodeAddrs with a failing first read: no error")
 	}

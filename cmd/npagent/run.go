@@ -151,7 +151,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
 	}
 	stopNodeAddrs, err := startNodeAddrs(runCtx, &nodeAddrs{dp: dpNode, nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs,
-		list: listHostAddrs, log: log.With("component", "node-addrs")}, nodeAddrsRefresh)
+		list: listHostAddrs, watch: watchHostAddrs, log: log.With("component", "node-addrs")}, nodeAddrsRefresh)
 	if err != nil {
 		return err
 	}
