@@ -62,6 +62,25 @@ func newPodLab(t *testing.T) *podLab {
 	return l
 }
 
+// openKernelDataplane opens the eBPF dataplane under a pin path of its own (name
+// tells the tests apart), as the host would have it: bpffs mounted. It is closed
+// and unpinned at cleanup.
+func openKernelDataplane(t *testing.T, name string) *bpfmaps.EBPF {
+	t.Helper()
+	netlab.HostBPFFS(t)
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-%s-%d", name, os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(pin) })
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
+	if err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
+		}
+		t.Fatalf("OpenEBPF: %v", err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+	return dp
+}
+
 // serve echoes TCP connections on the pod's IP and port, inside the pod's namespace.
 func (l *podLab) serve(t *testing.T, port int) {
 	t.Helper()
@@ -86,17 +105,7 @@ func TestEBPFEnforcement(t *testing.T) {
 			return l.reach(port) == nil
 		})
 	}
-	netlab.HostBPFFS(t)
-	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-test-%d", os.Getpid()))
-	t.Cleanup(func() { _ = os.RemoveAll(pin) })
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
-	if err != nil {
-		if strings.Contains(err.Error(), "not supported") {
-			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
-		}
-		t.Fatalf("OpenEBPF: %v", err)
-	}
-	t.Cleanup(func() { _ = dp.Close() })
+	dp := openKernelDataplane(t, "test")
 
 	cp := testenv.Start(t)
 	const node = "192.0.2.20"
@@ -177,17 +186,7 @@ func TestEBPFNodeTrafficExempt(t *testing.T) {
 	} {
 		testenv.Eventually(t, 10*time.Second, what+" before any policy", func() bool { return try() == nil })
 	}
-	netlab.HostBPFFS(t)
-	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-node-test-%d", os.Getpid()))
-	t.Cleanup(func() { _ = os.RemoveAll(pin) })
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: pin})
-	if err != nil {
-		if strings.Contains(err.Error(), "not supported") {
-			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
-		}
-		t.Fatalf("OpenEBPF: %v", err)
-	}
-	t.Cleanup(func() { _ = dp.Close() })
+	dp := openKernelDataplane(t, "node-test")
 	if err := dp.SetNodeAddrs([]netip.Prefix{netip.MustParsePrefix(l.hostIP + "/32")}); err != nil {
 		t.Fatal(err)
 	}
