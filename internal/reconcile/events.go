@@ -46,7 +46,6 @@ import (
 func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, _ bool) {
-			c.progress.event(kind)
 			m, err := meta.Accessor(obj)
 			if err != nil {
 				return
@@ -57,7 +56,6 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			c.queue.Add(keyOf(kind, m))
 		},
 		UpdateFunc: func(oldObj, newObj any) {
-			c.progress.event(kind)
 			m, err := meta.Accessor(newObj)
 			if err != nil {
 				return
@@ -79,7 +77,6 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			}
 		},
 		DeleteFunc: func(obj any) {
-			c.progress.event(kind)
 			var key objectKey
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				ns, name, err := cache.SplitMetaNamespaceKey(tomb.Key)

@@ -3,14 +3,12 @@ package reconcile
 import (
 	"sync/atomic"
 	"time"
-
-	"github.com/npagent/npagent/internal/report"
 )
 
 // Progress is a snapshot of how far the loop has got, for a liveness check: a sync
 // that never ends, or a queue that nobody drains, shows as an old time here. The
-// loop records it with atomic stores only (no lock, no allocation), so the event
-// handlers and the workers pay next to nothing for it; reading it takes the
+// workers record it with atomic stores only (no lock, no allocation), so they pay
+// next to nothing for it; reading it takes the
 // queue's lock once (for its length).
 type Progress struct {
 	// WorkersStarted is when the workers began taking keys, after the informer caches
@@ -23,9 +21,6 @@ type Progress struct {
 	// LastSyncDone is when a worker last finished with a key (synced, retried or
 	// given up). Zero before the first.
 	LastSyncDone time.Time
-	// LastEvent is, per kind, when its informer last delivered an event (add,
-	// update, resync or delete) to the handlers. Zero before the first.
-	LastEvent [report.NumKinds]time.Time
 	// Queued is how many keys wait in the queue, ready to be taken (keys waiting for
 	// a retry's backoff are not counted until it elapses).
 	Queued int
@@ -42,9 +37,6 @@ func (c *Controller) Progress() Progress {
 	for i := range c.progress.inFlight {
 		p.InFlight[i] = unixNano(c.progress.inFlight[i].Load())
 	}
-	for k := range c.progress.lastEvent {
-		p.LastEvent[k] = unixNano(c.progress.lastEvent[k].Load())
-	}
 	return p
 }
 
@@ -53,16 +45,12 @@ type progress struct {
 	workersStarted atomic.Int64
 	inFlight       []atomic.Int64 // one slot per worker; 0 = idle
 	lastSyncDone   atomic.Int64
-	lastEvent      [report.NumKinds]atomic.Int64
 }
 
 func (p *progress) init(workers int) { p.inFlight = make([]atomic.Int64, workers) }
 
 // started records that the workers start now.
 func (p *progress) started(now time.Time) { p.workersStarted.Store(now.UnixNano()) }
-
-// event records an event of kind delivered now.
-func (p *progress) event(kind report.Kind) { p.lastEvent[kind].Store(time.Now().UnixNano()) }
 
 // take records a key taken at now in a free slot and returns the slot, or -1 when
 // none is free (more concurrent callers than workers; not recorded). At most
