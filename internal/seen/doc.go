@@ -52,10 +52,11 @@
 //
 //	W = max(guard, min(observed, now) − lag)
 //
-// where observed is the newest receipt time of an event observed since the
-// informers' caches synced (MarkSynced), and W = guard before that. W moves
-// only with what this process saw: not while the watch delivers nothing (an
-// outage), not before the initial list. On restore it is bounded below by
+// where observed is the newest receipt time of a new trigger accepted since
+// the informers' caches synced (MarkSynced), and W = guard before that. W moves
+// only with writes this process saw arrive: not while the watch delivers
+// nothing (an outage), not with resyncs or relists (they re-deliver what the
+// cache holds), not before the initial list. On restore it is bounded below by
 // start − WithMaxWatermarkAge (default 1h), so a months-old file does not
 // turn every object created since into a months-long latency.
 //

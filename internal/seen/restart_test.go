@@ -337,8 +337,8 @@ func TestRestoredWatermarkLaterThanStartIsCapped(t *testing.T) {
 }
 
 // TestWatermarkFollowsObservedEvents: the persisted watermark moves only once
-// the caches synced, and then only with the events observed, never with the
-// wall clock alone. So an object created while the watch delivered nothing (an
+// the caches synced, and then only with new triggers accepted, never with the
+// wall clock alone nor with re-deliveries. So an object created while the watch delivered nothing (an
 // outage), first seen after a restart, is measured; before, the watermark had
 // followed the clock past its trigger and it was before_start.
 func TestWatermarkFollowsObservedEvents(t *testing.T) {
@@ -354,8 +354,11 @@ func TestWatermarkFollowsObservedEvents(t *testing.T) {
 		t.Fatalf("guard %v after a persist before sync, want the start %v", timeOf(s.guard), at(0))
 	}
 	s1.MarkSynced(at(20))
-	mustObserve(t, s1, uidA, at(25), at(30), report.Accepted) // the last event before the outage
+	mustObserve(t, s1, uidA, at(25), at(30), report.Accepted) // the last write before the outage
 	clk.set(at(100))                                          // the watch delivers nothing from here
+	// A resync re-delivers from the informer's cache, not the watch: it does not
+	// move the watermark.
+	mustObserve(t, s1, uidA, at(25), at(90), report.Redelivered)
 	if err := s1.Persist(); err != nil {
 		t.Fatal(err)
 	}

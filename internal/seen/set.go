@@ -185,7 +185,7 @@ type Set struct {
 
 	shards [numShards]shard
 	// synced: the informers' initial lists were delivered (MarkSynced);
-	// observedThrough: the newest receipt time of an event observed since, Unix
+	// observedThrough: the newest receipt time of a trigger accepted since, Unix
 	// ns. Together they move the persisted watermark.
 	synced          atomic.Bool
 	observedThrough atomic.Int64
@@ -281,7 +281,7 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 
 // MarkSynced tells the set that the informers' caches hold every object as of
 // at (their initial list was delivered). Until then the persisted watermark does
-// not move; from then on it follows the events observed (see doc.go).
+// not move; from then on it follows the new triggers accepted (see doc.go).
 func (s *Set) MarkSynced(at time.Time) {
 	s.synced.Store(true)
 	s.observed(at)
@@ -354,9 +354,6 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 // overflow; the answer is still Accepted, as the trigger was.
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	t, valid := unixNano(trigger)
-	if s.synced.Load() {
-		s.observed(receivedAt)
-	}
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
@@ -364,10 +361,6 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	if !valid {
 		sh.stats.Suppressed[report.InvalidAnnotation]++
 		return report.InvalidAnnotation
-	}
-	if s.future(t) {
-		sh.stats.Suppressed[report.Future]++
-		return report.Future
 	}
 	e, found := sh.get(&k)
 	if found {
@@ -382,6 +375,13 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 			sh.stats.Suppressed[report.Redelivered]++
 			return report.Redelivered
 		}
+	}
+	// Only a trigger new to the uid reads the clock: a consumed or pending one
+	// was not future when it was taken, and the re-delivery path above stays
+	// free of it.
+	if s.future(t) {
+		sh.stats.Suppressed[report.Future]++
+		return report.Future
 	}
 	if (!found || e.flags&flagGuarded != 0) && t <= s.guard {
 		// Consuming it makes the next re-delivery answer redelivered, so
@@ -433,6 +433,11 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	e.flags &^= flagGuarded
 	sh.put(&k, e)
 	s.changeSeq.Add(1)
+	if s.synced.Load() {
+		// A new trigger came over the watch (a resync or relist only re-delivers
+		// known ones): the watermark may follow it.
+		s.observed(receivedAt)
+	}
 	return report.Accepted
 }
 

@@ -69,7 +69,7 @@ func (s *Set) appendState(buf []byte) []byte {
 	buf = binary.LittleEndian.AppendUint16(buf, stateVersion)
 	// The watermark claims every event up to it was resolved; see doc.go.
 	// Never below the guard: what was before_start must stay so. It moves only
-	// once the caches synced, with the events observed since, never past the
+	// once the caches synced, with the new triggers accepted since, never past the
 	// clock, and lags them (events in flight at a stop).
 	watermark := s.guard
 	if s.synced.Load() {
