@@ -130,6 +130,9 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 	}
 	t.commitLocked(&res, affected)
 	st.dirty = res.notDone
+	if compiled != nil && res.err == nil && len(res.notDone) == 0 {
+		st.waitingRV, st.rejectedRV = "", "" // committed: a later wait or rejection logs again
+	}
 	return res
 }
 
@@ -266,15 +269,6 @@ func (t *podTable) noteWaiting(key objectKey, rv string) bool {
 	first := st.waitingRV != rv
 	st.waitingRV = rv
 	return first
-}
-
-// settled clears the key's per-version log marks once its version is committed.
-func (t *podTable) settled(key objectKey) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if st := t.objects[key]; st != nil {
-		st.waitingRV, st.rejectedRV = "", ""
-	}
 }
 
 // commitLocked merges and commits the policy of each pod: every object that selects

@@ -169,7 +169,6 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 		}
 		return outcomeRetry
 	}
-	c.pods.settled(key)
 	if res.pods == 0 {
 		// Every affected pod had neither a policy nor committed state (pods the
 		// object left before their interface ever appeared): nothing of this node's
