@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 25m
 # again under the race detector.
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
-.PHONY: all build image chart test unit tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image chart test unit fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -50,6 +50,17 @@ test: tools ## all tests: unit, real apiserver, real collector, eBPF (as root)
 
 unit: ## fast tests only (no control plane, no root)
 	$(GO) test -count=1 -short $(PKGS)
+
+# Fuzz targets as package:function. `go test` (make test, CI) runs each one's seed
+# corpus and the inputs it once failed on (testdata/fuzz); `make fuzz` explores.
+FUZZ_TARGETS := ./internal/seen/:FuzzParseTrigger ./internal/seen/:FuzzDecodeState \
+	./internal/reconcile/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict
+FUZZTIME ?= 30s
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 30s; the first run builds an instrumented test binary per package)
+	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "==> fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; done
 
 bench: ## benchmarks (figures recorded in BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m $(PKGS)
