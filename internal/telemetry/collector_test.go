@@ -379,15 +379,30 @@ func TestThroughRealCollector(t *testing.T) {
 	t.Logf("histogram: %d observations at scale %d over %d buckets, %d exemplars", p.GetCount(), p.GetScale(),
 		len(p.GetPositive().GetBucketCounts()), len(p.GetExemplars()))
 
-	// Exemplars: each names a root span that arrived.
+	// Exemplars: each names a root span that arrived, marked for a tail
+	// sampler; the marks are few (one per latency octave per interval and
+	// reader), not one per sampled trace.
 	if len(p.GetExemplars()) == 0 {
 		t.Fatal("the histogram point carries no exemplars")
+	}
+	marked := 0
+	for _, root := range roots {
+		if isMarked(root) {
+			marked++
+		}
+	}
+	t.Logf("%d of %d roots marked %s=true", marked, n, ExemplarMarkAttr)
+	if marked < len(p.GetExemplars()) || marked >= n/2 {
+		t.Errorf("%d roots marked, want at least the %d exemplars and far fewer than the %d roots", marked, len(p.GetExemplars()), n)
 	}
 	for _, ex := range p.GetExemplars() {
 		root := rootTraces[hex.EncodeToString(ex.GetTraceId())]
 		if root == nil {
 			t.Errorf("exemplar trace %x is none of the root spans' traces", ex.GetTraceId())
 			continue
+		}
+		if !isMarked(root) {
+			t.Errorf("exemplar trace %x: its root lacks %s=true", ex.GetTraceId(), ExemplarMarkAttr)
 		}
 		if !bytes.Equal(ex.GetSpanId(), root.GetSpanId()) {
 			t.Errorf("exemplar span %x, want its trace's root %x", ex.GetSpanId(), root.GetSpanId())
@@ -396,6 +411,16 @@ func TestThroughRealCollector(t *testing.T) {
 			t.Errorf("exemplar value %v, its root span lasted %v", ex.GetAsDouble(), d)
 		}
 	}
+}
+
+// isMarked reports whether an OTLP span carries the exemplar mark (a boolean true).
+func isMarked(s *tracepb.Span) bool {
+	for _, kv := range s.GetAttributes() {
+		if kv.GetKey() == ExemplarMarkAttr {
+			return kv.GetValue().GetBoolValue()
+		}
+	}
+	return false
 }
 
 // attrValue renders an OTLP attribute's string or int value; "" when absent.

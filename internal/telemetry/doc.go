@@ -10,8 +10,8 @@
 //     commit), so resource, scope, ids, trace state and the span limits the SDK
 //     reads from OTEL_SPAN_* and OTEL_ATTRIBUTE_* are the SDK's own. The tree:
 //     root policy.program (trigger → commit) with the object's attributes, its
-//     latency (npagent.policy.programming.latency, seconds) and, when sampled,
-//     npagent.exemplar=true; children delivery, queue, compute, and per commit
+//     latency (npagent.policy.programming.latency, seconds) and, when its
+//     point became an exemplar, npagent.exemplar=true; children delivery, queue, compute, and per commit
 //     attempt a lock_wait (lock requested → acquired, when measured) then a
 //     commit span carrying the attempt's non-zero phases
 //     (npagent.commit.phase.merge, .compile, .attach, .write, .switch,
@@ -40,15 +40,28 @@
 //     threshold 0 every trigger is slow and OTEL_TRACES_SAMPLER changes nothing;
 //     OTEL_TRACES_EXPORTER=none turns traces off.
 //   - Every reported trigger is one histogram observation, whatever the sampling
-//     decision for its trace. The point is recorded after the tree has ended:
-//     in the root span's context when the root was sampled and a span queue took
-//     the tree, else in a context holding no span. So the SDK's trace-based
+//     decision for its trace. When the root is sampled, the tree's room in the
+//     span queues is reserved before it is drawn (treeGate.reserve; Shutdown
+//     waits for reserved trees), and only when a queue has room is the point
+//     recorded in the root span's context, before the root ends; otherwise it
+//     is recorded in a context holding no span. So the SDK's trace-based
 //     exemplar filter gives exemplars only to sampled roots that will be
 //     exported, and an exemplar never names a trace that was not sampled or was
 //     dropped. With no span exporter at all no tree is drawn and no point
-//     carries an exemplar. The root of every sampled trace carries
-//     npagent.exemplar=true, so a tail-sampling tier keeps the traces exemplars
-//     name.
+//     carries an exemplar.
+//   - The exemplar mark is exact (exemplar.go): the latency histogram's
+//     reservoir (markReservoir, through the View's
+//     ExemplarReservoirProviderSelector) keeps the first measurement of each
+//     latency octave per collection interval — at most 20 per kind and metric
+//     reader — and, since the SDK offers it synchronously within Record, tells
+//     the drawing code through the root's context that it kept it; only then
+//     is the root marked npagent.exemplar=true (ExemplarMarkAttr), before it
+//     ends. Record and the whole tree run on one goroutine (the drawing one, or
+//     the caller's when the hand-off is full), so the mark cannot land after
+//     End. Hence every exported exemplar names a marked root, unmarked traces
+//     have no exemplar, and a tail-sampling tier that keeps every marked trace
+//     keeps a bounded number of traces per interval and leaves no exemplar
+//     dangling.
 //   - Whole trees: the tracer's span processor (treeGate) holds the children
 //     as they end until their root ends, then offers the whole tree to each
 //     exporter's bounded queue, which takes all of it or none (a refused tree's

@@ -52,8 +52,12 @@ type spanGate struct {
 	inFlight *atomic.Int64
 	dropped  *atomic.Uint64
 
-	mu     sync.RWMutex // offer holds it shared; close exclusively
+	mu     sync.RWMutex // offer and reserve hold it shared; close exclusively
 	closed bool
+	// reservations: trees reserved (reserve) and not yet offered or released;
+	// shutdown waits for them, so a reserved tree reaches the processor before
+	// the processor drains.
+	reservations sync.WaitGroup
 }
 
 // offer hands a whole span tree to the processor, or, when the queue cannot
@@ -78,12 +82,56 @@ func (g *spanGate) offer(tree []sdktrace.ReadOnlySpan) bool {
 	return true
 }
 
-// shutdown closes the gate, then stops the processor, which exports what it
-// holds (within ctx).
+// reserve makes room for a tree of n spans before it is drawn, so the drawing
+// code knows before the root ends that the tree will be taken (and may record
+// the point whose exemplar names it, and mark the root). A reservation is
+// settled by offerReserved or release.
+func (g *spanGate) reserve(n int64) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.closed {
+		return false
+	}
+	if g.inFlight.Add(n) > g.limit {
+		g.inFlight.Add(-n)
+		return false
+	}
+	g.reservations.Add(1)
+	return true
+}
+
+// offerReserved hands a tree reserved with n spans to the processor, even once
+// the gate is closed (shutdown waits for it). A tree that came out smaller than
+// reserved (spans the SDK did not record) gives the difference back.
+func (g *spanGate) offerReserved(tree []sdktrace.ReadOnlySpan, n int64) {
+	defer g.reservations.Done()
+	g.inFlight.Add(int64(len(tree)) - n)
+	for _, s := range tree {
+		g.next.OnEnd(s)
+	}
+}
+
+// release gives back a reservation of n spans whose tree never reached the gate.
+func (g *spanGate) release(n int64) {
+	g.inFlight.Add(-n)
+	g.reservations.Done()
+}
+
+// shutdown closes the gate, waits for the trees already reserved (within ctx),
+// then stops the processor, which exports what it holds (within ctx).
 func (g *spanGate) shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
+	settled := make(chan struct{})
+	go func() { // ends when the last reservation settles: a drawn root always does
+		g.reservations.Wait()
+		close(settled)
+	}()
+	select {
+	case <-settled:
+	case <-ctx.Done():
+	}
 	return g.next.Shutdown(ctx)
 }
 
@@ -105,12 +153,22 @@ type treeGate struct {
 }
 
 // gatedTree is one tree in the gate. Report passes its own through the root's
-// start context (withGatedTree) to read seen and accepted after the root ended.
+// start context (withGatedTree): to reserve room for it before drawing, to read
+// seen after the root ended, and for markReservoir to say it kept the point.
 type gatedTree struct {
 	spans []sdktrace.ReadOnlySpan
 	// seen: the root's end reached the gate (not so once the provider is shut
 	// down); accepted: at least one exporter's queue took the tree.
 	seen, accepted bool
+	// reserved, per gate: reserve made room for size spans there. held: a
+	// reservation is outstanding (set by reserve, cleared when the root's end
+	// offers the tree or release gives it back); without one a tree is offered
+	// as it comes.
+	reserved []bool
+	size     int64
+	held     bool
+	// exemplar: the latency reservoir kept this tree's point (markReservoir).
+	exemplar bool
 }
 
 type gatedTreeKey struct{}
@@ -168,7 +226,11 @@ func (g *treeGate) OnEnd(s sdktrace.ReadOnlySpan) {
 	}
 	tree.spans = append(tree.spans, s)
 	tree.seen = true
-	tree.accepted = g.offer(tree.spans)
+	if tree.held {
+		tree.accepted = g.offerReserved(tree)
+	} else {
+		tree.accepted = g.offer(tree.spans)
+	}
 	clear(tree.spans) // the queues hold the spans themselves, not this slice
 	tree.spans = tree.spans[:0]
 }
@@ -182,6 +244,50 @@ func (g *treeGate) offer(tree []sdktrace.ReadOnlySpan) bool {
 		}
 	}
 	return taken
+}
+
+// reserve makes room for tree, of n spans, in every exporter's queue that has
+// it, and reports whether any has: then the tree will be taken when its root
+// ends (see spanGate.reserve).
+func (g *treeGate) reserve(tree *gatedTree, n int) bool {
+	tree.reserved, tree.size, tree.held = tree.reserved[:0], int64(n), true
+	room := false
+	for _, sg := range g.gates {
+		ok := sg.reserve(tree.size)
+		tree.reserved = append(tree.reserved, ok)
+		room = room || ok
+	}
+	return room
+}
+
+// offerReserved hands a reserved tree to the gates that made room for it and
+// counts it as dropped at the others.
+func (g *treeGate) offerReserved(tree *gatedTree) bool {
+	tree.held = false
+	taken := false
+	for i, sg := range g.gates {
+		if tree.reserved[i] {
+			sg.offerReserved(tree.spans, tree.size)
+			taken = true
+		} else {
+			sg.dropped.Add(uint64(len(tree.spans)))
+		}
+	}
+	return taken
+}
+
+// release gives back the reservations of a tree whose root's end never reached
+// the gate.
+func (g *treeGate) release(tree *gatedTree) {
+	if !tree.held {
+		return
+	}
+	tree.held = false
+	for i, sg := range g.gates {
+		if tree.reserved[i] {
+			sg.release(tree.size)
+		}
+	}
 }
 
 // forget drops a pending tree whose root's end never reached the gate (the

@@ -23,6 +23,10 @@ const (
 	SpanCommit   = "commit"         // one per dataplane commit attempt
 )
 
+// ExemplarMarkAttr is the name of the boolean root-span attribute that marks a
+// trace an exemplar may name (ExemplarKey), for tail-sampling policies.
+const ExemplarMarkAttr = "npagent.exemplar"
+
 // Span attribute keys beyond the semantic conventions (which have none for a
 // custom resource's name, uid or resourceVersion).
 const (
@@ -38,10 +42,13 @@ const (
 	// LatencyKey is the trigger's programming latency in seconds, a start
 	// attribute of the root span: the sampler decides on it.
 	LatencyKey = attribute.Key("npagent.policy.programming.latency")
-	// ExemplarKey (true) marks the root span of a sampled trace: its point was
-	// recorded in the root's context, so the point's exemplar may name it. A
-	// tail-sampling tier keeps such traces so no exemplar names a missing one.
-	ExemplarKey = attribute.Key("npagent.exemplar")
+	// ExemplarKey (true) marks the root span of a trace whose histogram point
+	// the exemplar reservoir kept as an exemplar (markReservoir), set before
+	// the root ends: every exported exemplar names a marked root, and the
+	// marked roots per collection interval are bounded. A tail-sampling tier
+	// keeps such traces so no exemplar names a missing one. Unmarked roots
+	// carry no such attribute.
+	ExemplarKey = attribute.Key(ExemplarMarkAttr)
 	// Commit phase attributes (seconds, on the commit span; zero ones omitted):
 	// where an attempt's time under the commit lock went (report.Phases).
 	PhaseMergeKey   = attribute.Key("npagent.commit.phase.merge")
@@ -101,17 +108,15 @@ func (t *Telemetry) draw(r *report.Record) {
 			parent = trace.ContextWithRemoteSpanContext(parent, psc)
 		}
 	}
-	// The point is recorded after the tree has ended and the span queues have
-	// taken it or not: with the root's context only when one took it, so the
-	// SDK's (trace-based) exemplar filter gives an exemplar to a sampled root
-	// that will arrive, and never names a trace dropped or not sampled.
-	pointCtx := context.Background()
-	if t.spanExporters > 0 { // else no trace would leave the process: no tree, no exemplar
-		if rootCtx, taken := t.spanTree(parent, r, commit, latency); taken {
-			pointCtx = rootCtx
-		}
+	// A sampled tree a span queue has made room for gets its point recorded in
+	// the root's context, before the root ends (spanTree), so the exemplar
+	// reservoir can have the root marked; any other point is recorded here
+	// with no span, so no exemplar names a trace dropped or not sampled.
+	if t.spanExporters > 0 && t.spanTree(parent, r, commit, latency) {
+		return
 	}
-	t.latency.Record(pointCtx, latency.Seconds(), t.latencySets[r.Kind].rec...)
+	// With no span exporter no trace would leave the process: no tree, no exemplar.
+	t.latency.Record(context.Background(), latency.Seconds(), t.latencySets[r.Kind].rec...)
 }
 
 // remoteParent parses the record's traceparent annotation, counting it when it
@@ -127,11 +132,15 @@ func (t *Telemetry) remoteParent(r *report.Record) trace.SpanContext {
 }
 
 // spanTree starts the root span with the latency and kind as start attributes,
-// so the sampler (latencySampler) decides; when it is sampled, draws the
-// children, all ended with the record's timestamps, then ends the root. It
-// returns the root's context and whether a span queue took the tree (treeGate
-// offers it when the root ends, within root.End).
-func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit time.Time, latency time.Duration) (context.Context, bool) {
+// so the sampler (latencySampler) decides; when it is sampled, reserves room
+// for the whole tree in the span queues (treeGate.reserve) and, when one has
+// room, records the histogram point in the root's context, so the point's
+// exemplar can name the root; the reservoir (markReservoir) says whether it
+// kept it, and only then is the root marked (ExemplarKey). Then it draws the
+// children, all ended with the record's timestamps, and ends the root, whose
+// end hands the tree to the queues that made room. It reports whether it
+// recorded the point.
+func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit time.Time, latency time.Duration) bool {
 	sc := scratchPool.Get().(*spanScratch)
 	defer sc.release()
 	tree := &sc.tree
@@ -139,11 +148,24 @@ func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit ti
 	ctx, root := t.tracer.Start(withGatedTree(parent, tree), SpanProgram, sc.rootStart(r.Trigger)...)
 	if !root.SpanContext().IsSampled() {
 		root.End(sc.end(commit)...) // not recorded, or recorded and never exported
-		return ctx, false
+		return false
+	}
+	recorded := false
+	if t.trees.reserve(tree, treeSpans(r)) {
+		// The tree will be taken (a queue made room for it, and Shutdown waits
+		// for it): the point may name it. Recorded before the root ends, so a
+		// kept exemplar's root is marked; Record calls the reservoir
+		// synchronously, on this goroutine.
+		t.latency.Record(ctx, latency.Seconds(), t.latencySets[r.Kind].rec...)
+		recorded = true
 	}
 	// The mark first, so that tight span limits (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)
 	// drop the object's attributes before it.
-	sc.attrs = rootAttributes(append(sc.attrs[:0], ExemplarKey.Bool(true)), t.nodeAttr, r)
+	sc.attrs = sc.attrs[:0]
+	if tree.exemplar {
+		sc.attrs = append(sc.attrs, ExemplarKey.Bool(true))
+	}
+	sc.attrs = rootAttributes(sc.attrs, t.nodeAttr, r)
 	root.SetAttributes(sc.attrs...)
 
 	spans := uint64(1)
@@ -178,12 +200,35 @@ func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit ti
 	}
 	root.End(sc.end(commit)...)
 	if !tree.seen {
-		// The provider was shut down while the tree was drawn: its processors,
-		// and with them the queues, never saw the root end.
+		// The provider was shut down while the tree was drawn (only when
+		// Shutdown's context ran out before this reserved tree was drawn, or
+		// nothing reserved it): its processors, and with them the queues, never
+		// saw the root end.
+		t.trees.release(tree)
 		t.trees.forget(root.SpanContext().SpanID())
 		t.spansDropped.Add(spans * uint64(t.spanExporters))
 	}
-	return ctx, tree.accepted
+	return recorded
+}
+
+// treeSpans is the number of spans spanTree draws for r when its root is
+// sampled: the root, each drawn phase, and per attempt its commit and, when
+// measured, its lock wait.
+func treeSpans(r *report.Record) int {
+	n := 1
+	for _, p := range phasesOf(r) {
+		if p.drawn() {
+			n++
+		}
+	}
+	for i := range r.Attempts {
+		a := &r.Attempts[i]
+		n++
+		if (phase{SpanLockWait, a.Requested, a.Start}).drawn() {
+			n++
+		}
+	}
+	return n
 }
 
 // spanScratch holds what one spanTree hands the tracer, reused through
@@ -255,7 +300,7 @@ func (sc *spanScratch) release() {
 	clear(sc.startAttrs[:cap(sc.startAttrs)])
 	clear(sc.attrs[:cap(sc.attrs)])
 	sc.startAttrs, sc.attrs = sc.startAttrs[:0], sc.attrs[:0]
-	sc.tree = gatedTree{spans: sc.tree.spans[:0]}
+	sc.tree = gatedTree{spans: sc.tree.spans[:0], reserved: sc.tree.reserved[:0]}
 	sc.rootOpts, sc.startOpts, sc.endOpts = [2]trace.SpanStartOption{}, [1]trace.SpanStartOption{}, [1]trace.SpanEndOption{}
 	sc.stamps, sc.nStamp = [8]stampOption{}, 0
 	scratchPool.Put(sc)

@@ -22,8 +22,9 @@ const (
 
 // sampledMix reports slow 250 ms and fast 10 ms triggers (under traceparent,
 // if any) and returns how many of each were exported, after checking that
-// every exemplar names an exported root, and that every exported root carries
-// the exemplar mark and its latency.
+// every exemplar names an exported root, that the marked roots are exactly the
+// ones the exemplars name (one reader, one collection), and that every
+// exported root carries its latency.
 func sampledMix(t *testing.T, tel *inMemory, slow, fast int, traceparent string) (keptSlow, keptFast int) {
 	t.Helper()
 	for i := range slow + fast {
@@ -36,13 +37,17 @@ func sampledMix(t *testing.T, tel *inMemory, slow, fast int, traceparent string)
 		tel.Report(r)
 	}
 	exported := map[trace.TraceID]map[trace.SpanID]bool{}
+	marked := map[trace.SpanID]bool{}
 	for _, s := range tel.endedSpans(t) {
 		if s.Name != SpanProgram {
 			continue
 		}
 		a := attrMap(s.Attributes)
-		if a[ExemplarKey] != attribute.BoolValue(true) {
-			t.Errorf("exported root %s lacks %s=true", s.SpanContext.SpanID(), ExemplarKey)
+		if v, ok := a[ExemplarKey]; ok {
+			if v != attribute.BoolValue(true) {
+				t.Errorf("root %s has %s=%v", s.SpanContext.SpanID(), ExemplarKey, v.String())
+			}
+			marked[s.SpanContext.SpanID()] = true
 		}
 		d := s.EndTime.Sub(s.StartTime)
 		if got := a[LatencyKey].AsFloat64(); got != d.Seconds() {
@@ -65,9 +70,19 @@ func sampledMix(t *testing.T, tel *inMemory, slow, fast int, traceparent string)
 	if len(pts) != 1 || pts[0].Count != uint64(slow+fast) {
 		t.Fatalf("latency points %+v, want one point counting all %d triggers", pts, slow+fast)
 	}
+	named := map[trace.SpanID]bool{}
 	for _, ex := range pts[0].Exemplars {
 		if !exported[trace.TraceID(ex.TraceID)][trace.SpanID(ex.SpanID)] {
 			t.Errorf("exemplar (value %v) names %x/%x, not an exported root", ex.Value, ex.TraceID, ex.SpanID)
+		}
+		if !marked[trace.SpanID(ex.SpanID)] {
+			t.Errorf("exemplar (value %v) names root %x, which is not marked", ex.Value, ex.SpanID)
+		}
+		named[trace.SpanID(ex.SpanID)] = true
+	}
+	for id := range marked {
+		if !named[id] {
+			t.Errorf("root %s is marked but no exemplar names it", id)
 		}
 	}
 	if keptSlow+keptFast > 0 && len(pts[0].Exemplars) == 0 {

@@ -19,6 +19,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -179,10 +180,16 @@ func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) er
 	exponential := sdkmetric.Stream{Aggregation: sdkmetric.AggregationBase2ExponentialHistogram{
 		MaxSize: histogramMaxSize, MaxScale: histogramMaxScale,
 	}}
+	// The latency histogram's exemplars come from markReservoir, which tells
+	// the drawing code which roots to mark (exemplar.go).
+	latency := exponential
+	latency.ExemplarReservoirProviderSelector = func(sdkmetric.Aggregation) exemplar.ReservoirProvider {
+		return markReservoirProvider
+	}
 	mpOpts := []sdkmetric.Option{
 		sdkmetric.WithResource(res),
 		sdkmetric.WithView(
-			sdkmetric.NewView(sdkmetric.Instrument{Name: LatencyName}, exponential),
+			sdkmetric.NewView(sdkmetric.Instrument{Name: LatencyName}, latency),
 			sdkmetric.NewView(sdkmetric.Instrument{Name: CommitDurationName}, exponential),
 		),
 	}
