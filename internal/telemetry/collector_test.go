@@ -327,15 +327,20 @@ func TestThroughRealCollector(t *testing.T) {
 			attrValue(root.GetAttributes(), PodsKey) != "3" || attrValue(root.GetAttributes(), EntriesKey) != "17" {
 			t.Errorf("root %s attributes %v", pe, root.GetAttributes())
 		}
+		// Default parenting: a root of its own, linked to the annotation's context.
+		if len(root.GetParentSpanId()) != 0 {
+			t.Errorf("%s: root has parent %x, want none (a link to the writer)", pe, root.GetParentSpanId())
+		}
 		if sid, ok := traceparents[pe]; ok {
-			if got := hex.EncodeToString(root.GetParentSpanId()); got != sid {
-				t.Errorf("%s: root parent span id %s, want the annotation's %s", pe, got, sid)
+			links := root.GetLinks()
+			if len(links) != 1 || hex.EncodeToString(links[0].GetSpanId()) != sid || hex.EncodeToString(links[0].GetTraceId()) != parentTrace[pe] {
+				t.Errorf("%s: root links %v, want one to the annotation's %s/%s", pe, links, parentTrace[pe], sid)
 			}
-			if got := hex.EncodeToString(root.GetTraceId()); got != parentTrace[pe] {
-				t.Errorf("%s: root trace id %s, want the annotation's %s", pe, got, parentTrace[pe])
+			if got := hex.EncodeToString(root.GetTraceId()); got == parentTrace[pe] {
+				t.Errorf("%s: root is in the writer's trace %s, want its own", pe, got)
 			}
-		} else if len(root.GetParentSpanId()) != 0 {
-			t.Errorf("%s: root has parent %x without a traceparent", pe, root.GetParentSpanId())
+		} else if len(root.GetLinks()) != 0 {
+			t.Errorf("%s: root has links %v without a traceparent", pe, root.GetLinks())
 		}
 	}
 	var sawService bool

@@ -16,8 +16,14 @@
 //     commit span carrying the attempt's non-zero phases
 //     (npagent.commit.phase.merge, .compile, .attach, .write, .switch,
 //     .cleanup, seconds); a failed attempt has error status and an exception
-//     event. A valid traceparent annotation parents the root (trace id and
-//     state inherited); an invalid one is counted and the root starts a trace.
+//     event. A valid traceparent annotation (the record's TraceParent) is, by
+//     default (ParentingLink, KEP-5915), the target of one span link from a
+//     root that starts a trace of its own: parenting would stretch the
+//     writer's trace to the slowest node's commit, and a trace per node keeps
+//     each node's sampling and exemplars its own. With ParentingChild
+//     (--trace-parenting=child) it parents the root (trace id and state
+//     inherited). An invalid one is counted and the root starts a trace with
+//     no link.
 //   - Report, Committed and ObserveCounts' collection never block on export and
 //     never return errors. Report is safe for concurrent use. It checks the
 //     record and hands a copy to one drawing goroutine (handoff.go), which wakes
@@ -35,8 +41,10 @@
 //     worth keeping on its own) and whatever OTEL_TRACES_SAMPLER says. A faster
 //     one passes the systematic fastFraction (exactly one in 1/fastFraction),
 //     then, when OTEL_TRACES_SAMPLER is set, that sampler decides (it sees the
-//     remote parent, so parentbased_* follow the writer's decision, and
-//     traceidratio thins by trace id); unset, it is kept. With the default
+//     remote parent under ParentingChild, so parentbased_* follow the writer's
+//     decision; under the default link the root has no parent and
+//     parentbased_* decide as for a root; traceidratio thins by trace id);
+//     unset, it is kept. With the default
 //     threshold 0 every trigger is slow and OTEL_TRACES_SAMPLER changes nothing;
 //     OTEL_TRACES_EXPORTER=none turns traces off.
 //   - Every reported trigger is one histogram observation, whatever the sampling

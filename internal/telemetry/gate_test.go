@@ -31,10 +31,10 @@ func roots(spans tracetest.SpanStubs) map[string]tracetest.SpanStub {
 }
 
 // The point exists once the drawing goroutine reached it (no flush), and its
-// exemplar names the root, under a traceparent too; the children have ids of
-// their own.
+// exemplar names the root, under a traceparent too (as its child); the
+// children have ids of their own.
 func TestExemplarNamesTheRootUnderATraceparent(t *testing.T) {
-	tel := newInMemory(t)
+	tel := newInMemory(t, WithTraceParenting(ParentingChild))
 	r := record(base, "pe-tp", 30*time.Millisecond)
 	r.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	tel.Report(r)

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -26,6 +27,7 @@ type config struct {
 	traceExporters []sdktrace.SpanExporter
 	metricReaders  []sdkmetric.Reader
 	logger         *slog.Logger
+	parenting      Parenting
 }
 
 // Option configures New. Options are sealed: only this package can make them.
@@ -81,6 +83,45 @@ func WithSampling(slowThreshold time.Duration, fastFraction float64) Option {
 		c.slowThreshold = max(slowThreshold, 0)
 		c.fastFraction = min(max(fastFraction, 0), 1)
 	}
+}
+
+// Parenting is how a trigger's root span relates to the writer's trace context
+// (the record's traceparent annotation).
+type Parenting int
+
+const (
+	// ParentingLink: the root starts a trace of its own with a span link to the
+	// writer's context (KEP-5915: parenting would stretch the writer's trace
+	// to the slowest node's commit). The default.
+	ParentingLink Parenting = iota
+	// ParentingChild: the root is a child of the writer's context, in its
+	// trace, inheriting its trace state.
+	ParentingChild
+)
+
+func (p Parenting) String() string {
+	if p == ParentingChild {
+		return "child"
+	}
+	return "link"
+}
+
+// ParseParenting reads "link" or "child".
+func ParseParenting(s string) (Parenting, error) {
+	switch s {
+	case "link":
+		return ParentingLink, nil
+	case "child":
+		return ParentingChild, nil
+	}
+	return ParentingLink, fmt.Errorf("trace parenting %q: want link or child", s)
+}
+
+// WithTraceParenting sets how a root span relates to a valid traceparent
+// annotation: a span link (ParentingLink) or a parent (ParentingChild).
+// Default: ParentingLink.
+func WithTraceParenting(p Parenting) Option {
+	return func(c *config) { c.parenting = p }
 }
 
 // WithMeterExportInterval sets how often metrics are exported over OTLP.

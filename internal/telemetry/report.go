@@ -102,17 +102,24 @@ func (t *Telemetry) Report(r *report.Record) {
 func (t *Telemetry) draw(r *report.Record) {
 	commit := r.Committed()
 	latency := commit.Sub(r.Trigger)
+	// The writer's context (a valid traceparent annotation): by default a link
+	// from a root of our own (KEP-5915), with ParentingChild the root's parent.
 	parent := context.Background()
+	var link trace.SpanContext
 	if r.TraceParent != "" {
 		if psc := t.remoteParent(r); psc.IsValid() {
-			parent = trace.ContextWithRemoteSpanContext(parent, psc)
+			if t.cfg.parenting == ParentingChild {
+				parent = trace.ContextWithRemoteSpanContext(parent, psc)
+			} else {
+				link = psc
+			}
 		}
 	}
 	// A sampled tree a span queue has made room for gets its point recorded in
 	// the root's context, before the root ends (spanTree), so the exemplar
 	// reservoir can have the root marked; any other point is recorded here
 	// with no span, so no exemplar names a trace dropped or not sampled.
-	if t.spanExporters > 0 && t.spanTree(parent, r, commit, latency) {
+	if t.spanExporters > 0 && t.spanTree(parent, link, r, commit, latency) {
 		return
 	}
 	// With no span exporter no trace would leave the process: no tree, no exemplar.
@@ -140,12 +147,12 @@ func (t *Telemetry) remoteParent(r *report.Record) trace.SpanContext {
 // children, all ended with the record's timestamps, and ends the root, whose
 // end hands the tree to the queues that made room. It reports whether it
 // recorded the point.
-func (t *Telemetry) spanTree(parent context.Context, r *report.Record, commit time.Time, latency time.Duration) bool {
+func (t *Telemetry) spanTree(parent context.Context, link trace.SpanContext, r *report.Record, commit time.Time, latency time.Duration) bool {
 	sc := scratchPool.Get().(*spanScratch)
 	defer sc.release()
 	tree := &sc.tree
 	sc.startAttrs = append(sc.startAttrs[:0], LatencyKey.Float64(latency.Seconds()), KindKey.String(r.Kind.String()))
-	ctx, root := t.tracer.Start(withGatedTree(parent, tree), SpanProgram, sc.rootStart(r.Trigger)...)
+	ctx, root := t.tracer.Start(withGatedTree(parent, tree), SpanProgram, sc.rootStart(r.Trigger, link)...)
 	if !root.SpanContext().IsSampled() {
 		root.End(sc.end(commit)...) // not recorded, or recorded and never exported
 		return false
@@ -241,7 +248,7 @@ type spanScratch struct {
 	tree       gatedTree
 	startAttrs []attribute.KeyValue
 	attrs      []attribute.KeyValue
-	rootOpts   [2]trace.SpanStartOption
+	rootOpts   [3]trace.SpanStartOption
 	startOpts  [1]trace.SpanStartOption
 	endOpts    [1]trace.SpanEndOption
 	// stamps memoises this tree's timestamp options: its spans share bounds
@@ -278,9 +285,13 @@ func (sc *spanScratch) stamp(at time.Time) trace.SpanEventOption {
 }
 
 // rootStart is the root's start options: its time and start attributes (which
-// the sampler reads).
-func (sc *spanScratch) rootStart(at time.Time) []trace.SpanStartOption {
-	sc.rootOpts = [2]trace.SpanStartOption{sc.stamp(at), trace.WithAttributes(sc.startAttrs...)}
+// the sampler reads), and a link to the writer's context when link is valid.
+func (sc *spanScratch) rootStart(at time.Time, link trace.SpanContext) []trace.SpanStartOption {
+	sc.rootOpts = [3]trace.SpanStartOption{sc.stamp(at), trace.WithAttributes(sc.startAttrs...)}
+	if !link.IsValid() {
+		return sc.rootOpts[:2]
+	}
+	sc.rootOpts[2] = trace.WithLinks(trace.Link{SpanContext: link})
 	return sc.rootOpts[:]
 }
 
@@ -301,7 +312,7 @@ func (sc *spanScratch) release() {
 	clear(sc.attrs[:cap(sc.attrs)])
 	sc.startAttrs, sc.attrs = sc.startAttrs[:0], sc.attrs[:0]
 	sc.tree = gatedTree{spans: sc.tree.spans[:0], reserved: sc.tree.reserved[:0]}
-	sc.rootOpts, sc.startOpts, sc.endOpts = [2]trace.SpanStartOption{}, [1]trace.SpanStartOption{}, [1]trace.SpanEndOption{}
+	sc.rootOpts, sc.startOpts, sc.endOpts = [3]trace.SpanStartOption{}, [1]trace.SpanStartOption{}, [1]trace.SpanEndOption{}
 	sc.stamps, sc.nStamp = [8]stampOption{}, 0
 	scratchPool.Put(sc)
 }

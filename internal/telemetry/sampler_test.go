@@ -100,6 +100,7 @@ func TestSamplerComposesWithTheEnvironment(t *testing.T) {
 		name, sampler, arg, traceparent string
 		fraction                        float64
 		wantFastMin, wantFastMax        int
+		link                            bool // default parenting (link) instead of child
 	}{
 		{name: "unset keeps the fraction", fraction: 0.25, wantFastMin: 75, wantFastMax: 75},
 		{name: "always_on after the fraction", sampler: "always_on", fraction: 0.25, wantFastMin: 75, wantFastMax: 75},
@@ -111,11 +112,18 @@ func TestSamplerComposesWithTheEnvironment(t *testing.T) {
 			traceparent: sampledParent, fraction: 1, wantFastMin: fast, wantFastMax: fast},
 		{name: "unset keeps fast ones under an unsampled parent", traceparent: unsampledParent,
 			fraction: 1, wantFastMin: fast, wantFastMax: fast},
+		// Linked, not parented: a parentbased sampler sees a root.
+		{name: "parentbased decides as a root under a link", sampler: "parentbased_always_on",
+			traceparent: unsampledParent, fraction: 1, wantFastMin: fast, wantFastMax: fast, link: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("OTEL_TRACES_SAMPLER", tc.sampler)
 			t.Setenv("OTEL_TRACES_SAMPLER_ARG", tc.arg)
-			tel := newInMemory(t, WithSampling(100*time.Millisecond, tc.fraction))
+			parenting := ParentingChild
+			if tc.link {
+				parenting = ParentingLink
+			}
+			tel := newInMemory(t, WithSampling(100*time.Millisecond, tc.fraction), WithTraceParenting(parenting))
 			keptSlow, keptFast := sampledMix(t, tel, slow, fast, tc.traceparent)
 			if keptSlow != slow {
 				t.Errorf("kept %d slow traces, want all %d", keptSlow, slow)

@@ -197,52 +197,101 @@ func TestReportClusterScopedOmitsNamespace(t *testing.T) {
 	t.Fatalf("no root span among %v", names(spans))
 }
 
+// A valid traceparent annotation: by default (link) the root starts a trace of
+// its own with one span link to the writer's context and no parent (KEP-5915);
+// with ParentingChild the root is the writer's remote child, in its trace. An
+// invalid one is counted and gives neither.
 func TestReportTraceparent(t *testing.T) {
 	const (
 		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 		spanID  = "00f067aa0ba902b7"
 	)
-	for _, tc := range []struct {
-		name        string
-		traceparent string
-		wantParent  bool
-		wantInvalid int64
+	for _, mode := range []struct {
+		name string
+		opts []Option
+		link bool
 	}{
-		{"sampled parent", "00-" + traceID + "-" + spanID + "-01", true, 0},
-		// The controller did not sample its own span; the node's part is still kept.
-		{"unsampled parent", "00-" + traceID + "-" + spanID + "-00", true, 0},
-		{"garbage", "not-a-traceparent", false, 1},
-		{"zero trace id", "00-00000000000000000000000000000000-" + spanID + "-01", false, 1},
+		{"default", nil, true},
+		{"link", []Option{WithTraceParenting(ParentingLink)}, true},
+		{"child", []Option{WithTraceParenting(ParentingChild)}, false},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tel := newInMemory(t)
-			r := record(base, "pe-tp", 100*time.Millisecond)
-			r.TraceParent = tc.traceparent
-			tel.Report(r)
-			var root tracetest.SpanStub
-			for _, s := range tel.endedSpans(t) {
-				if s.Name == SpanProgram {
-					root = s
+		for _, tc := range []struct {
+			name        string
+			traceparent string
+			valid       bool
+			wantInvalid int64
+		}{
+			{"sampled parent", "00-" + traceID + "-" + spanID + "-01", true, 0},
+			// The controller did not sample its own span; the node's part is still kept.
+			{"unsampled parent", "00-" + traceID + "-" + spanID + "-00", true, 0},
+			{"garbage", "not-a-traceparent", false, 1},
+			{"zero trace id", "00-00000000000000000000000000000000-" + spanID + "-01", false, 1},
+		} {
+			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
+				tel := newInMemory(t, mode.opts...)
+				r := record(base, "pe-tp", 100*time.Millisecond)
+				r.TraceParent = tc.traceparent
+				tel.Report(r)
+				var root tracetest.SpanStub
+				for _, s := range tel.endedSpans(t) {
+					if s.Name == SpanProgram {
+						root = s
+					}
 				}
-			}
-			if !root.SpanContext.IsValid() {
-				t.Fatal("no root span")
-			}
-			if tc.wantParent {
-				if root.Parent.TraceID().String() != traceID || root.Parent.SpanID().String() != spanID || !root.Parent.IsRemote() {
-					t.Errorf("root parent %s/%s remote=%v, want %s/%s remote", root.Parent.TraceID(), root.Parent.SpanID(),
-						root.Parent.IsRemote(), traceID, spanID)
+				if !root.SpanContext.IsValid() {
+					t.Fatal("no root span")
 				}
-				if root.SpanContext.TraceID().String() != traceID {
-					t.Errorf("root trace id %s, want the annotation's %s", root.SpanContext.TraceID(), traceID)
+				switch {
+				case tc.valid && mode.link:
+					if root.Parent.IsValid() {
+						t.Errorf("root has parent %s/%s, want none (a link)", root.Parent.TraceID(), root.Parent.SpanID())
+					}
+					if root.SpanContext.TraceID().String() == traceID {
+						t.Errorf("root is in the writer's trace %s, want a trace of its own", traceID)
+					}
+					if len(root.Links) != 1 {
+						t.Fatalf("root has %d links, want 1 to the writer's context", len(root.Links))
+					}
+					l := root.Links[0].SpanContext
+					if l.TraceID().String() != traceID || l.SpanID().String() != spanID || !l.IsRemote() ||
+						l.IsSampled() != (tc.traceparent[len(tc.traceparent)-1] == '1') {
+						t.Errorf("root link %s/%s remote=%v sampled=%v, want the annotation's %s", l.TraceID(), l.SpanID(),
+							l.IsRemote(), l.IsSampled(), tc.traceparent)
+					}
+				case tc.valid:
+					if root.Parent.TraceID().String() != traceID || root.Parent.SpanID().String() != spanID || !root.Parent.IsRemote() {
+						t.Errorf("root parent %s/%s remote=%v, want %s/%s remote", root.Parent.TraceID(), root.Parent.SpanID(),
+							root.Parent.IsRemote(), traceID, spanID)
+					}
+					if root.SpanContext.TraceID().String() != traceID {
+						t.Errorf("root trace id %s, want the annotation's %s", root.SpanContext.TraceID(), traceID)
+					}
+					if len(root.Links) != 0 {
+						t.Errorf("root has links %v in child mode", root.Links)
+					}
+				default:
+					if root.Parent.IsValid() || len(root.Links) != 0 {
+						t.Errorf("root has parent %v, links %v from an invalid traceparent", root.Parent, root.Links)
+					}
 				}
-			} else if root.Parent.IsValid() {
-				t.Errorf("root has parent %v from an invalid traceparent", root.Parent)
-			}
-			if got := counterValue(t, tel.collect(t), TraceparentInvalidName); got != tc.wantInvalid {
-				t.Errorf("%s = %d, want %d", TraceparentInvalidName, got, tc.wantInvalid)
-			}
-		})
+				if got := counterValue(t, tel.collect(t), TraceparentInvalidName); got != tc.wantInvalid {
+					t.Errorf("%s = %d, want %d", TraceparentInvalidName, got, tc.wantInvalid)
+				}
+			})
+		}
+	}
+}
+
+func TestParseParenting(t *testing.T) {
+	for in, want := range map[string]Parenting{"link": ParentingLink, "child": ParentingChild} {
+		if got, err := ParseParenting(in); err != nil || got != want || got.String() != in {
+			t.Errorf("ParseParenting(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "parent", "Child"} {
+		if _, err := ParseParenting(bad); err == nil {
+			t.Errorf("ParseParenting(%q) accepted", bad)
+		}
 	}
 }
 
