@@ -10,6 +10,11 @@ import (
 	"github.com/npagent/npagent/internal/seen"
 )
 
+// TracingTraceParentAnnotation is the annotation KEP-5915 standardises for a
+// writer's W3C traceparent. It is read on every object, before the configured
+// key (Config.TraceParentAnnotation): see versionTable.parse.
+const TracingTraceParentAnnotation = "tracing.k8s.io/traceparent"
+
 // objectVersion is what the loop needs of one object version's metadata: its
 // identity and its parsed annotations.
 type objectVersion struct {
@@ -29,7 +34,7 @@ type versionTable struct {
 	mu       sync.Mutex
 	byUID    map[types.UID]objectVersion
 	triggerK string // the trigger annotation's key
-	traceK   string // the traceparent annotation's key
+	traceK   string // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
 }
 
 func (t *versionTable) init(triggerKey, traceParentKey string) {
@@ -77,7 +82,14 @@ func (t *versionTable) parse(m metav1.Object) objectVersion {
 	if value, v.hasTrigger = ann[t.triggerK]; v.hasTrigger {
 		v.trigger, v.triggerErr = seen.ParseTrigger(value)
 	}
-	v.traceParent = ann[t.traceK]
+	// Precedence: the KEP-5915 key, when present and non-empty, names the
+	// writer's context; else the configured key. A writer that sets both writes
+	// one context; one that follows KEP-5915 is the newer convention. The value
+	// is not parsed here: an invalid one is counted by telemetry, once per
+	// reported trigger of this version, never masked by the other key.
+	if v.traceParent = ann[TracingTraceParentAnnotation]; v.traceParent == "" {
+		v.traceParent = ann[t.traceK]
+	}
 	return v
 }
 
