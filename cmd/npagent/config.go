@@ -14,6 +14,8 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/telemetry"
 	"k8s.io/klog/v2"
 )
 
@@ -38,6 +40,7 @@ type config struct {
 	StateFile             string // "" = no persistence
 	TriggerAnnotation     string
 	TraceParentAnnotation string
+	TraceParenting        telemetry.Parenting // link (default) or child
 	ResyncPeriod          time.Duration
 	Workers               int
 	MetricsAddr           string // "" at parse time becomes <node-ip>:9090
@@ -65,6 +68,7 @@ var flagEnv = map[string]string{
 	"state-file":             "NPAGENT_STATE_FILE",
 	"trigger-annotation":     "NPAGENT_TRIGGER_ANNOTATION",
 	"traceparent-annotation": "NPAGENT_TRACEPARENT_ANNOTATION",
+	"trace-parenting":        "NPAGENT_TRACE_PARENTING",
 	"resync-period":          "NPAGENT_RESYNC_PERIOD",
 	"workers":                "NPAGENT_WORKERS",
 	"metrics-addr":           "NPAGENT_METRICS_ADDR",
@@ -91,7 +95,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, nodeCIDRs, logLevel string
+	var nodeIP, nodeCIDRs, logLevel, parenting string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
@@ -100,7 +104,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
 	fs.StringVar(&c.StateFile, "state-file", "/var/lib/npagent/seen.state", "file persisting reported trigger times across restarts; empty: none")
 	fs.StringVar(&c.TriggerAnnotation, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "annotation holding the change's trigger time (RFC3339Nano)")
-	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding a W3C traceparent to join; empty: none")
+	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding the writer's W3C traceparent, read when "+reconcile.TracingTraceParentAnnotation+" (KEP-5915, always read first) is absent or empty")
+	fs.StringVar(&parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
@@ -152,6 +157,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		return c, errors.Join(errs...)
 	}
 
+	if p, err := telemetry.ParseParenting(parenting); err != nil {
+		errs = append(errs, fmt.Errorf("--trace-parenting: %q is not link or child", parenting))
+	} else {
+		c.TraceParenting = p
+	}
 	if err := c.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %q is not debug, info, warn or error", logLevel))
 	}

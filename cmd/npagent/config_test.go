@@ -15,6 +15,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/telemetry"
 	"k8s.io/klog/v2"
 )
 
@@ -36,6 +37,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		StateFile:             "/var/lib/npagent/seen.state",
 		TriggerAnnotation:     v1alpha1.AnnotationLastChangeTriggerTime,
 		TraceParentAnnotation: v1alpha1.AnnotationTraceParent,
+		TraceParenting:        telemetry.ParentingLink, // KEP-5915: a span link, not a parent
 		ResyncPeriod:          10 * time.Minute,
 		Workers:               2,
 		MetricsAddr:           "10.0.0.5:9090", // the node IP, not every interface
@@ -63,6 +65,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_STATE_FILE":             "/tmp/state",
 		"NPAGENT_TRIGGER_ANNOTATION":     "example.com/trigger",
 		"NPAGENT_TRACEPARENT_ANNOTATION": "example.com/tp",
+		"NPAGENT_TRACE_PARENTING":        "child",
 		"NPAGENT_RESYNC_PERIOD":          "30s",
 		"NPAGENT_WORKERS":                "4",
 		"NPAGENT_METRICS_ADDR":           "127.0.0.1:9999",
@@ -98,6 +101,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		StateFile:             "/tmp/state",
 		TriggerAnnotation:     "example.com/trigger",
 		TraceParentAnnotation: "example.com/tp",
+		TraceParenting:        telemetry.ParentingChild,
 		ResyncPeriod:          30 * time.Second,
 		Workers:               4,
 		MetricsAddr:           "127.0.0.1:9999",
@@ -152,6 +156,7 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"zero shutdown timeout", []string{"--shutdown-timeout=0s"}, nil, []string{"--shutdown-timeout"}},
 		{"bad log level", []string{"--log-level=loud"}, nil, []string{"--log-level", `"loud"`}},
 		{"bad log format", []string{"--log-format=xml"}, nil, []string{"--log-format", `"xml"`}},
+		{"bad trace parenting", []string{"--trace-parenting=parent"}, nil, []string{"--trace-parenting", `"parent"`}},
 		{"negative slow threshold", []string{"--slow-trace-threshold=-1ms"}, nil, []string{"--slow-trace-threshold"}},
 		{"fraction above one", []string{"--fast-trace-fraction=1.5"}, nil, []string{"--fast-trace-fraction", "0..1"}},
 		{"fraction NaN", []string{"--fast-trace-fraction=NaN"}, nil, []string{"--fast-trace-fraction"}},

@@ -71,6 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		telemetry.WithNodeName(cfg.NodeName),
 		telemetry.WithServiceVersion(agentVersion()),
 		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
+		telemetry.WithTraceParenting(cfg.TraceParenting),
 		telemetry.WithLogger(log.With("component", "telemetry")),
 	)
 	if degraded != "" {
