@@ -10,7 +10,9 @@
 # apiserver is restarted, so every informer relists (the re-delivery storm). Then
 # examples/demo/verify follows the chain: triggers written, reported, suppressed as
 # redelivered, p50/p99 from Prometheus, an exemplar's trace from Jaeger as a span
-# tree. Exit status non-zero when a link of that chain is broken.
+# tree, and the churn driver's trace its span link (or, with
+# DEMO_TRACE_PARENTING=child, its parent) leads to. Exit status non-zero when a
+# link of that chain is broken.
 #
 # Needs root: the pods are network namespaces with veth pairs and /32 routes, which
 # is what npagent's route resolver maps pod IPs to; eBPF enforcement is used when it
@@ -21,7 +23,8 @@
 #
 # Knobs (environment): DEMO_OBJECTS (20), DEMO_STATIC_OBJECTS (10), DEMO_RATE writes/s (20), DEMO_DURATION s (40),
 # DEMO_PODS (3), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_RESTART_APISERVER (1; 0: no
-# restart, and then every written trigger must be accounted for), DEMO_KEEP (0).
+# restart, and then every written trigger must be accounted for), DEMO_KEEP (0),
+# DEMO_TRACE_PARENTING (link: npagent's default, a span link to the writer's trace; child).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -33,6 +36,7 @@ PODS=${DEMO_PODS:-3}
 DATAPLANE=${DEMO_DATAPLANE:-auto}
 RESTART=${DEMO_RESTART_APISERVER:-1}
 KEEP=${DEMO_KEEP:-0}
+PARENTING=${DEMO_TRACE_PARENTING:-link}
 NODE_NAME=demo-node
 NODE_IP=192.0.2.1 # the demo node's IP (TEST-NET-1): pods with this hostIP are local
 SUFFIX=$(($$ % 10000))
@@ -212,7 +216,7 @@ export OTEL_METRIC_EXPORT_INTERVAL=2000 OTEL_BSP_SCHEDULE_DELAY=500
 start_agent() {
 	start npagent "$WORK/bin/npagent" --kubeconfig="$KUBECONFIG_FILE" --node-name="$NODE_NAME" --node-ip="$NODE_IP" \
 		--dataplane="$1" --bpffs-path="$BPFFS" --state-file="$WORK/npagent/seen.state" \
-		--metrics-addr="127.0.0.1:$AGENT" --resync-period=15s
+		--metrics-addr="127.0.0.1:$AGENT" --resync-period=15s --trace-parenting="$PARENTING"
 	local deadline=$((SECONDS + 60))
 	until http_ok "$AGENT_URL/readyz"; do
 		alive npagent || return 1
@@ -272,5 +276,5 @@ log "churn done: $(cat "$WORK/churn.json")"
 # --- follow the chain ---------------------------------------------------------------
 log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars) -> Jaeger (trace)"
 "$WORK/bin/verify" --prometheus="http://127.0.0.1:$PROM" --jaeger="http://127.0.0.1:$JAEGER_QUERY" \
-	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)"
+	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --trace-parenting="$PARENTING" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)"
 log "dataplane: $DATAPLANE; logs were in $LOGS"

@@ -19,7 +19,12 @@
 //   - npagent counted relist deliveries (the apiserver restart happened) and
 //     suppressed re-deliveries as redelivered;
 //   - an exemplar names a trace Jaeger has, whose spans include policy.program
-//     with its delivery, queue and commit children.
+//     with its delivery, queue and commit children;
+//   - the writer's trace is reachable from it (--trace-parenting, as npagent
+//     was run): with link (npagent's default, KEP-5915) policy.program is a
+//     root with a span link (Jaeger: a FOLLOWS_FROM reference) to a span of
+//     another trace, which Jaeger has and which is churn's policy.change; with
+//     child, policy.program's parent is churn's policy.change in the same trace.
 package main
 
 import (
@@ -52,15 +57,20 @@ func main() {
 	agent := flag.String("agent", "", "npagent HTTP base URL (required)")
 	churnFile := flag.String("churn-summary", "", "the churn driver's JSON summary (required)")
 	timeout := flag.Duration("timeout", 90*time.Second, "how long to wait for each stage to settle")
+	parenting := flag.String("trace-parenting", "link", "npagent's --trace-parenting: link (follow policy.program's span link to the writer's trace) or child (its parent)")
 	restarted := flag.Bool("apiserver-restarted", true, "the apiserver was restarted during the churn: expect relists; "+
 		"false: expect every written trigger to be accounted for exactly")
 	flag.Parse()
+	if *parenting != "link" && *parenting != "child" {
+		fmt.Fprintf(os.Stderr, "verify: --trace-parenting=%q: want link or child\n", *parenting)
+		os.Exit(2)
+	}
 	if *prom == "" || *jaeger == "" || *agent == "" || *churnFile == "" {
 		fmt.Fprintln(os.Stderr, "verify: --prometheus, --jaeger, --agent and --churn-summary are required")
 		os.Exit(2)
 	}
 	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, restarted: *restarted,
-		http: &http.Client{Timeout: 10 * time.Second}}
+		link: *parenting == "link", http: &http.Client{Timeout: 10 * time.Second}}
 	if err := v.run(*churnFile); err != nil {
 		fmt.Fprintf(os.Stderr, "verify: %v\n", err)
 		os.Exit(1)
@@ -79,6 +89,7 @@ type verifier struct {
 	prom, jaeger, agent string
 	timeout             time.Duration
 	restarted           bool // the apiserver restarted mid-run
+	link                bool // npagent links its root to the writer's context (else parents it)
 	http                *http.Client
 	failures            []string
 }
@@ -318,30 +329,38 @@ func (v *verifier) exemplars() ([]exemplar, error) {
 }
 
 type jaegerSpan struct {
-	SpanID        string `json:"spanID"`
-	OperationName string `json:"operationName"`
-	References    []struct {
-		RefType string `json:"refType"`
-		SpanID  string `json:"spanID"`
-	} `json:"references"`
-	StartTime int64  `json:"startTime"` // µs
-	Duration  int64  `json:"duration"`  // µs
-	ProcessID string `json:"processID"`
-	Tags      []struct {
+	TraceID       string    `json:"traceID"`
+	SpanID        string    `json:"spanID"`
+	OperationName string    `json:"operationName"`
+	References    []spanRef `json:"references"`
+	StartTime     int64     `json:"startTime"` // µs
+	Duration      int64     `json:"duration"`  // µs
+	ProcessID     string    `json:"processID"`
+	Tags          []struct {
 		Key   string `json:"key"`
 		Value any    `json:"value"`
 	} `json:"tags"`
 }
 
-// printTrace fetches a trace from Jaeger (waiting for it to arrive) and prints its
-// span tree, each span with its offset from the trace start and its duration.
-func (v *verifier) printTrace(traceID string) error {
-	var trace struct {
-		Spans     []jaegerSpan `json:"spans"`
-		Processes map[string]struct {
-			ServiceName string `json:"serviceName"`
-		} `json:"processes"`
-	}
+// spanRef is a Jaeger reference: the parent is CHILD_OF; an OpenTelemetry span
+// link arrives as FOLLOWS_FROM, with the linked span's trace id.
+type spanRef struct {
+	RefType string `json:"refType"`
+	TraceID string `json:"traceID"`
+	SpanID  string `json:"spanID"`
+}
+
+type jaegerTrace struct {
+	Spans     []jaegerSpan `json:"spans"`
+	Processes map[string]struct {
+		ServiceName string `json:"serviceName"`
+	} `json:"processes"`
+}
+
+// fetchTrace fetches a trace from Jaeger, waiting until ready says it has arrived
+// (its spans may come in several batches).
+func (v *verifier) fetchTrace(traceID string, ready func(jaegerTrace) bool) (jaegerTrace, error) {
+	var trace jaegerTrace
 	err := v.poll("Jaeger to hold trace "+traceID, func() (bool, error) {
 		body, err := v.get(v.jaeger + "/api/traces/" + traceID)
 		if err != nil {
@@ -353,11 +372,116 @@ func (v *verifier) printTrace(traceID string) error {
 		if err := json.Unmarshal([]byte(body), &r); err != nil || len(r.Data) == 0 {
 			return false, err
 		}
-		return json.Unmarshal(r.Data[0], &trace) == nil && hasSpan(trace.Spans, "commit"), nil
+		trace = jaegerTrace{}
+		return json.Unmarshal(r.Data[0], &trace) == nil && ready(trace), nil
 	})
+	return trace, err
+}
+
+// printTrace fetches the exemplar's trace from Jaeger (waiting for it to arrive),
+// prints its span tree, and follows it to the writer's trace: through
+// policy.program's span link (link mode: the writer's trace is fetched and
+// printed too) or its parent (child mode).
+func (v *verifier) printTrace(traceID string) error {
+	trace, err := v.fetchTrace(traceID, func(t jaegerTrace) bool { return hasSpan(t.Spans, "commit") })
 	if err != nil {
 		return err
 	}
+	printTree(os.Stdout, trace)
+	for _, want := range []string{"policy.program", "delivery", "queue", "commit"} {
+		if !hasSpan(trace.Spans, want) {
+			v.fail("trace %s has no %s span", traceID, want)
+		}
+	}
+	ref, problem := writerRef(trace, v.link)
+	if problem != "" {
+		v.fail("trace %s: %s", traceID, problem)
+		return nil
+	}
+	writer := trace
+	if v.link {
+		writer, err = v.fetchTrace(ref.TraceID, func(t jaegerTrace) bool { return spanByID(t.Spans, ref.SpanID) != nil })
+		if err != nil {
+			v.fail("the writer's trace %s, linked from policy.program: %v", ref.TraceID, err)
+			return nil
+		}
+		fmt.Printf("\npolicy.program links to the writer's span %s in trace %s:\n", ref.SpanID, ref.TraceID)
+		printTree(os.Stdout, writer)
+	}
+	if problem := writerSpanProblem(writer, ref); problem != "" {
+		v.fail("trace %s: %s", traceID, problem)
+	}
+	return nil
+}
+
+// writerRef finds, in npagent's trace, the reference from policy.program to the
+// writer's span: with link, a FOLLOWS_FROM reference into another trace (and no
+// parent); without, its CHILD_OF parent. problem says what is wrong instead.
+func writerRef(trace jaegerTrace, link bool) (ref spanRef, problem string) {
+	var root *jaegerSpan
+	for i := range trace.Spans {
+		if trace.Spans[i].OperationName == "policy.program" {
+			root = &trace.Spans[i]
+		}
+	}
+	if root == nil {
+		return spanRef{}, "no policy.program span"
+	}
+	var parent, linked []spanRef
+	for _, r := range root.References {
+		switch {
+		case r.RefType == "CHILD_OF":
+			parent = append(parent, r)
+		case r.RefType == "FOLLOWS_FROM" && !sameID(r.TraceID, root.TraceID):
+			linked = append(linked, r)
+		}
+	}
+	if link {
+		if len(parent) > 0 {
+			return spanRef{}, fmt.Sprintf("policy.program has parent %s; with --trace-parenting=link it should be a root", parent[0].SpanID)
+		}
+		if len(linked) != 1 {
+			return spanRef{}, fmt.Sprintf("policy.program has %d span links to another trace, want 1 to the writer's context", len(linked))
+		}
+		return linked[0], ""
+	}
+	if len(parent) != 1 {
+		return spanRef{}, fmt.Sprintf("policy.program has %d parents, want the writer's span", len(parent))
+	}
+	return parent[0], ""
+}
+
+// writerSpanProblem checks that the span ref names is in trace and is the churn
+// driver's policy.change.
+func writerSpanProblem(trace jaegerTrace, ref spanRef) string {
+	s := spanByID(trace.Spans, ref.SpanID)
+	if s == nil {
+		return fmt.Sprintf("the writer's span %s is not in trace %s", ref.SpanID, ref.TraceID)
+	}
+	if service := trace.Processes[s.ProcessID].ServiceName; s.OperationName != "policy.change" || service != "churn" {
+		return fmt.Sprintf("the writer's span %s is %s/%s, want churn/policy.change", ref.SpanID, service, s.OperationName)
+	}
+	return ""
+}
+
+func spanByID(spans []jaegerSpan, id string) *jaegerSpan {
+	for i := range spans {
+		if sameID(spans[i].SpanID, id) {
+			return &spans[i]
+		}
+	}
+	return nil
+}
+
+// sameID compares hex ids as Jaeger prints them (a trace id whose high half is
+// zero may be printed with 16 digits).
+func sameID(a, b string) bool {
+	return strings.TrimLeft(strings.ToLower(a), "0") == strings.TrimLeft(strings.ToLower(b), "0")
+}
+
+// printTree prints a trace's span tree, each span with its offset from the
+// trace start and its duration.
+func printTree(out io.Writer, trace jaegerTrace) {
 	byID := map[string]bool{}
 	children := map[string][]jaegerSpan{}
 	for _, s := range trace.Spans {
@@ -380,7 +504,7 @@ func (v *verifier) printTrace(traceID string) error {
 		}
 	}
 	byStart := func(a, b jaegerSpan) int { return cmp.Compare(a.StartTime, b.StartTime) }
-	w := bufio.NewWriter(os.Stdout)
+	w := bufio.NewWriter(out)
 	var walk func(s jaegerSpan, prefix string, last bool, depth int)
 	walk = func(s jaegerSpan, prefix string, last bool, depth int) {
 		branch, next := "├─ ", "│  "
@@ -403,12 +527,6 @@ func (v *verifier) printTrace(traceID string) error {
 		walk(r, "", true, 0)
 	}
 	w.Flush()
-	for _, want := range []string{"policy.program", "delivery", "queue", "commit"} {
-		if !hasSpan(trace.Spans, want) {
-			v.fail("trace %s has no %s span", traceID, want)
-		}
-	}
-	return nil
 }
 
 // spanNote shows the few attributes that make a span recognisable.

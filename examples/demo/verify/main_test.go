@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
 
 // sampleSum reads the value after the label set: not a timestamp or an
 // exemplar after it, not a metric whose name merely starts with the same
@@ -29,5 +33,77 @@ npagent_policy_programming_latency_seconds_count 570
 		if got := sampleSum(exposition, tc.name, tc.labels...); got != tc.want {
 			t.Errorf("sampleSum(%s, %v) = %v, want %v", tc.name, tc.labels, got, tc.want)
 		}
+	}
+}
+
+// Jaeger's /api/traces shape (uimodel): an OpenTelemetry span link is a
+// FOLLOWS_FROM reference carrying the linked trace id, the parent a CHILD_OF.
+const (
+	linkedTrace = `{"spans":[
+ {"traceID":"aaaa0000000000000000000000000001","spanID":"a1","operationName":"policy.program","processID":"p1",
+  "references":[{"refType":"FOLLOWS_FROM","traceID":"bbbb0000000000000000000000000002","spanID":"b1"}]},
+ {"traceID":"aaaa0000000000000000000000000001","spanID":"a2","operationName":"commit","processID":"p1",
+  "references":[{"refType":"CHILD_OF","traceID":"aaaa0000000000000000000000000001","spanID":"a1"}]}],
+ "processes":{"p1":{"serviceName":"npagent"}}}`
+	writerTrace = `{"spans":[
+ {"traceID":"bbbb0000000000000000000000000002","spanID":"b1","operationName":"policy.change","processID":"p1","references":[]}],
+ "processes":{"p1":{"serviceName":"churn"}}}`
+	childTrace = `{"spans":[
+ {"traceID":"bbbb0000000000000000000000000002","spanID":"b1","operationName":"policy.change","processID":"p2","references":[]},
+ {"traceID":"bbbb0000000000000000000000000002","spanID":"a1","operationName":"policy.program","processID":"p1",
+  "references":[{"refType":"CHILD_OF","traceID":"bbbb0000000000000000000000000002","spanID":"b1"}]}],
+ "processes":{"p1":{"serviceName":"npagent"},"p2":{"serviceName":"churn"}}}`
+	orphanTrace = `{"spans":[
+ {"traceID":"aaaa0000000000000000000000000001","spanID":"a1","operationName":"policy.program","processID":"p1","references":[]}],
+ "processes":{"p1":{"serviceName":"npagent"}}}`
+)
+
+func parseTrace(t *testing.T, s string) jaegerTrace {
+	t.Helper()
+	var tr jaegerTrace
+	if err := json.Unmarshal([]byte(s), &tr); err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// The writer's span is found through the link in link mode and through the
+// parent in child mode; the wrong shape for the mode is reported.
+func TestWriterRef(t *testing.T) {
+	for _, tc := range []struct {
+		name, trace string
+		link        bool
+		wantSpan    string // "" = a problem expected
+		wantProblem string
+	}{
+		{"link mode follows the link", linkedTrace, true, "b1", ""},
+		{"child mode follows the parent", childTrace, false, "b1", ""},
+		{"link mode rejects a parented root", childTrace, true, "", "should be a root"},
+		{"child mode rejects a linked root", linkedTrace, false, "", "0 parents"},
+		{"link mode needs a link", orphanTrace, true, "", "0 span links"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ref, problem := writerRef(parseTrace(t, tc.trace), tc.link)
+			if tc.wantSpan != "" && (problem != "" || ref.SpanID != tc.wantSpan) {
+				t.Errorf("writerRef = %+v, %q; want span %s", ref, problem, tc.wantSpan)
+			}
+			if tc.wantSpan == "" && !strings.Contains(problem, tc.wantProblem) {
+				t.Errorf("writerRef problem %q, want one mentioning %q", problem, tc.wantProblem)
+			}
+		})
+	}
+	ref, _ := writerRef(parseTrace(t, linkedTrace), true)
+	if p := writerSpanProblem(parseTrace(t, writerTrace), ref); p != "" {
+		t.Errorf("writer's trace: %s", p)
+	}
+	if p := writerSpanProblem(parseTrace(t, orphanTrace), ref); !strings.Contains(p, "not in trace") {
+		t.Errorf("a trace without the linked span: problem %q", p)
+	}
+	ref.SpanID = "a1"
+	if p := writerSpanProblem(parseTrace(t, orphanTrace), ref); !strings.Contains(p, "want churn/policy.change") {
+		t.Errorf("a linked span that is not churn's policy.change: problem %q", p)
+	}
+	if !sameID("0000000000000000abcd000000000001", "abcd000000000001") || sameID("a1", "a2") {
+		t.Error("sameID")
 	}
 }
