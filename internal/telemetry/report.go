@@ -249,6 +249,7 @@ type spanScratch struct {
 	startAttrs []attribute.KeyValue
 	attrs      []attribute.KeyValue
 	rootOpts   [3]trace.SpanStartOption
+	links      [1]trace.Link
 	startOpts  [1]trace.SpanStartOption
 	endOpts    [1]trace.SpanEndOption
 	// stamps memoises this tree's timestamp options: its spans share bounds
@@ -291,7 +292,8 @@ func (sc *spanScratch) rootStart(at time.Time, link trace.SpanContext) []trace.S
 	if !link.IsValid() {
 		return sc.rootOpts[:2]
 	}
-	sc.rootOpts[2] = trace.WithLinks(trace.Link{SpanContext: link})
+	sc.links[0] = trace.Link{SpanContext: link} // the SDK copies it: no slice of its own per root
+	sc.rootOpts[2] = trace.WithLinks(sc.links[:]...)
 	return sc.rootOpts[:]
 }
 
@@ -314,6 +316,7 @@ func (sc *spanScratch) release() {
 	sc.tree = gatedTree{spans: sc.tree.spans[:0], reserved: sc.tree.reserved[:0]}
 	sc.rootOpts, sc.startOpts, sc.endOpts = [3]trace.SpanStartOption{}, [1]trace.SpanStartOption{}, [1]trace.SpanEndOption{}
 	sc.stamps, sc.nStamp = [8]stampOption{}, 0
+	sc.links = [1]trace.Link{}
 	scratchPool.Put(sc)
 }
 

@@ -665,3 +665,26 @@ func TestLatencyScaleAtMost8(t *testing.T) {
 		t.Errorf("scale %d, want at most 8", pts[0].Scale)
 	}
 }
+
+// A span link costs a linked root at most two allocations more than a parent
+// does (the SDK's option closure and its copy of the link; the link itself
+// lives in the pooled scratch).
+func TestLinkAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under the race detector sync.Pool drops what is put back: allocations are not representative")
+	}
+	perDraw := func(p Parenting) float64 {
+		tel := newInMemory(t, WithTraceParenting(p), WithSpanQueueSize(1<<16))
+		r := record(base, "pe-allocs", 80*time.Millisecond)
+		r.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		for range 50 {
+			tel.draw(r) // warm the pools
+		}
+		return testing.AllocsPerRun(500, func() { tel.draw(r) })
+	}
+	link, child := perDraw(ParentingLink), perDraw(ParentingChild)
+	t.Logf("allocations per drawn tree: link %.0f, child %.0f", link, child)
+	if link > child+2 {
+		t.Errorf("a linked tree allocates %.0f times, a parented one %.0f: want at most 2 more", link, child)
+	}
+}
