@@ -86,10 +86,52 @@ func TestExemplarMarkIsExactAndBounded(t *testing.T) {
 			t.Errorf("interval %d: %d roots marked, want 1..%d (one per latency octave)", interval, newMarks, markSlots)
 		}
 		t.Logf("interval %d: %d triggers, %d exemplars, %d roots newly marked", interval, n, len(pts[0].Exemplars), newMarks)
+		// The agent's own /metrics (the Prometheus reader, its own reservoir):
+		// every exemplar there names a marked root too.
+		promExemplars := 0
+		for _, tid := range promExemplarTraces(t, tel) {
+			promExemplars++
+			if !marked[tid] {
+				t.Errorf("interval %d: /metrics exemplar names trace %s, whose root is not marked", interval, tid)
+			}
+		}
+		if promExemplars == 0 {
+			t.Errorf("interval %d: /metrics shows no exemplar", interval)
+		}
 		if len(marked) > (interval+1)*markSlots {
 			t.Errorf("after interval %d: %d of %d roots marked, want at most %d", interval, len(marked), len(roots), (interval+1)*markSlots)
 		}
 	}
+}
+
+// promExemplarTraces gathers the Prometheus registry behind MetricsHandler and
+// returns the trace ids of the latency histogram's exemplars.
+func promExemplarTraces(t *testing.T, tel *inMemory) []trace.TraceID {
+	t.Helper()
+	mfs, err := tel.prom.Gather()
+	if err != nil {
+		t.Fatalf("Gather: %v", err)
+	}
+	var out []trace.TraceID
+	for _, mf := range mfs {
+		if mf.GetName() != "npagent_policy_programming_latency_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, ex := range m.GetHistogram().GetExemplars() {
+				for _, l := range ex.GetLabel() {
+					if l.GetName() == "trace_id" {
+						tid, err := trace.TraceIDFromHex(l.GetValue())
+						if err != nil {
+							t.Fatalf("exemplar trace_id %q: %v", l.GetValue(), err)
+						}
+						out = append(out, tid)
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 // The reservoir keeps the first measurement of each octave per interval and
