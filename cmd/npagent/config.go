@@ -35,6 +35,7 @@ type config struct {
 	NodeName              string
 	NodeIP                netip.Addr
 	NodeCIDRs             []netip.Prefix // exempt from policy with the node's own addresses
+	PodInterfacePrefixes  []string       // host-side pod interface name prefixes; none: any name
 	Dataplane             string         // dataplaneEBPF or dataplaneMemory
 	BPFFSPath             string
 	StateFile             string // "" = no persistence
@@ -63,6 +64,7 @@ var flagEnv = map[string]string{
 	"node-name":              "NODE_NAME",
 	"node-ip":                "NODE_IP",
 	"node-cidrs":             "NPAGENT_NODE_CIDRS",
+	"pod-interface-prefixes": "NPAGENT_POD_INTERFACE_PREFIXES",
 	"dataplane":              "NPAGENT_DATAPLANE",
 	"bpffs-path":             "NPAGENT_BPFFS_PATH",
 	"state-file":             "NPAGENT_STATE_FILE",
@@ -95,11 +97,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, nodeCIDRs, logLevel, parenting string
+	var nodeIP, nodeCIDRs, podIfPrefixes, logLevel, parenting string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
 	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses (every address of the host's interfaces and the node IP) always are")
+	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
 	fs.StringVar(&c.StateFile, "state-file", "/var/lib/npagent/seen.state", "file persisting reported trigger times across restarts; empty: none")
@@ -188,6 +191,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			continue
 		}
 		c.NodeCIDRs = append(c.NodeCIDRs, p.Masked())
+	}
+	for _, f := range strings.Split(podIfPrefixes, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			c.PodInterfacePrefixes = append(c.PodInterfacePrefixes, f)
+		}
 	}
 	if c.NodeName == "" {
 		host, err := os.Hostname()

@@ -80,6 +80,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
 		"NPAGENT_WATERMARK_MAX_AGE":      "30m",
 		"NPAGENT_NODE_CIDRS":             "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
+		"NPAGENT_POD_INTERFACE_PREFIXES": "eni, vlan,",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -117,6 +118,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		WatermarkMaxAge:       30 * time.Minute,
 		NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::/64"),
 			netip.MustParsePrefix("10.9.8.0/24")}, // masked
+		PodInterfacePrefixes: []string{"eni", "vlan"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)

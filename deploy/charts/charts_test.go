@@ -43,15 +43,16 @@ type testCase struct {
 var cases = []testCase{
 	{"defaults", Release{"npagent", "npagent"}, nil},
 	{"custom", Release{"custom", "custom-ns"}, map[string]any{
-		"image":              map[string]any{"repository": "registry.example.com/npagent", "digest": testDigest},
-		"otlp":               map[string]any{"endpoint": "https://collector.example.com:4317", "insecure": false, "caCert": map[string]any{"secretName": "otlp-ca", "key": "bundle.pem"}, "clusterName": "prod"},
-		"resources":          map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "512Mi"}},
-		"goMemLimitPercent":  90,
-		"extraArgs":          []any{"--workers=4", "--resync-period=5m"},
-		"extraEnv":           []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
-		"dropFQDNAllowRules": true,
-		"metrics":            map[string]any{"port": 9555},
-		"serviceAccount":     map[string]any{"name": "agent"},
+		"image":                map[string]any{"repository": "registry.example.com/npagent", "digest": testDigest},
+		"otlp":                 map[string]any{"endpoint": "https://collector.example.com:4317", "insecure": false, "caCert": map[string]any{"secretName": "otlp-ca", "key": "bundle.pem"}, "clusterName": "prod"},
+		"resources":            map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "512Mi"}},
+		"goMemLimitPercent":    90,
+		"extraArgs":            []any{"--workers=4", "--resync-period=5m"},
+		"extraEnv":             []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
+		"dropFQDNAllowRules":   true,
+		"podInterfacePrefixes": []any{"eni", "vlan"},
+		"metrics":              map[string]any{"port": 9555},
+		"serviceAccount":       map[string]any{"name": "agent"},
 	}},
 	{"configmap-ca-namespace", Release{"np", "np-system"}, map[string]any{
 		"namespace":         map[string]any{"create": true},
@@ -162,6 +163,7 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"no limit", map[string]any{"goMemLimitPercent": 90, "resources": map[string]any{"limits": nil}}, "resources.limits.memory"},
 		{"pod security", map[string]any{"namespace": map[string]any{"podSecurity": map[string]any{"enforce": "baseline"}}}, "privileged"},
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
+		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
 	} {
 		_, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -330,7 +332,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}

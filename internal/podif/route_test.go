@@ -9,6 +9,9 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
@@ -45,5 +48,85 @@ func TestRouteResolver(t *testing.T) {
 	}
 	if got, err := r.Resolve(netip.MustParseAddr(strayIP)); !errors.Is(err, ErrInterfaceNotFound) {
 		t.Errorf("Resolve(%s) = %d, %v; want ErrInterfaceNotFound", strayIP, got, err)
+	}
+}
+
+// TestRouteResolverRejectsNodeInterfaces: a host route to a pod IP is not enough; the
+// interface it names must be plausibly a pod's. In a network namespace of its own
+// (through a netlink handle on it), host routes point at a veth (accepted), at the
+// IPv4 and at the IPv6 uplink (each carries its family's default route), at a device
+// holding the node IP, and at loopback (all rejected, as ErrNotPodInterface and as not
+// found, so the pod is retried like one whose interface is not up yet); a prefix list
+// accepts or rejects the veth by name.
+func TestRouteResolverRejectsNodeInterfaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skip.Unmet(t, "needs root: creates a network namespace, links and routes in it (CAP_NET_ADMIN)")
+	}
+	netlab.RequireIP(t, "build the node's network namespace")
+	ns := fmt.Sprintf("npifn-%d", os.Getpid()%100000)
+	netlab.AddNamespace(t, ns)
+	ip := func(args ...string) { netlab.Run(t, append([]string{"ip", "-n", ns}, args...)...) }
+	ip("link", "set", "lo", "up")
+	ip("link", "add", "vethpod0", "type", "veth", "peer", "name", "eth0p")
+	// veths stand in for the uplinks too: what matters is what they carry (kernels
+	// without the dummy module exist).
+	for _, dev := range []string{"up4", "up6", "nodeif"} {
+		ip("link", "add", dev, "type", "veth", "peer", "name", dev+"p")
+	}
+	for _, dev := range []string{"vethpod0", "eth0p", "up4", "up4p", "up6", "up6p", "nodeif", "nodeifp"} {
+		ip("link", "set", dev, "up")
+	}
+	ip("addr", "add", "192.0.2.10/24", "dev", "up4")
+	ip("route", "add", "default", "via", "192.0.2.1", "dev", "up4")
+	ip("-6", "route", "add", "default", "dev", "up6")
+	ip("addr", "add", "198.51.100.7/32", "dev", "nodeif")
+	routes := map[string]string{ // pod IP → device its host route names
+		"10.249.7.2": "vethpod0", "fd00:249::2": "vethpod0",
+		"10.249.7.3": "up4", "fd00:249::3": "up6", "10.249.7.4": "nodeif", "10.249.7.5": "lo",
+	}
+	for podIP, dev := range routes {
+		ip("route", "add", podIP, "dev", dev)
+	}
+
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nl.Close)
+	veth, err := nl.LinkByName("vethpod0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	nodeIP := netip.MustParseAddr("198.51.100.7")
+	for _, tc := range []struct {
+		name     string
+		prefixes []string
+		accept   map[string]bool // pod IP → accepted
+	}{
+		{"structural checks", nil, map[string]bool{"10.249.7.2": true, "fd00:249::2": true}},
+		{"prefix matches", []string{"cali", "veth"}, map[string]bool{"10.249.7.2": true, "fd00:249::2": true}},
+		{"prefix does not match", []string{"eni"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRouteResolver(WithNetlinkHandle(nl), WithNodeIPs(nodeIP), WithInterfacePrefixes(tc.prefixes...))
+			for podIP, dev := range routes {
+				got, err := r.Resolve(netip.MustParseAddr(podIP))
+				if tc.accept[podIP] {
+					if err != nil || got != veth.Attrs().Index {
+						t.Errorf("Resolve(%s) via %s = %d, %v; want %d", podIP, dev, got, err, veth.Attrs().Index)
+					}
+					continue
+				}
+				if !errors.Is(err, ErrNotPodInterface) || !errors.Is(err, ErrInterfaceNotFound) {
+					t.Errorf("Resolve(%s) via %s = %d, %v; want ErrNotPodInterface and ErrInterfaceNotFound", podIP, dev, got, err)
+				}
+			}
+		})
 	}
 }
