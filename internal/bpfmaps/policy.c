@@ -310,9 +310,19 @@ static __always_inline int has_ports(__u8 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
-// first_match returns the action of the first port rule matching, 0 if none.
-static __always_inline int first_match(const struct rule_value *v, __u8 proto, __u16 port)
+// first_match returns the action of the first port rule matching, 0 if none (also for
+// a NULL v: an entry that is not there).
+//
+// It is a global function (as evaluate is), so the verifier checks it once, on its
+// own, instead of at each call site with every path that leads there. Inlined, the
+// 24-rule loop at three tiers and MAX_ATTEMPTS evaluations exceeds the verifier's limit
+// of 8192 pending branches when the loader lacks CAP_PERFMON: Spectre v1 hardening then
+// makes it explore each branch's mispredicted side too ("The sequence of 8193 jumps is
+// too complex"), and the program would not load with CAP_BPF and CAP_NET_ADMIN alone.
+__attribute__((noinline)) int first_match(const struct rule_value *v, __u8 proto, __u16 port)
 {
+	if (!v)
+		return 0;
 	__u32 n = v->count;
 	for (int i = 0; i < MAX_PORT_RULES; i++) {
 		if (i >= n)
@@ -396,10 +406,13 @@ static __always_inline __u64 *word_ptr(const int dir, __u32 ifindex)
 enum { ALLOW = 1, DENY = 2 };
 
 // evaluate decides a packet by the entry set the word names. Its answer counts only
-// if the word is unchanged afterwards (enforce checks).
-static __always_inline int evaluate(const int dir, __u32 ifindex, __u64 word, const struct packet *p,
-				    const __u8 *peer, __u16 port)
+// if the word is unchanged afterwards (enforce checks). Global, as first_match is, so
+// the verifier checks it once rather than at each of enforce's MAX_ATTEMPTS calls.
+__attribute__((noinline)) int evaluate(int dir, __u32 ifindex, __u64 word, const struct packet *p, __u16 port)
 {
+	if (!p)
+		return DENY;
+	const __u8 *peer = dir == DIR_INGRESS ? p->saddr : p->daddr;
 	__u32 base = TAG_SETS | WORD_SET(word) << 2, flags = WORD_FLAGS(word);
 	const struct rule_value *v;
 
@@ -470,7 +483,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
 	int verdict = DENY;
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-		verdict = evaluate(dir, ifindex, word, &p, peer, port);
+		verdict = evaluate(dir, ifindex, word, &p, port);
 		__u64 now = load_word(wp);
 		if (now == word)
 			break;
