@@ -19,7 +19,8 @@ func WriteKubeconfig(tb testing.TB, rc *rest.Config, path string) {
 		server = "https://" + server
 	}
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: rc.CAData, InsecureSkipTLSVerify: rc.Insecure}
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: rc.CAData, InsecureSkipTLSVerify: rc.Insecure,
+		TLSServerName: rc.ServerName}
 	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{
 		ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData,
 		Token: rc.BearerToken, Username: rc.Username, Password: rc.Password,
