@@ -11,8 +11,9 @@
 # examples/demo/verify follows the chain: triggers written, reported, suppressed as
 # redelivered, p50/p99 from Prometheus, an exemplar's trace from Jaeger as a span
 # tree, and the churn driver's trace its span link (or, with
-# DEMO_TRACE_PARENTING=child, its parent) leads to. Exit status non-zero when a
-# link of that chain is broken.
+# DEMO_TRACE_PARENTING=child, its parent) leads to; Prometheus evaluates the SLO
+# rules of deploy/prometheus and verify prints the cluster p50/p90/p99 they
+# record. Exit status non-zero when a link of that chain is broken.
 #
 # Needs root: the pods are network namespaces with veth pairs and /32 routes, which
 # is what npagent's route resolver maps pod IPs to; eBPF enforcement is used when it
@@ -177,7 +178,7 @@ JAEGER_OTLP_GRPC_PORT=$JAEGER_OTLP JAEGER_QUERY_HTTP_PORT=$JAEGER_QUERY JAEGER_Q
 	start jaeger "${TOOL[jaeger]}" --config "$ROOT/examples/demo/jaeger.yaml"
 wait_until "Jaeger's query API (see $LOGS/jaeger.log)" 60 http_ok "http://127.0.0.1:$JAEGER_QUERY/api/services"
 
-log "starting Prometheus (OTLP receiver, exemplar storage; API 127.0.0.1:$PROM)"
+log "starting Prometheus (OTLP receiver, exemplar storage, the SLO rules of deploy/prometheus; API 127.0.0.1:$PROM)"
 start prometheus "${TOOL[prometheus]}" --config.file="$ROOT/examples/demo/prometheus.yml" \
 	--storage.tsdb.path="$WORK/prometheus" --web.listen-address="127.0.0.1:$PROM" \
 	--web.enable-otlp-receiver --enable-feature=exemplar-storage

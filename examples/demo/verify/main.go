@@ -9,6 +9,9 @@
 // npagent_policy_programming_latency_seconds, fetches the trace of one exemplar from
 // Jaeger and prints its span tree.
 //
+// It also reads the SLO recording rules (deploy/prometheus/npagent.rules.yaml)
+// the demo's Prometheus evaluates.
+//
 // Checks (each failure is printed, and the exit status is 1):
 //   - npagent reported at least one trigger;
 //   - Prometheus's histogram_count equals npagent's reported count (the OTLP chain
@@ -18,6 +21,7 @@
 //     and equal them when the apiserver was not restarted (--apiserver-restarted=false);
 //   - npagent counted relist deliveries (the apiserver restart happened) and
 //     suppressed re-deliveries as redelivered;
+//   - the cluster p50, p90 and p99 recording rule has a value for each;
 //   - an exemplar names a trace Jaeger has, whose spans include policy.program
 //     with its delivery, queue and commit children;
 //   - the writer's trace is reachable from it (--trace-parenting, as npagent
@@ -160,6 +164,12 @@ func (v *verifier) run(churnFile string) error {
 		v.fail("suppressed counter in Prometheus: %v", err)
 	}
 
+	// The SLO recording rules (deploy/prometheus) evaluated in this Prometheus.
+	ruleQ, err := v.ruleQuantiles()
+	if err != nil {
+		v.fail("recording rule %s: %v", quantileRule, err)
+	}
+
 	// 3. Exemplars and one trace.
 	exemplars, err := v.exemplars()
 	if err != nil {
@@ -178,6 +188,8 @@ func (v *verifier) run(churnFile string) error {
 	fmt.Printf("informer deliveries by cause:         add %.0f, update %.0f, resync %.0f, relist %.0f, requeue %.0f, delete %.0f\n",
 		deliveries["add"], deliveries["update"], deliveries["resync"], deliveries["relist"], deliveries["requeue"], deliveries["delete"])
 	fmt.Printf("programming latency p50 %s, p99 %s\n", seconds(p50), seconds(p99))
+	fmt.Printf("SLO recording rules (%s): p50 %s, p90 %s, p99 %s\n", quantileRule,
+		seconds(ruleQ["0.5"]), seconds(ruleQ["0.9"]), seconds(ruleQ["0.99"]))
 	accounted := reported + suppressed["deleted"] + suppressed["overflow"] + suppressed["no_local_pods"]
 	fmt.Printf("accounting: reported + deleted + overflow + no_local_pods = %.0f of %d written", accounted, churn.TriggersWritten)
 	if unseen := float64(churn.TriggersWritten) - accounted; unseen > 0 {
@@ -295,10 +307,16 @@ type exemplar struct {
 }
 
 func (v *verifier) exemplars() ([]exemplar, error) {
+	return v.queryExemplars(latencyMetric, time.Hour)
+}
+
+// queryExemplars returns the exemplars with a trace_id of the series query
+// selects, over the last window.
+func (v *verifier) queryExemplars(query string, window time.Duration) ([]exemplar, error) {
 	now := time.Now()
 	q := url.Values{
-		"query": {latencyMetric},
-		"start": {strconv.FormatInt(now.Add(-time.Hour).Unix(), 10)},
+		"query": {query},
+		"start": {strconv.FormatInt(now.Add(-window).Unix(), 10)},
 		"end":   {strconv.FormatInt(now.Unix(), 10)},
 	}
 	body, err := v.get(v.prom + "/api/v1/query_exemplars?" + q.Encode())
