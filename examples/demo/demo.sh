@@ -12,8 +12,10 @@
 # redelivered, p50/p99 from Prometheus, an exemplar's trace from Jaeger as a span
 # tree, and the churn driver's trace its span link (or, with
 # DEMO_TRACE_PARENTING=child, its parent) leads to; Prometheus evaluates the SLO
-# rules of deploy/prometheus and verify prints the cluster p50/p90/p99 they
-# record. Exit status non-zero when a link of that chain is broken.
+# rules of deploy/prometheus (verify prints the cluster p50/p90/p99 they record)
+# and verify runs every query of the Grafana dashboard deploy/grafana/npagent.json
+# against it. Exit status non-zero when a link of that chain is broken or a
+# dashboard query answers nothing.
 #
 # Needs root: the pods are network namespaces with veth pairs and /32 routes, which
 # is what npagent's route resolver maps pod IPs to; eBPF enforcement is used when it
@@ -275,7 +277,8 @@ unset "PID[churn]"
 log "churn done: $(cat "$WORK/churn.json")"
 
 # --- follow the chain ---------------------------------------------------------------
-log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars) -> Jaeger (trace)"
+log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars, SLO rules, dashboard queries) -> Jaeger (trace)"
 "$WORK/bin/verify" --prometheus="http://127.0.0.1:$PROM" --jaeger="http://127.0.0.1:$JAEGER_QUERY" \
-	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --trace-parenting="$PARENTING" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)"
+	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --trace-parenting="$PARENTING" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)" \
+	--dashboard="$ROOT/deploy/grafana/npagent.json"
 log "dataplane: $DATAPLANE; logs were in $LOGS"

@@ -9,8 +9,10 @@
 // npagent_policy_programming_latency_seconds, fetches the trace of one exemplar from
 // Jaeger and prints its span tree.
 //
-// It also reads the SLO recording rules (deploy/prometheus/npagent.rules.yaml)
-// the demo's Prometheus evaluates.
+// With --dashboard it also runs every query of the Grafana dashboard
+// (deploy/grafana/npagent.json) against Prometheus, and it reads the SLO
+// recording rules (deploy/prometheus/npagent.rules.yaml) the demo's Prometheus
+// evaluates.
 //
 // Checks (each failure is printed, and the exit status is 1):
 //   - npagent reported at least one trigger;
@@ -22,6 +24,9 @@
 //   - npagent counted relist deliveries (the apiserver restart happened) and
 //     suppressed re-deliveries as redelivered;
 //   - the cluster p50, p90 and p99 recording rule has a value for each;
+//   - with --dashboard, every panel query answers with a number, for "All"
+//     and for each node the instance variable lists, and every
+//     exemplar-enabled query has exemplars (checkDashboard);
 //   - an exemplar names a trace Jaeger has, whose spans include policy.program
 //     with its delivery, queue and commit children;
 //   - the writer's trace is reachable from it (--trace-parenting, as npagent
@@ -62,6 +67,7 @@ func main() {
 	churnFile := flag.String("churn-summary", "", "the churn driver's JSON summary (required)")
 	timeout := flag.Duration("timeout", 90*time.Second, "how long to wait for each stage to settle")
 	parenting := flag.String("trace-parenting", "link", "npagent's --trace-parenting: link (follow policy.program's span link to the writer's trace) or child (its parent)")
+	dashboard := flag.String("dashboard", "", "a Grafana dashboard JSON (deploy/grafana/npagent.json): run each panel's query against Prometheus; empty: not checked")
 	restarted := flag.Bool("apiserver-restarted", true, "the apiserver was restarted during the churn: expect relists; "+
 		"false: expect every written trigger to be accounted for exactly")
 	flag.Parse()
@@ -73,7 +79,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "verify: --prometheus, --jaeger, --agent and --churn-summary are required")
 		os.Exit(2)
 	}
-	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, restarted: *restarted,
+	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, restarted: *restarted, dashboard: *dashboard,
 		link: *parenting == "link", http: &http.Client{Timeout: 10 * time.Second}}
 	if err := v.run(*churnFile); err != nil {
 		fmt.Fprintf(os.Stderr, "verify: %v\n", err)
@@ -92,8 +98,9 @@ func main() {
 type verifier struct {
 	prom, jaeger, agent string
 	timeout             time.Duration
-	restarted           bool // the apiserver restarted mid-run
-	link                bool // npagent links its root to the writer's context (else parents it)
+	restarted           bool   // the apiserver restarted mid-run
+	dashboard           string // the Grafana dashboard whose queries must answer ("": not checked)
+	link                bool   // npagent links its root to the writer's context (else parents it)
 	http                *http.Client
 	failures            []string
 }
@@ -169,6 +176,17 @@ func (v *verifier) run(churnFile string) error {
 	if err != nil {
 		v.fail("recording rule %s: %v", quantileRule, err)
 	}
+	// Every query of the Grafana dashboard answers.
+	var dash dashboardResult
+	if v.dashboard != "" {
+		dash, err = v.checkDashboard(v.dashboard)
+		if err != nil {
+			v.fail("dashboard %s: %v", v.dashboard, err)
+		}
+		for _, f := range dash.failures {
+			v.fail("dashboard %s: %s", v.dashboard, f)
+		}
+	}
 
 	// 3. Exemplars and one trace.
 	exemplars, err := v.exemplars()
@@ -190,6 +208,16 @@ func (v *verifier) run(churnFile string) error {
 	fmt.Printf("programming latency p50 %s, p99 %s\n", seconds(p50), seconds(p99))
 	fmt.Printf("SLO recording rules (%s): p50 %s, p90 %s, p99 %s\n", quantileRule,
 		seconds(ruleQ["0.5"]), seconds(ruleQ["0.9"]), seconds(ruleQ["0.99"]))
+	if v.dashboard == "" {
+		fmt.Println("dashboard: not checked (no --dashboard)")
+	} else {
+		verdict := "every query answered"
+		if len(dash.failures) > 0 {
+			verdict = fmt.Sprintf("%d queries FAILED (listed below)", len(dash.failures))
+		}
+		fmt.Printf("dashboard %s: %d panels, %d queries, each run for %s: %s; %d exemplars for its %d exemplar queries\n",
+			v.dashboard, dash.panels, dash.queries, strings.Join(dash.variableSets, " and "), verdict, dash.exemplars, dash.exemplarQueries)
+	}
 	accounted := reported + suppressed["deleted"] + suppressed["overflow"] + suppressed["no_local_pods"]
 	fmt.Printf("accounting: reported + deleted + overflow + no_local_pods = %.0f of %d written", accounted, churn.TriggersWritten)
 	if unseen := float64(churn.TriggersWritten) - accounted; unseen > 0 {
