@@ -47,12 +47,13 @@ type Datasource struct {
 
 // Target is one query of a panel.
 type Target struct {
-	RefID      string     `json:"refId"`
-	Expr       string     `json:"expr"`
-	Exemplar   bool       `json:"exemplar"`
-	Format     string     `json:"format"`
-	Instant    bool       `json:"instant"`
-	Datasource Datasource `json:"datasource"`
+	RefID        string     `json:"refId"`
+	Expr         string     `json:"expr"`
+	LegendFormat string     `json:"legendFormat"`
+	Exemplar     bool       `json:"exemplar"`
+	Format       string     `json:"format"`
+	Instant      bool       `json:"instant"`
+	Datasource   Datasource `json:"datasource"`
 }
 
 // Variable is a template variable. For a query variable, Query holds its

@@ -285,6 +285,50 @@ func TestMetricNames(t *testing.T) {
 	}))
 }
 
+// labels are the label names a query may group by or show in a legend: the
+// instruments' attributes as Prometheus names them, the target labels
+// (instance: one agent per node; cluster, where the Prometheus sets it) and the
+// recording rules' quantile label.
+var labels = []string{
+	promName(string(telemetry.KindKey), ""),
+	promName(string(telemetry.ReasonKey), ""),
+	promName(string(telemetry.CauseKey), ""),
+	promName(string(telemetry.FieldKey), ""),
+	promName(string(telemetry.OutcomeKey), ""),
+	"instance", "cluster", "quantile",
+}
+
+var (
+	grouping = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
+	legend   = regexp.MustCompile(`\{\{\s*(\w+)\s*\}\}`)
+)
+
+// TestLabelNames checks that every label a query groups or matches by, and
+// every label its legend shows, is one npagent's series carry: a misspelled
+// `by (reasn)` still answers (one series without the label), so only this
+// catches it.
+func TestLabelNames(t *testing.T) {
+	d := load(t)
+	for _, q := range d.Queries() {
+		var names []string
+		for _, m := range grouping.FindAllStringSubmatch(q.Target.Expr, -1) {
+			for n := range strings.SplitSeq(m[1], ",") {
+				if n = strings.TrimSpace(n); n != "" {
+					names = append(names, n)
+				}
+			}
+		}
+		for _, m := range legend.FindAllStringSubmatch(q.Target.LegendFormat, -1) {
+			names = append(names, m[1])
+		}
+		for _, n := range names {
+			if !slices.Contains(labels, n) {
+				t.Errorf("%s uses label %q, which no npagent series carries (known: %v)", q.Name(), n, labels)
+			}
+		}
+	}
+}
+
 func TestExpand(t *testing.T) {
 	got, err := Expand(`rate(m{a=~"$a", b="${b}"}[$__rate_interval]) $__range`, map[string]string{"a": ".*", "b": "x"}, LastFiveMinutes)
 	if want := `rate(m{a=~".*", b="x"}[1m]) 5m`; err != nil || got != want {
