@@ -2,7 +2,8 @@
 # Builds the binaries npagent's tests and demo need, from Go module source, into a
 # cache folder outside the clone keyed by name and version, so a fresh clone reuses
 # them and a new machine builds them once. Usage: hack/tools.sh [name ...]
-# Names: kube-apiserver etcd otelcol prometheus promtool jaeger (default: the first three).
+# Names: kube-apiserver etcd otelcol otelcol-gateway prometheus promtool jaeger
+# (default: the first three).
 # Prints the path of each tool's binary on stdout, one line each (progress goes to stderr).
 # Concurrent runs (parallel test packages) wait on a lock instead of building twice.
 set -euo pipefail
@@ -13,6 +14,9 @@ CACHE="${NPAGENT_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/npagent/tools}"
 KUBE_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
 OTELCOL_VERSION=v0.165.0
+# The tiers' collector (otel-collector/gateway): contrib's tail sampling and load
+# balancing, all at one release the module proxy serves whole.
+OTELCOL_GATEWAY_VERSION=v0.161.0
 PROMETHEUS_VERSION=v0.316.0
 JAEGER_VERSION=v1.76.0
 
@@ -63,6 +67,21 @@ build_otelcol() {
 	rm -rf "$work"
 }
 
+# The same steps as build_otelcol, from otel-collector/gateway/builder-config.yaml with
+# the builder at the gateway's release (the builder must match its components').
+build_otelcol_gateway() {
+	local work
+	work="$(mktemp -d)"
+	GOBIN="$work/bin" go install "go.opentelemetry.io/collector/cmd/builder@$OTELCOL_GATEWAY_VERSION"
+	cp "$ROOT/otel-collector/gateway/builder-config.yaml" "$work/"
+	(cd "$work" && ./bin/builder --config builder-config.yaml >"$work/builder.log" 2>&1) || {
+		cat "$work/builder.log" >&2
+		return 1
+	}
+	cp "$work/_build/otelcol-gateway" "$OUT"
+	rm -rf "$work"
+}
+
 build_prometheus() {
 	local work
 	work="$(mktemp -d)"
@@ -92,6 +111,7 @@ for n in "${names[@]}"; do
 	kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" kube-apiserver build_kube_apiserver ;;
 	etcd) ensure etcd "$ETCD_VERSION" etcd build_etcd ;;
 	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_otelcol ;;
+	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_VERSION" otelcol-gateway build_otelcol_gateway ;;
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
 	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
