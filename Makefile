@@ -32,15 +32,17 @@ chart: ## write examples/deploy: the Helm chart deploy/charts/npagent rendered w
 	@echo "==> helm template deploy/charts/npagent (Helm's Go packages) -> examples/deploy; go run ./deploy/charts/template [-set k=v] prints other values"
 	$(GO) run ./deploy/charts/template -examples examples/deploy
 
-tools: ## build kube-apiserver, etcd and the OpenTelemetry Collector (cached)
-	@echo "==> tools: kube-apiserver, etcd, otelcol (cached after the first build)"
-	@hack/tools.sh kube-apiserver etcd otelcol >/dev/null
+tools: ## build kube-apiserver, etcd and the OpenTelemetry Collectors (cached)
+	@echo "==> tools: kube-apiserver, etcd, otelcol, otelcol-gateway (cached after the first build)"
+	@hack/tools.sh kube-apiserver etcd otelcol otelcol-gateway >/dev/null
 
 tools-demo: tools ## also Prometheus and Jaeger for the demo
 	@echo "==> tools: prometheus, jaeger (cached after the first build)"
 	@hack/tools.sh prometheus jaeger >/dev/null
 
-test: tools ## all tests: unit, real apiserver, real collector, eBPF (as root)
+# The collector tiers' test (otel-collector/tiers_test.go) runs a real Prometheus and
+# Jaeger: built here (tools-demo), before go test's timeout starts, not inside a test.
+test: tools-demo ## all tests: unit, real apiserver, real collectors, Prometheus, Jaeger, eBPF (as root)
 	@echo "==> go vet"
 	$(GO) vet $(PKGS)
 	@echo "==> go test (integration tests use the real control plane and collector; eBPF tests need root)"
