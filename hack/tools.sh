@@ -15,8 +15,11 @@ KUBE_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
 OTELCOL_VERSION=v0.165.0
 # The tiers' collector (otel-collector/gateway): contrib's tail sampling and load
-# balancing, all at one release the module proxy serves whole.
+# balancing, all at one release the module proxy serves whole. Cached under the
+# release plus a hash of its manifest (comments aside), so adding a component
+# rebuilds it instead of reusing a binary without it.
 OTELCOL_GATEWAY_VERSION=v0.161.0
+OTELCOL_GATEWAY_KEY="$OTELCOL_GATEWAY_VERSION-$(grep -v '^[[:space:]]*#' "$ROOT/otel-collector/gateway/builder-config.yaml" | sha256sum | cut -c1-12)"
 PROMETHEUS_VERSION=v0.316.0
 JAEGER_VERSION=v1.76.0
 
@@ -111,7 +114,7 @@ for n in "${names[@]}"; do
 	kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" kube-apiserver build_kube_apiserver ;;
 	etcd) ensure etcd "$ETCD_VERSION" etcd build_etcd ;;
 	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_otelcol ;;
-	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_VERSION" otelcol-gateway build_otelcol_gateway ;;
+	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_KEY" otelcol-gateway build_otelcol_gateway ;;
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
 	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
