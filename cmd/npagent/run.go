@@ -190,6 +190,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			st := seenSet.Stats()
 			c.Suppressed = st.Suppressed
 			c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
+			if trigger, _, ok := seenSet.OldestPending(); ok {
+				c.SeenOldestPendingAge = time.Since(trigger)
+			}
 		})
 	}
 	health.setLoop(ctrl, func() error {

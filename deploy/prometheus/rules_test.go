@@ -51,7 +51,7 @@ func TestMetricNames(t *testing.T) {
 		prom(telemetry.DeliveriesName, "_total"),
 		prom(telemetry.CommitFailuresName, "_total"),
 		prom(telemetry.CommitDurationName, "_seconds"),
-		prom(telemetry.SeenPendingName, ""),
+		prom(telemetry.SeenOldestPendingAgeName, "_seconds"),
 	} {
 		if !strings.Contains(rules, name) {
 			t.Errorf("%s does not use %s", rulesFile, name)

@@ -1,5 +1,7 @@
 package report
 
+import "time"
+
 // Sink receives what the reconcile loop reports as it happens. Calls come from
 // workers concurrently; they must not block and never fail.
 //
@@ -28,6 +30,10 @@ type Counts struct {
 	// SeenObjects and SeenPending are the seen-set's size: uids tracked, and
 	// trigger times pending a commit (seen).
 	SeenObjects, SeenPending int64
+	// SeenOldestPendingAge is how long ago the oldest trigger still pending a
+	// commit was stamped: the snapshot's time minus its trigger time, the latency
+	// it will have if committed now; 0 when nothing is pending (seen).
+	SeenOldestPendingAge time.Duration
 }
 
 // InvalidObject names a counter of rejected object versions.

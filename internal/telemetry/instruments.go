@@ -36,6 +36,10 @@ const (
 	// tracked, and trigger times pending a commit.
 	SeenObjectsName = "npagent.seen.objects"
 	SeenPendingName = "npagent.seen.pending"
+	// SeenOldestPendingAgeName is the age of the oldest trigger pending a commit
+	// (now minus its trigger time; 0 when none): a stuck node shows as a growing
+	// age, which the pending count cannot tell from steady churn.
+	SeenOldestPendingAgeName = "npagent.seen.oldest_pending.age"
 	// SpansDroppedName counts spans that never reached the collector (queue full
 	// or export failed after retries).
 	SpansDroppedName = "npagent.telemetry.spans.dropped"
@@ -135,6 +139,20 @@ func (c *kindCounter) observe(o metric.Observer) {
 			}
 		}
 	}
+}
+
+// oldestPendingAge is the SeenOldestPendingAgeName gauge, read from
+// report.Counts at each collection like the seen-set's size.
+type oldestPendingAge struct{ inst metric.Float64ObservableGauge }
+
+func newOldestPendingAge(m metric.Meter) (oldestPendingAge, error) {
+	inst, err := m.Float64ObservableGauge(SeenOldestPendingAgeName, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest trigger time pending a commit on this node (now minus the trigger time); 0 when none is pending."))
+	return oldestPendingAge{inst}, err
+}
+
+func (g oldestPendingAge) observe(o metric.Observer, c *report.Counts) {
+	o.ObserveFloat64(g.inst, max(c.SeenOldestPendingAge, 0).Seconds())
 }
 
 // fieldSets builds, at collection time, the attribute sets of the

@@ -285,6 +285,8 @@ func (t *Telemetry) buildInstruments() error {
 	seenPending, err := m.Int64ObservableGauge(SeenPendingName, metric.WithUnit("{trigger}"),
 		metric.WithDescription("Trigger times seen but not yet committed."))
 	check(err)
+	pendingAge, err := newOldestPendingAge(m)
+	check(err)
 	spansDropped, err := m.Int64ObservableCounter(SpansDroppedName, metric.WithUnit("{span}"),
 		metric.WithDescription("Spans that never reached the collector: span queue full, or export failed after retries."))
 	check(err)
@@ -305,9 +307,10 @@ func (t *Telemetry) buildInstruments() error {
 			var c report.Counts
 			(*fill)(&c)
 			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
+			pendingAge.observe(o, &c)
 		}
 		return nil
-	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending)...)
+	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending, pendingAge.inst)...)
 	if err != nil {
 		return fmt.Errorf("telemetry instruments: register callback: %w", err)
 	}
