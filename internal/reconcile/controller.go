@@ -85,6 +85,9 @@ type Controller struct {
 	initial initialSync
 
 	stats counters
+	// explain is each object's recent versions and reports, for ExplainObject
+	// (see explain.go).
+	explain explainLog
 	// progress is when keys were taken, syncs finished and events arrived, for a
 	// liveness check (see progress.go).
 	progress progress
@@ -134,6 +137,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	c.progress.init(cfg.Workers)
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation)
+	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
 
 	rc, err := newRESTClient(restConfig)
 	if err != nil {

@@ -67,6 +67,10 @@
 //     attempt's lock wait), and so are the merge and the dataplane's phases.
 //   - gc.go: after the initial sync, leftovers of the previous process.
 //   - policy.go: object → rules (compile) and the per-pod merge.
+//   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
+//     the caches, the pod table and the seen-set hold now, plus a bounded history per
+//     uid recorded as it happens (the newest 8 versions with their sync's outcome,
+//     the newest 4 reports with their phases), dropped when the uid is forgotten.
 //
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
 // pod are two pods (and would fight over one interface); commits are serialized by

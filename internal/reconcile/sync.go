@@ -69,6 +69,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		// cannot heal bad input; the next write of the object brings a new sync. Pods
 		// a recreated object's predecessor left are still re-committed without it.
 		res := c.pods.commitVersion(key, v.uid, nil)
+		c.explain.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
 			field := "spec"
@@ -89,6 +90,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.domainRulesDropped)
 	}
 	res := c.pods.commitVersion(key, v.uid, compiled)
+	c.explain.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	return c.recordOutcome(key, v, policyRef, &res, times, log)
 }

@@ -33,8 +33,9 @@ type objectVersion struct {
 type versionTable struct {
 	mu       sync.Mutex
 	byUID    map[types.UID]objectVersion
-	triggerK string // the trigger annotation's key
-	traceK   string // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
+	triggerK string      // the trigger annotation's key
+	traceK   string      // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
+	history  *explainLog // each new version is added to it; forget drops the uid's
 }
 
 func (t *versionTable) init(triggerKey, traceParentKey string) {
@@ -54,6 +55,7 @@ func (t *versionTable) record(m metav1.Object) (v objectVersion, fresh bool) {
 	t.mu.Lock()
 	t.byUID[v.uid] = v
 	t.mu.Unlock()
+	t.history.received(v, time.Now())
 	return v, true
 }
 
@@ -98,6 +100,7 @@ func (t *versionTable) forget(uid types.UID) {
 	t.mu.Lock()
 	delete(t.byUID, uid)
 	t.mu.Unlock()
+	t.history.forget(uid)
 }
 
 // deletedUIDs holds, per key, the uids delete events removed until the worker
