@@ -122,6 +122,7 @@ func startAgentEnv(t *testing.T, env []string, kubeconfig, stateFile string, ext
 		"--log-format=json",
 		"--log-level=debug",
 		"--resync-period=1s",
+		"--debug-socket=" + filepath.Join(shortTempDir(t), "debug.sock"), // not the host's /run
 	}, extra...)
 	a := &agentProcess{cmd: exec.Command(buildAgent(t), args...), addr: make(chan string, 1), done: make(chan struct{})}
 	// OTLP off: no collector in this test; /metrics is what is checked.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -55,6 +56,7 @@ type config struct {
 	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
+	DebugSocket           string // unix socket of the debug API; "" = none
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -84,6 +86,7 @@ var flagEnv = map[string]string{
 	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
+	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -121,9 +124,10 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
 	fs.DurationVar(&c.WatermarkMaxAge, "watermark-max-age", time.Hour, "after a restart, objects the last process never saw are measured only for changes up to this long before the start (older ones: before_start); 0: no bound")
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
+	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.Usage = func() {
-		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n\nFlags (each falls back to the environment variable in brackets):\n")
+		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			def := ""
 			if f.DefValue != "" {
@@ -138,7 +142,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		return c, err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q (flags only, or the version command)", fs.Arg(0))
+		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain or wait command)", fs.Arg(0))
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -239,6 +243,9 @@ func (c *config) validate() []error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v, need a positive duration", c.ShutdownTimeout))
+	}
+	if c.DebugSocket != "" && (!filepath.IsAbs(c.DebugSocket) || len(c.DebugSocket) > maxDebugSocketPath) {
+		errs = append(errs, fmt.Errorf("--debug-socket: %q: need an absolute path of at most %d bytes (a unix socket's limit)", c.DebugSocket, maxDebugSocketPath))
 	}
 	switch c.LogFormat {
 	case "text", "json":

@@ -49,6 +49,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		FastTraceFraction:     1,
 		MaxTriggerSkew:        5 * time.Second,
 		WatermarkMaxAge:       time.Hour,
+		DebugSocket:           "/run/npagent/debug.sock",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -79,6 +80,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
 		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
 		"NPAGENT_WATERMARK_MAX_AGE":      "30m",
+		"NPAGENT_DEBUG_SOCKET":           "/run/other/debug.sock",
 		"NPAGENT_NODE_CIDRS":             "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
 		"NPAGENT_POD_INTERFACE_PREFIXES": "eni, vlan,",
 	}
@@ -116,6 +118,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		DropFQDNAllowRules:    true,
 		MaxTriggerSkew:        2 * time.Second,
 		WatermarkMaxAge:       30 * time.Minute,
+		DebugSocket:           "/run/other/debug.sock",
 		NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::/64"),
 			netip.MustParsePrefix("10.9.8.0/24")}, // masked
 		PodInterfacePrefixes: []string{"eni", "vlan"},

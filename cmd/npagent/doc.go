@@ -8,6 +8,8 @@
 //
 //	npagent --node-ip=10.0.0.5 [flags]   # run the agent
 //	npagent version                      # print the version
+//	npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>
+//	npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]
 //
 // Every flag falls back to an environment variable when absent (--node-ip to
 // $NODE_IP, --node-name to $NODE_NAME, --kubeconfig to $KUBECONFIG, the others to
@@ -36,6 +38,12 @@
 //     the loop is not stalled; 503 naming the first that is not; what runs degraded
 //     listed either way), /metrics (Prometheus; the latency histogram is native,
 //     protobuf exposition).
+//   - A read-only JSON debug API on the unix socket --debug-socket (default
+//     /run/npagent/debug.sock, mode 0600, never TCP; debug.go), 503 until the
+//     reconcile loop exists. A socket that cannot be made degrades (listed by
+//     /readyz), it does not stop the agent. explain prints what it answers for an
+//     object or a pod; wait polls it until a pod's objects are programmed (exit 0),
+//     the timeout (1) or, when the agent never answers, 3; a bad command line is 2.
 //   - SIGTERM or SIGINT: stop taking work, finish the commit in flight, persist the
 //     seen-set to --state-file, flush telemetry within --shutdown-timeout, exit 0.
 //     The next start restores the seen-set, so a trigger reported before the

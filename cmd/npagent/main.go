@@ -17,12 +17,19 @@ func main() {
 }
 
 // exitCode maps run's result to the process status: 0 for success and --help,
-// 2 for a bad command line, 1 for everything else. The error is printed here.
+// 2 for a bad command line, the subcommand's code for an exitError, 1 for
+// everything else. The error is printed here.
 func exitCode(err error) int {
 	var usage usageError
+	var exit exitError
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return 0
+	case errors.As(err, &exit): // the explain and wait subcommands
+		if exit.err != nil {
+			fmt.Fprintf(os.Stderr, "npagent: %v\n", exit.err)
+		}
+		return exit.code
 	case errors.As(err, &usage):
 		fmt.Fprintf(os.Stderr, "npagent: %v\nRun npagent --help for the flags.\n", err)
 		return 2

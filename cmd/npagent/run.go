@@ -41,9 +41,16 @@ func (e usageError) Unwrap() error { return e.err }
 // does not end it: it waits for the apiserver and the CRDs (waitForAPIServer), and
 // runs with degraded telemetry when OTEL_* is malformed (openTelemetry).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "version" {
-		fmt.Fprintf(stdout, "npagent %s\n", agentVersion())
-		return nil
+	if len(args) > 0 {
+		switch args[0] {
+		case "version":
+			fmt.Fprintf(stdout, "npagent %s\n", agentVersion())
+			return nil
+		case "explain":
+			return runExplain(ctx, args[1:], getenv, stdout, stderr)
+		case "wait":
+			return runWait(ctx, args[1:], getenv, stdout, stderr)
+		}
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if errors.Is(err, errHelp) {
@@ -99,6 +106,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("http server shutdown", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
+	// The debug socket (npagent explain, npagent wait): answered 503 until the loop
+	// exists. It is not worth stopping enforcement for: a failure degrades.
+	debug := &debugAPI{}
+	if cfg.DebugSocket != "" {
+		if stopDebug, err := serveDebug(cfg.DebugSocket, debug, log); err != nil {
+			log.Error("debug socket not served: npagent explain and wait will not reach this agent", "debug_socket", cfg.DebugSocket, "err", err)
+			health.addDegraded("debug socket " + cfg.DebugSocket + ": " + err.Error())
+		} else {
+			defer stopDebug()
+		}
+	}
 	if tel != nil { // flushed before the HTTP server stops (defers run last first)
 		defer shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
 	}
@@ -195,6 +213,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
+	debug.setLoop(ctrl)
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/report"
+)
+
+// policyRefs is --policy, repeatable: namespace/name of a NetworkPolicy (the
+// policyRef of PolicyEndpoints), or a bare name of a cluster policy (the policyRef
+// of ClusterPolicyEndpoints).
+type policyRefs []policyRef
+
+type policyRef struct {
+	kind            report.Kind
+	namespace, name string
+}
+
+func (p policyRef) String() string {
+	if p.kind == report.KindClusterPolicyEndpoint {
+		return "cluster policy " + p.name
+	}
+	return "policy " + p.namespace + "/" + p.name
+}
+
+func (r *policyRefs) String() string {
+	s := make([]string, len(*r))
+	for i, p := range *r {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+func (r *policyRefs) Set(v string) error {
+	parts := strings.Split(v, "/")
+	switch {
+	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+		*r = append(*r, policyRef{kind: report.KindPolicyEndpoint, namespace: parts[0], name: parts[1]})
+	case len(parts) == 1 && parts[0] != "":
+		*r = append(*r, policyRef{kind: report.KindClusterPolicyEndpoint, name: parts[0]})
+	default:
+		return fmt.Errorf("%q: want <namespace>/<name> (a NetworkPolicy) or <name> (a cluster policy)", v)
+	}
+	return nil
+}
+
+// selected reports whether an object of the policy lists the pod and is programmed.
+func (p policyRef) selected(pod *reconcile.PodExplain) bool {
+	for _, o := range pod.Objects {
+		if o.Lists && o.Programmed && o.Kind == p.kind.String() && o.PolicyRef == p.name &&
+			(p.kind == report.KindClusterPolicyEndpoint || o.Namespace == p.namespace) {
+			return true
+		}
+	}
+	return false
+}
+
+// runWait is `npagent wait`: block until the agent on this node has programmed
+// every object selecting the pod (and, with --policy, until those policies select
+// it), or the timeout.
+func runWait(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("npagent wait", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("debug-socket", debugSocketDefault(getenv), "the agent's debug socket [$"+flagEnv["debug-socket"]+"]")
+	podName := fs.String("pod", "", "the pod, as <namespace>/<name>")
+	podIP := fs.String("ip", "", "the pod, by IP")
+	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
+	interval := fs.Duration("interval", 250*time.Millisecond, "how often to ask the agent")
+	var policies policyRefs
+	fs.Var(&policies, "policy", "also wait until this policy selects the pod: <namespace>/<name> of a NetworkPolicy, or <name> of a cluster policy (repeatable)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: npagent wait (--pod <namespace>/<name> | --ip <address>) [--policy <namespace>/<name>]... [--timeout D]
+
+Blocks until the npagent on this node has programmed, for the pod, the current
+version of every policy object that applies to it (after the agent's caches
+synced). A pod no object selects is programmed at once (nothing to enforce): when
+the pod may start before its policy exists, name the policy with --policy, and
+wait also waits until an object of that policy selects the pod. The agent is asked
+over its debug socket every --interval, and asked again when it does not answer
+(it may be restarting).
+
+Exit: 0 programmed, 1 timed out, 2 usage, 3 agent unreachable (no answer at the
+timeout).
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if err != nil {
+		return exitError{exitUsage, err}
+	}
+	var path, what string
+	switch {
+	case len(pos) > 0:
+		err = fmt.Errorf("wait: unexpected argument %q", pos[0])
+	case (*podName == "") == (*podIP == ""):
+		err = errors.New("wait: give one of --pod or --ip")
+	case *podIP != "":
+		ip, perr := netip.ParseAddr(*podIP)
+		if perr != nil {
+			err = fmt.Errorf("wait: --ip %q is not an IP address", *podIP)
+			break
+		}
+		path, what = "/v1/podip/"+ip.String(), "pod "+ip.String()
+	default:
+		ns, name, ok := strings.Cut(*podName, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			err = fmt.Errorf("wait: --pod %q: want <namespace>/<name>", *podName)
+			break
+		}
+		path, what = "/v1/pod/"+url.PathEscape(ns)+"/"+url.PathEscape(name), "pod "+*podName
+	}
+	if err == nil && *timeout <= 0 {
+		err = fmt.Errorf("wait: --timeout %v: need a positive duration", *timeout)
+	}
+	if err == nil && *interval <= 0 {
+		err = fmt.Errorf("wait: --interval %v: need a positive duration", *interval)
+	}
+	if err != nil {
+		return exitError{exitUsage, err}
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	c := newDebugClient(*socket)
+	start := time.Now()
+	var (
+		lastErr    error
+		lastStatus string
+		pod        reconcile.PodExplain
+	)
+	for {
+		err := c.get(ctx, path, &pod)
+		if err != nil && ctx.Err() != nil {
+			break // cut short by the timeout: the previous answer stands
+		}
+		lastErr = err
+		if err != nil {
+			lastStatus = logStatus(stderr, lastStatus, err.Error())
+		} else {
+			status := waitStatus(&pod, policies)
+			if status == "" {
+				fmt.Fprintf(stdout, "%s programmed on node %s after %s: %s\n", what, pod.Node, dur(time.Since(start)), objectsLine(&pod))
+				return nil
+			}
+			lastStatus = logStatus(stderr, lastStatus, status)
+		}
+		t := time.NewTimer(*interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+			continue
+		}
+		break
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: interrupted: %s", what, lastStatus)}
+	}
+	if lastErr == nil && lastStatus == "" { // the only request was cut short
+		lastErr = fmt.Errorf("%w: no answer from %s", errUnreachable, *socket)
+	}
+	if errors.Is(lastErr, errUnreachable) {
+		return exitError{exitUnreachable, fmt.Errorf("wait: %s: timed out after %v: %w", what, *timeout, lastErr)}
+	}
+	return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: not programmed after %v: %s", what, *timeout, lastStatus)}
+}
+
+// logStatus prints status when it differs from the last one, and returns it.
+func logStatus(w io.Writer, last, status string) string {
+	if status != last {
+		fmt.Fprintf(w, "waiting: %s\n", status)
+	}
+	return status
+}
+
+// waitStatus says what the pod still waits for; "" when nothing.
+func waitStatus(pod *reconcile.PodExplain, policies policyRefs) string {
+	switch {
+	case !pod.Synced:
+		return "the agent's informer caches have not synced"
+	case !pod.OnNode:
+		return fmt.Sprintf("the objects place the pod on host %s, not node %s", pod.HostIP, pod.Node)
+	}
+	var missing []string
+	for _, p := range policies {
+		if !p.selected(pod) {
+			missing = append(missing, p.String()+" does not select the pod yet (or is not programmed)")
+		}
+	}
+	for _, o := range pod.Objects {
+		if !o.Programmed {
+			missing = append(missing, fmt.Sprintf("%s: %s", objectName(o.Kind, o.Namespace, o.Name), o.State))
+		}
+	}
+	if len(missing) > 0 {
+		return strings.Join(missing, "; ")
+	}
+	if !pod.Programmed {
+		return "not programmed"
+	}
+	return ""
+}
+
+func objectsLine(pod *reconcile.PodExplain) string {
+	if len(pod.Objects) == 0 {
+		return "no policy object selects it"
+	}
+	s := make([]string, len(pod.Objects))
+	for i, o := range pod.Objects {
+		s[i] = objectName(o.Kind, o.Namespace, o.Name) + "@" + o.ResourceVersion
+	}
+	return strings.Join(s, ", ")
+}
