@@ -314,3 +314,25 @@ func TestDebugSocketFlag(t *testing.T) {
 		t.Errorf("--debug-socket= (off): %q, %v", c.DebugSocket, err)
 	}
 }
+
+// TestPrintObjectFailedAttempts: the human form of an object whose commits fail
+// names the state, the pending trigger with its failure count, and each failed
+// attempt with its phases and error.
+func TestPrintObjectFailedAttempts(t *testing.T) {
+	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	ex := reconcile.ObjectExplain{
+		Node: "n1", At: at, Kind: "PolicyEndpoint", Namespace: "shop", Name: "web", UID: "u1", ResourceVersion: "7",
+		State: reconcile.StateFailed, Detail: "commit pod 10.0.0.1 (ifindex 4): map full",
+		Pending: []reconcile.PendingInfo{{Trigger: at.Add(-90 * time.Second), Received: at.Add(-89 * time.Second), Age: 90 * time.Second, Waiting: 89 * time.Second, Failures: 3}},
+		FailedAttempts: []reconcile.AttemptInfo{{Start: at.Add(-80 * time.Second), LockWait: 2 * time.Millisecond, Duration: 5 * time.Millisecond,
+			Err: "commit pod 10.0.0.1 (ifindex 4): map full"}},
+	}
+	ex.FailedAttempts[0].Phases.Write = 4 * time.Millisecond
+	var b bytes.Buffer
+	printObject(&b, &ex)
+	for _, want := range []string{"pe/shop/web on node n1", "FAILED: commit pod 10.0.0.1 (ifindex 4): map full", "PENDING", "1m30s", "FAILED ATTEMPTS", "lock wait 2ms, commit 5ms (write 4ms)", "02:58:40.000Z"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output does not show %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -127,6 +127,32 @@ func TestExplain(t *testing.T) {
 		t.Errorf("a pod of another node = %+v: want not on this node, not programmed", p)
 	}
 
+	// 4b. Commits that keep failing: the failed attempts and their errors, the
+	// trigger pending with its failure count; then the retry succeeds.
+	resolver.set("10.1.40.2", 42)
+	dp.failures.Store(1 << 20)
+	flaky := ingressPE("explain", "flaky", []v1alpha1.PodEndpoint{pod2(node, "10.1.40.2")}, "10.5.0.0/16", 80)
+	flakyTrigger := create(t, cp, flaky)
+	testenv.Eventually(t, 20*time.Second, "flaky failing, twice at least", func() bool {
+		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "flaky")
+		return ex.State == StateFailed && len(ex.FailedAttempts) >= 2
+	})
+	if ex.Programmed || !strings.Contains(ex.Detail, errInjected.Error()) || !strings.Contains(ex.FailedAttempts[0].Err, errInjected.Error()) ||
+		len(ex.Pending) != 1 || !ex.Pending[0].Trigger.Equal(flakyTrigger) || ex.Pending[0].Failures < 2 {
+		t.Errorf("flaky = %+v: want failed, the injected error, the trigger pending with its failures", ex)
+	}
+	if p := a.c.ExplainPod(PodQuery{IP: addr("10.1.40.2")}); p.Programmed || len(p.Objects) != 1 || p.Objects[0].State != StateFailed {
+		t.Errorf("pod of a failing object = %+v", p)
+	}
+	dp.failures.Store(0)
+	testenv.Eventually(t, 20*time.Second, "flaky programmed", func() bool {
+		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "flaky")
+		return ex.Programmed && len(ex.Reports) == 1
+	})
+	if r := ex.Reports[0]; r.AttemptCount < 3 || r.Attempts[len(r.Attempts)-1].Err != "" || !strings.Contains(r.Attempts[0].Err, errInjected.Error()) || len(ex.FailedAttempts) != 0 {
+		t.Errorf("flaky report = %+v, failed attempts now %v: want the failures then the success, none left", r, ex.FailedAttempts)
+	}
+
 	// 5. A rejected version: the last valid one stays, the error is shown.
 	update(t, cp, web, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].CIDR = "10.2.0.0/33" })
 	testenv.Eventually(t, 20*time.Second, "web rejected", func() bool {
