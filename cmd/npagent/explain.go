@@ -149,7 +149,7 @@ func runExplain(ctx context.Context, args []string, getenv func(string) string, 
 TARGET is pe/<namespace>/<name>, cpe/<name>, pod/<namespace>/<name> or a pod IP.
 Asks the npagent on this node (over its debug socket) what it knows: an object's
 versions seen here, pending triggers and their age, failed attempts, the last
-reports with their phases, the trace id; a pod's objects and whether each is
+reports with their phases, the writer's trace id; a pod's objects and whether each is
 programmed here. Exit: 0 shown, 1 object or pod unknown to the agent, 2 usage,
 3 agent unreachable.
 
@@ -271,7 +271,7 @@ func printObject(w io.Writer, ex *reconcile.ObjectExplain) {
 	}
 	fmt.Fprintf(w, "  state       %s\n", state)
 	fmt.Fprintf(w, "  uid         %s  resourceVersion %s  policyRef %s\n", ex.UID, ex.ResourceVersion, orDash(ex.PolicyRef))
-	fmt.Fprintf(w, "  trigger     %s  trace %s\n", orDash(rfc(ex.Trigger)), orDash(ex.TraceID))
+	fmt.Fprintf(w, "  trigger     %s  writer trace %s\n", orDash(rfc(ex.Trigger)), orDash(ex.WriterTraceID))
 	fmt.Fprintf(w, "  local pods  %s\n", orDash(strings.Join(ex.LocalPods, ", ")))
 
 	fmt.Fprintln(w, "\nVERSIONS seen on this node (oldest first)")
@@ -310,8 +310,8 @@ func printObject(w io.Writer, ex *reconcile.ObjectExplain) {
 		fmt.Fprintln(w, "  none")
 	}
 	for _, r := range ex.Reports {
-		fmt.Fprintf(w, "  trigger %s  rv %s  latency %s  pods %d  entries %d  attempts %d  trace %s\n",
-			clock(r.Trigger), r.ResourceVersion, dur(r.Latency), r.Pods, r.Entries, r.AttemptCount, orDash(r.TraceID))
+		fmt.Fprintf(w, "  trigger %s  rv %s  latency %s  pods %d  entries %d  attempts %d  writer trace %s\n",
+			clock(r.Trigger), r.ResourceVersion, dur(r.Latency), r.Pods, r.Entries, r.AttemptCount, orDash(r.WriterTraceID))
 		fmt.Fprintf(w, "    delivery %s  queue %s  compute %s\n", dur(r.Delivery), dur(r.Queue), dur(r.Compute))
 		first := r.AttemptCount - len(r.Attempts) + 1
 		for i, a := range r.Attempts {

@@ -162,7 +162,7 @@ func TestExplainAndWait(t *testing.T) {
 		t.Fatalf("explain --json: exit %d, %v\nstdout: %s\nstderr: %s", code, err, out, errOut)
 	}
 	if ex.State != reconcile.StateProgrammed || ex.UID != string(pe.UID) || ex.ResourceVersion != pe.ResourceVersion ||
-		ex.TraceID != "0af7651916cd43dd8448eb211c80319c" || fmt.Sprint(ex.LocalPods) != "["+podIP+"]" || ex.Node != testNodeName {
+		ex.WriterTraceID != "0af7651916cd43dd8448eb211c80319c" || fmt.Sprint(ex.LocalPods) != "["+podIP+"]" || ex.Node != testNodeName {
 		t.Errorf("explain: %+v", ex)
 	}
 	if len(ex.Versions) != 1 || ex.Versions[0].ResourceVersion != pe.ResourceVersion || ex.Versions[0].Outcome != reconcile.StateProgrammed ||

@@ -109,7 +109,8 @@ type ReportInfo struct {
 	AttemptCount int           `json:"attemptCount"`
 	Pods         int           `json:"pods"`
 	Entries      int           `json:"entries"`
-	TraceID      string        `json:"traceID,omitempty"`
+	// WriterTraceID: see ObjectExplain.WriterTraceID.
+	WriterTraceID string `json:"writerTraceID,omitempty"`
 }
 
 func reportInfo(r *report.Record) ReportInfo {
@@ -121,7 +122,7 @@ func reportInfo(r *report.Record) ReportInfo {
 		Compute:      span(r.ComputeStart, r.ComputeEnd),
 		AttemptCount: len(r.Attempts),
 		Pods:         r.Pods, Entries: r.Entries,
-		TraceID: traceID(r.TraceParent),
+		WriterTraceID: traceID(r.TraceParent),
 	}
 	kept := r.Attempts[max(len(r.Attempts)-explainAttempts, 0):]
 	ri.Attempts = make([]AttemptInfo, len(kept))
@@ -345,10 +346,13 @@ type ObjectExplain struct {
 	ResourceVersion string    `json:"resourceVersion,omitempty"`
 	PolicyRef       string    `json:"policyRef,omitempty"`
 	Trigger         time.Time `json:"trigger,omitzero"`
-	// TraceID is the trace id of the version's traceparent annotation: the trace
-	// npagent's span tree for it joins (or links to). "" when the object carries
-	// none (npagent's tree then starts a trace of its own).
-	TraceID string `json:"traceID,omitempty"`
+	// WriterTraceID is the trace id of the version's traceparent annotation (the
+	// writer's trace): the trace npagent's root span links to (or, parented,
+	// joins). "" when the version carries none. npagent's own trace id is drawn
+	// by telemetry after the report and is not known here; in a tracing backend,
+	// its root policy.program carries npagent.policy.uid and
+	// npagent.policy.resource_version.
+	WriterTraceID string `json:"writerTraceID,omitempty"`
 	// State is one of the State constants; Programmed is true for
 	// StateProgrammed and StateNoLocalWork (nothing left to do on this node).
 	State      string `json:"state"`
@@ -380,7 +384,7 @@ func (c *Controller) ExplainObject(kind report.Kind, namespace, name string) Obj
 	}
 	out.UID, out.ResourceVersion, out.PolicyRef = string(cur.uid), cur.rv, cur.policyRef
 	v := c.versions.checkout(cur.meta)
-	out.Trigger, out.TraceID = v.trigger, traceID(v.traceParent)
+	out.Trigger, out.WriterTraceID = v.trigger, traceID(v.traceParent)
 	for _, p := range cur.endpoints {
 		if ip, ok := c.localPod(p); ok {
 			out.LocalPods = append(out.LocalPods, ip.String())

@@ -44,8 +44,8 @@ func TestExplain(t *testing.T) {
 	if ex.Programmed || ex.UID != string(web.UID) || ex.ResourceVersion != web.ResourceVersion || !ex.Trigger.Equal(trigger) {
 		t.Errorf("explain = %+v: want web's uid, rv %s, trigger %v, not programmed", ex, web.ResourceVersion, trigger)
 	}
-	if ex.TraceID != "4bf92f3577b34da6a3ce929e0e9a0e4f" {
-		t.Errorf("trace id = %q, want the traceparent's", ex.TraceID)
+	if ex.WriterTraceID != "4bf92f3577b34da6a3ce929e0e9a0e4f" {
+		t.Errorf("trace id = %q, want the traceparent's", ex.WriterTraceID)
 	}
 	if !strings.Contains(ex.Detail, "10.1.40.1") || fmt.Sprint(ex.LocalPods) != "[10.1.40.1]" {
 		t.Errorf("detail %q, local pods %v: want the waiting pod named", ex.Detail, ex.LocalPods)
@@ -79,7 +79,7 @@ func TestExplain(t *testing.T) {
 		t.Fatalf("reports = %+v, want one", ex.Reports)
 	}
 	r := ex.Reports[0]
-	if !r.Trigger.Equal(trigger) || r.ResourceVersion != web.ResourceVersion || r.AttemptCount != 2 || len(r.Attempts) != 2 || r.Pods != 1 || r.TraceID != ex.TraceID {
+	if !r.Trigger.Equal(trigger) || r.ResourceVersion != web.ResourceVersion || r.AttemptCount != 2 || len(r.Attempts) != 2 || r.Pods != 1 || r.WriterTraceID != ex.WriterTraceID {
 		t.Errorf("report = %+v: want the trigger, two attempts, one pod, the trace id", r)
 	}
 	if r.Delivery <= 0 || r.Queue <= 0 || r.Compute <= 0 || r.Latency < r.Delivery+r.Queue {
