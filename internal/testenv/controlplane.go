@@ -2,9 +2,14 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,18 +126,68 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 // watching through it see their watch end and, with the watch cache on, relist.
 func (c *ControlPlane) RestartAPIServer(tb testing.TB) {
 	tb.Helper()
-	api := c.env.ControlPlane.GetAPIServer()
 	start := time.Now()
-	if err := api.Stop(); err != nil {
+	c.StopAPIServer(tb)
+	c.StartAPIServer(tb)
+	tb.Logf("testenv: kube-apiserver restarted in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// StopAPIServer stops kube-apiserver; etcd keeps running. StartAPIServer starts it
+// again.
+func (c *ControlPlane) StopAPIServer(tb testing.TB) {
+	tb.Helper()
+	if err := c.env.ControlPlane.GetAPIServer().Stop(); err != nil {
 		tb.Fatalf("testenv: stop kube-apiserver: %v", err)
 	}
-	if err := api.Start(); err != nil {
+}
+
+// StartAPIServer starts kube-apiserver after StopAPIServer and returns once it serves
+// a list of PolicyEndpoints (ready again).
+func (c *ControlPlane) StartAPIServer(tb testing.TB) {
+	tb.Helper()
+	if err := c.env.ControlPlane.GetAPIServer().Start(); err != nil {
 		tb.Fatalf("testenv: start kube-apiserver again: %v", err)
 	}
 	if err := c.waitReady(30 * time.Second); err != nil {
 		tb.Fatalf("testenv: kube-apiserver not ready after restart: %v", err)
 	}
-	tb.Logf("testenv: kube-apiserver restarted in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// CompactEtcd compacts etcd's history up to its current revision, through etcd's
+// HTTP gateway, and returns that revision. A watch or list at an older
+// resourceVersion is then answered 410 Gone by etcd (with the watch cache off, or
+// while the apiserver restarts its cache).
+func (c *ControlPlane) CompactEtcd(tb testing.TB) int64 {
+	tb.Helper()
+	base := c.env.ControlPlane.Etcd.URL.String()
+	post := func(path, body string, out any) {
+		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			tb.Fatalf("testenv: etcd %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			tb.Fatalf("testenv: etcd %s: %s: %s", path, resp.Status, b)
+		}
+		if out != nil {
+			if err := json.Unmarshal(b, out); err != nil {
+				tb.Fatalf("testenv: etcd %s: %v: %s", path, err, b)
+			}
+		}
+	}
+	var status struct {
+		Header struct {
+			Revision string `json:"revision"` // int64 as a JSON string (grpc-gateway)
+		} `json:"header"`
+	}
+	post("/v3/kv/range", `{"key":"AA=="}`, &status) // key "\x00": only the header is wanted
+	rev, err := strconv.ParseInt(status.Header.Revision, 10, 64)
+	if err != nil {
+		tb.Fatalf("testenv: etcd revision %q: %v", status.Header.Revision, err)
+	}
+	post("/v3/kv/compaction", fmt.Sprintf(`{"revision":"%d","physical":true}`, rev), nil)
+	return rev
 }
 
 func (c *ControlPlane) waitReady(timeout time.Duration) error {
