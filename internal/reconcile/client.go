@@ -2,17 +2,25 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
 )
 
 // newRESTClient returns a REST client for networking.k8s.aws/v1alpha1. No generated
@@ -40,20 +48,418 @@ func newRESTClient(restConfig *rest.Config) (*rest.RESTClient, error) {
 
 // newListWatch lists and watches one resource in all namespaces. It calls beginList
 // before every request that (re)lists: a List, or a watch that streams the initial
-// state (sendInitialEvents, client-go's WatchList mode). That is how the loop tells a
-// relist's re-deliveries from new writes (see transform in controller.go).
-func newListWatch(rc rest.Interface, resource string, beginList func()) *cache.ListWatch {
-	base := cache.NewListWatchFromClient(rc, resource, metav1.NamespaceAll, fields.Everything())
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			beginList()
-			return base.ListWithContextFunc(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
-				beginList()
-			}
-			return base.WatchFuncWithContext(ctx, opts)
-		},
+// state (sendInitialEvents, client-go's WatchList mode), and before a relist it makes
+// itself (see below). That is how the loop tells a relist's re-deliveries from new
+// writes (see transform in events.go).
+//
+// It also keeps the informer delivering across apiserver restarts. client-go's
+// reflector (v0.37) waits before each retry with one backoff per reflector: 0.8 s
+// doubling to 30 s, jittered up to twice that, stepped on every failed watch request
+// and every time its list-and-watch ends (a watch that ended with 410 Gone included),
+// and reset only after two minutes. SharedIndexInformer does not expose the
+// reflector's Backoff option, so after two or three restarts an informer waited
+// 10-30 s after the apiserver was back. This ListWatch never hands the reflector an
+// error the apiserver's return will cure:
+//
+//   - a list or watch request that fails while the apiserver is unreachable or not
+//     ready (/readyz), or with a 5xx, is retried here, every 100 ms rising to 500 ms,
+//     until it succeeds (errors are counted, not returned);
+//   - a watch that ends (server timeout, apiserver shutdown) is reopened here from
+//     the last resourceVersion it delivered, so the reflector's watch never ends;
+//   - a watch whose resourceVersion is gone (410) is followed here by a fresh list,
+//     delivered as events against what this ListWatch delivered before (every
+//     listed object as added or modified, the missing ones as deleted: what the
+//     reflector's own relist delivers), then a bookmark at the list's
+//     resourceVersion, and a watch from there.
+//
+// Errors the apiserver's readiness does not cure (403, 404, a bad request) go to the
+// reflector as before, with its backoff. Everything it sees is recorded in health.
+func newListWatch(rc rest.Interface, resource string, newObject func() runtime.Object, beginList func(), health *watchHealth) *cache.ListWatch {
+	l := &listWatch{
+		base:      cache.NewListWatchFromClient(rc, resource, metav1.NamespaceAll, fields.Everything()),
+		ready:     func(ctx context.Context) error { return rc.Get().AbsPath("/readyz").Do(ctx).Error() },
+		newObject: newObject,
+		beginList: beginList,
+		health:    health,
 	}
+	return &cache.ListWatch{ListWithContextFunc: l.list, WatchFuncWithContext: l.watch}
+}
+
+// Retry delays of the requests this ListWatch retries itself: the recovery goal is
+// an informer delivering again within 2 s of the apiserver being ready; 500 ms keeps
+// the load of a node's two informers at four cheap requests a second while the
+// apiserver is down.
+const (
+	retryInitial = 100 * time.Millisecond
+	retryMax     = 500 * time.Millisecond
+)
+
+type listWatch struct {
+	base      *cache.ListWatch
+	ready     func(context.Context) error // nil when the apiserver's /readyz answers 200
+	newObject func() runtime.Object
+	beginList func()
+	health    *watchHealth
+
+	mu        sync.Mutex
+	lists     int                      // lists the reflector began (pages not counted)
+	delivered map[string]deliveredItem // by namespace/name: what the reflector holds
+}
+
+// deliveredItem is an object as last delivered to the reflector.
+type deliveredItem struct {
+	uid types.UID
+	rv  string
+	obj runtime.Object
+}
+
+// list is the reflector's List: retried until the apiserver answers it.
+func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	first := opts.Continue == ""
+	if first {
+		l.mu.Lock()
+		if l.lists++; l.lists > 1 {
+			l.health.relists[report.RelistRestart].Add(1)
+		}
+		l.mu.Unlock()
+	}
+	l.beginList()
+	delay := retryInitial
+	for {
+		obj, err := l.base.ListWithContextFunc(ctx, opts)
+		if err == nil {
+			l.health.event(time.Now())
+			if items, err := meta.ExtractList(obj); err == nil {
+				l.remember(first, items)
+			}
+			return obj, nil
+		}
+		l.health.listErrors.Add(1)
+		if !l.retry(ctx, err, &delay) {
+			return nil, err
+		}
+	}
+}
+
+// remember records listed items as delivered; reset drops what was delivered before.
+func (l *listWatch) remember(reset bool, items []runtime.Object) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if reset || l.delivered == nil {
+		l.delivered = make(map[string]deliveredItem, len(items))
+	}
+	for _, obj := range items {
+		l.track(watch.Added, obj)
+	}
+}
+
+// track records one delivered event; l.mu held.
+func (l *listWatch) track(t watch.EventType, obj runtime.Object) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	key := m.GetNamespace() + "/" + m.GetName()
+	switch t {
+	case watch.Added, watch.Modified:
+		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
+	case watch.Deleted:
+		delete(l.delivered, key)
+	}
+}
+
+// retry reports whether a failed request should be sent again, after waiting. It
+// waits while the apiserver is unreachable or not ready; once it is ready, only
+// network errors and 5xx answers are retried (a 429 goes to the reflector, whose
+// backoff suits throttling). It returns false when ctx ends.
+func (l *listWatch) retry(ctx context.Context, err error, delay *time.Duration) bool {
+	for {
+		if !sleepCtx(ctx, *delay) {
+			return false
+		}
+		*delay = min(2**delay, retryMax)
+		if l.ready(ctx) == nil {
+			return transient(err)
+		}
+	}
+}
+
+// transient reports whether err is a network error or a 5xx answer.
+func transient(err error) bool {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Code >= 500
+	}
+	return true
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func expired(err error) bool { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
+
+// watch is the reflector's Watch: the watch it returns is reopened here when it
+// ends (see newListWatch); a stream of initial events (WatchList mode) is reopened
+// only after its initial-events bookmark.
+func (l *listWatch) watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	if initial {
+		l.mu.Lock()
+		if l.lists++; l.lists > 1 {
+			l.health.relists[report.RelistRestart].Add(1)
+		}
+		l.delivered = map[string]deliveredItem{}
+		l.mu.Unlock()
+		l.beginList()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := l.open(ctx, opts)
+	if err != nil && (initial || !expired(err)) {
+		cancel()
+		return nil, err // a WatchList stream at a gone resourceVersion: the reflector starts over at once
+	}
+	rw := &resilientWatch{l: l, ctx: ctx, cancel: cancel, out: make(chan watch.Event), opts: opts,
+		pastInitial: !initial, rv: opts.ResourceVersion, done: make(chan struct{})}
+	go rw.run(w)
+	return rw, nil
+}
+
+// open sends a watch request, retried while the apiserver is not back (see retry).
+func (l *listWatch) open(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	delay := retryInitial
+	for {
+		w, err := l.base.WatchFuncWithContext(ctx, opts)
+		if err == nil {
+			now := time.Now()
+			l.health.watching(true, now)
+			l.health.event(now) // the apiserver answered: the watch is live
+			return w, nil
+		}
+		if expired(err) {
+			return nil, err
+		}
+		l.health.watchErrors.Add(1)
+		if !l.retry(ctx, err, &delay) {
+			return nil, err
+		}
+	}
+}
+
+// resilientWatch is the watch the reflector holds: it forwards events from a
+// sequence of apiserver watches (see newListWatch) until Stop.
+type resilientWatch struct {
+	l           *listWatch
+	ctx         context.Context
+	cancel      context.CancelFunc
+	out         chan watch.Event
+	done        chan struct{}
+	opts        metav1.ListOptions
+	pastInitial bool   // past the initial events of a WatchList stream (or none asked)
+	rv          string // resourceVersion to resume from
+}
+
+var _ watch.Interface = (*resilientWatch)(nil)
+
+func (rw *resilientWatch) ResultChan() <-chan watch.Event { return rw.out }
+
+// Stop ends the watch and waits for its goroutine.
+func (rw *resilientWatch) Stop() {
+	rw.cancel()
+	<-rw.done
+}
+
+// run forwards the events of w and of the watches after it. w is nil when the
+// resourceVersion asked for is gone already.
+func (rw *resilientWatch) run(w watch.Interface) {
+	defer close(rw.done)
+	defer close(rw.out)
+	gone := w == nil
+	for {
+		if w != nil {
+			var err error
+			gone, err = rw.pump(w)
+			w.Stop()
+			rw.l.health.watching(false, time.Now())
+			if rw.ctx.Err() != nil {
+				return
+			}
+			if !rw.pastInitial {
+				// The initial state was not complete: hand the end to the reflector,
+				// which streams it again (WatchList) or lists.
+				if err != nil {
+					rw.send(watch.Event{Type: watch.Error, Object: errStatusObject(err)})
+				}
+				return
+			}
+		}
+		if gone {
+			if !rw.relist() {
+				return
+			}
+		}
+		opts := metav1.ListOptions{ResourceVersion: rw.rv, AllowWatchBookmarks: true, TimeoutSeconds: rw.opts.TimeoutSeconds}
+		var err error
+		w, err = rw.l.open(rw.ctx, opts)
+		switch {
+		case err == nil:
+			gone = false
+		case expired(err):
+			gone, w = true, nil
+		case rw.ctx.Err() != nil:
+			return
+		default: // the apiserver is ready and refuses: the reflector's business
+			rw.send(watch.Event{Type: watch.Error, Object: errStatusObject(err)})
+			return
+		}
+	}
+}
+
+// pump forwards w's events until it ends. It returns gone when it ended with 410,
+// and the error it ended with (nil: closed).
+func (rw *resilientWatch) pump(w watch.Interface) (gone bool, err error) {
+	for {
+		var ev watch.Event
+		var ok bool
+		select {
+		case <-rw.ctx.Done():
+			return false, nil
+		case ev, ok = <-w.ResultChan():
+		}
+		if !ok {
+			return false, nil
+		}
+		if ev.Type == watch.Error {
+			err := apierrors.FromObject(ev.Object)
+			if expired(err) {
+				return true, err
+			}
+			rw.l.health.watchErrors.Add(1)
+			return false, err
+		}
+		rw.l.health.event(time.Now())
+		if m, err := meta.Accessor(ev.Object); err == nil {
+			switch {
+			case ev.Type == watch.Bookmark && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true":
+				rw.pastInitial = true
+				rw.rv = m.GetResourceVersion()
+			case rw.pastInitial:
+				rw.rv = m.GetResourceVersion()
+			}
+		}
+		rw.l.mu.Lock()
+		rw.l.track(ev.Type, ev.Object)
+		rw.l.mu.Unlock()
+		if !rw.send(ev) {
+			return false, nil
+		}
+	}
+}
+
+// relist lists afresh and delivers the difference to what was delivered, as events,
+// then a bookmark at the list's resourceVersion. It returns false when stopped.
+func (rw *resilientWatch) relist() bool {
+	l := rw.l
+	l.health.relists[report.RelistExpired].Add(1)
+	delay := retryInitial
+	var obj runtime.Object
+	for {
+		var err error
+		obj, err = l.base.ListWithContextFunc(rw.ctx, metav1.ListOptions{ResourceVersion: ""}) // from etcd, whole
+		if err == nil {
+			break
+		}
+		l.health.listErrors.Add(1)
+		if !l.retry(rw.ctx, err, &delay) {
+			if rw.ctx.Err() == nil {
+				rw.send(watch.Event{Type: watch.Error, Object: errStatusObject(err)})
+			}
+			return false
+		}
+	}
+	l.health.event(time.Now())
+	listMeta, err := meta.ListAccessor(obj)
+	if err != nil {
+		return false
+	}
+	items, err := meta.ExtractList(obj)
+	if err != nil {
+		return false
+	}
+	l.beginList()
+	for _, ev := range l.diff(items) {
+		if !rw.send(ev) {
+			return false
+		}
+	}
+	rw.rv = listMeta.GetResourceVersion()
+	bookmark := l.newObject()
+	if m, err := meta.Accessor(bookmark); err == nil {
+		m.SetResourceVersion(rw.rv)
+	}
+	return rw.send(watch.Event{Type: watch.Bookmark, Object: bookmark})
+}
+
+// diff returns the events that turn what was delivered into items, and records
+// items as delivered: each item added, or modified (unchanged ones too, as the
+// reflector's relist re-delivers them; a new uid under the same name is a delete
+// and an add), and every delivered object missing from items deleted.
+func (l *listWatch) diff(items []runtime.Object) []watch.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	old := l.delivered
+	l.delivered = make(map[string]deliveredItem, len(items))
+	events := make([]watch.Event, 0, len(items))
+	for _, obj := range items {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			continue
+		}
+		key := m.GetNamespace() + "/" + m.GetName()
+		prev, ok := old[key]
+		delete(old, key)
+		switch {
+		case !ok:
+			events = append(events, watch.Event{Type: watch.Added, Object: obj})
+		case prev.uid != m.GetUID():
+			events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj}, watch.Event{Type: watch.Added, Object: obj})
+		default:
+			events = append(events, watch.Event{Type: watch.Modified, Object: obj})
+		}
+		l.track(watch.Added, obj)
+	}
+	for _, prev := range old {
+		events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj})
+	}
+	return events
+}
+
+// send forwards ev to the reflector; false when stopped.
+func (rw *resilientWatch) send(ev watch.Event) bool {
+	select {
+	case rw.out <- ev:
+		return true
+	case <-rw.ctx.Done():
+		return false
+	}
+}
+
+func errStatus(err error) metav1.Status {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status()
+	}
+	return apierrors.NewInternalError(err).Status()
+}
+
+func errStatusObject(err error) *metav1.Status {
+	s := errStatus(err)
+	return &s
 }

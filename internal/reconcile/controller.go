@@ -55,6 +55,10 @@ type Config struct {
 	MaxRetryDelay time.Duration
 	// Logger receives the loop's logs. Default slog.Default().
 	Logger *slog.Logger
+	// WatchStallTimeout is how long an informer's watch may be down, or silent (no
+	// event, no bookmark), before it counts as stalled (WatchStalled, Counts).
+	// Default 2m: the apiserver sends a bookmark about once a minute.
+	WatchStallTimeout time.Duration
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -68,6 +72,8 @@ type Controller struct {
 
 	// relists tells a relist's re-deliveries apart (see transform).
 	relists [report.NumKinds]relistTracker
+	// watch is each informer's list-and-watch health (see watchhealth.go).
+	watch [report.NumKinds]watchHealth
 
 	// versions holds each object version's parsed annotations, recorded at event
 	// time and checked out by the worker (see versions.go).
@@ -127,6 +133,9 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.WatchStallTimeout <= 0 {
+		cfg.WatchStallTimeout = 2 * time.Minute
+	}
 	c := &Controller{
 		cfg: cfg,
 		log: cfg.Logger.With("node", cfg.NodeName),
@@ -151,7 +160,8 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		report.KindClusterPolicyEndpoint: {v1alpha1.ResourceClusterPolicyEndpoints, &v1alpha1.ClusterPolicyEndpoint{}},
 	}
 	for kind := range report.Kind(report.NumKinds) {
-		lw := newListWatch(rc, kinds[kind].resource, func() { c.relists[kind].begin() })
+		lw := newListWatch(rc, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
+			func() { c.relists[kind].begin() }, &c.watch[kind])
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
 		c.informers[kind] = inf

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/npagent/npagent/internal/report"
 )
@@ -85,6 +86,7 @@ func (c *Controller) Counts(dst *report.Counts) {
 	c.stats.invalidMu.Lock()
 	dst.InvalidObjects = maps.Clone(c.stats.invalidByField)
 	c.stats.invalidMu.Unlock()
+	c.watchCounts(dst, time.Now())
 }
 
 // Stats returns a snapshot of the counters.

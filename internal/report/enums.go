@@ -126,3 +126,30 @@ func Reasons() []Reason {
 	}
 	return rs
 }
+
+// RelistCause is why an informer listed its objects again after its initial list.
+type RelistCause uint8
+
+// Relist causes.
+const (
+	// RelistExpired: the watch's resourceVersion was gone (410: etcd compacted, or
+	// the apiserver restarted its watch cache); the loop listed again in place,
+	// without ending the reflector's watch.
+	RelistExpired RelistCause = iota
+	// RelistRestart: client-go's reflector ended its list-and-watch on an error it
+	// could not resume from and listed again after its own backoff.
+	RelistRestart
+
+	// NumRelistCauses is the number of RelistCause values.
+	NumRelistCauses = int(RelistRestart) + 1
+)
+
+var relistCauseNames = [NumRelistCauses]string{"expired", "restart"}
+
+// String returns the cause's name, the value of the cause attribute.
+func (c RelistCause) String() string {
+	if int(c) < NumRelistCauses {
+		return relistCauseNames[c]
+	}
+	return "RelistCause(" + strconv.Itoa(int(c)) + ")"
+}

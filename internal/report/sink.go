@@ -34,6 +34,31 @@ type Counts struct {
 	// commit was stamped: the snapshot's time minus its trigger time, the latency
 	// it will have if committed now; 0 when nothing is pending (seen).
 	SeenOldestPendingAge time.Duration
+
+	// Watch is each informer's watch health (reconcile).
+	Watch [NumKinds]WatchHealth
+}
+
+// WatchHealth is one informer's list-and-watch health.
+type WatchHealth struct {
+	// Established: a watch is open now.
+	Established bool
+	// LastEvent is when the informer last received something from the apiserver:
+	// a watch event or bookmark, or a list. Zero before the first.
+	LastEvent time.Time
+	// Age is how long ago LastEvent was when the snapshot was taken; while the
+	// watch is down it is at least how long it has been down.
+	Age time.Duration
+	// Stalled: the watch has been down, or silent (no event and no bookmark,
+	// which the apiserver sends about once a minute), for longer than the
+	// configured bound.
+	Stalled bool
+	// ListErrors and WatchErrors count failed list requests, and watch requests
+	// that failed or watches that ended with an error (410 Gone excluded: that
+	// is a relist, counted in Relists).
+	ListErrors, WatchErrors uint64
+	// Relists counts lists after the initial one, by cause.
+	Relists [NumRelistCauses]uint64
 }
 
 // InvalidObject names a counter of rejected object versions.

@@ -1,0 +1,119 @@
+package reconcile
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+// TestWatchRecovery restarts the apiserver three times, 15 s apart, compacting etcd
+// while it is down, and after each return writes a PolicyEndpoint and a
+// ClusterPolicyEndpoint: each informer must deliver its write within 2 s of the
+// apiserver being ready again. client-go's reflector backs off more after every
+// failure it sees (0.8 s doubling, jittered, reset only after 2 minutes), so without
+// a way around it the second or third return is seconds late.
+func TestWatchRecovery(t *testing.T) {
+	const (
+		node    = "192.0.2.40"
+		rounds  = 3
+		period  = 15 * time.Second
+		goal    = 2 * time.Second
+		timeout = 45 * time.Second
+	)
+	cp := testenv.Start(t)
+	createNamespace(t, cp, "recovery")
+	a := startAgent(t, cp, agentOptions{nodeIP: node, resolver: newLookupTableResolver("10.1.40.1", 401)})
+	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.40.1")}
+	pe := ingressPE("recovery", "pe", pods, "10.2.0.0/16", 80)
+	cpe := &v1alpha1.ClusterPolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "recovery-cpe"},
+		Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "recovery"}, Tier: v1alpha1.TierAdmin, Priority: 5,
+			Subject:              v1alpha1.ClusterPolicySubject{Namespaces: &metav1.LabelSelector{}},
+			PodSelectorEndpoints: pods,
+			Ingress:              []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.2.66.0/24"}},
+		},
+	}
+	create(t, cp, pe)
+	create(t, cp, cpe)
+	testenv.Eventually(t, 20*time.Second, "both objects reported", func() bool { return a.sink.recordCount() == 2 })
+
+	updates := func(k report.Kind) uint64 { return a.c.Stats().Delivered(k, report.CauseUpdate) }
+	var delays [rounds][report.NumKinds]time.Duration
+	late := false
+	for round := range rounds {
+		roundStart := time.Now()
+		cp.StopAPIServer(t)
+		rev := cp.CompactEtcd(t)
+		cp.StartAPIServer(t)
+		ready := time.Now()
+		before := [report.NumKinds]uint64{updates(report.KindPolicyEndpoint), updates(report.KindClusterPolicyEndpoint)}
+		port := int32(81 + round)
+		update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = &port })
+		update(t, cp, cpe, func(cpe *v1alpha1.ClusterPolicyEndpoint) { cpe.Spec.Priority = int32(6 + round) })
+		var pending [report.NumKinds]bool
+		for k := range pending {
+			pending[k] = true
+		}
+		for deadline := ready.Add(timeout); pending[0] || pending[1]; time.Sleep(5 * time.Millisecond) {
+			now := time.Now()
+			for k := range report.Kind(report.NumKinds) {
+				if pending[k] && updates(k) > before[k] {
+					pending[k], delays[round][k] = false, now.Sub(ready)
+				}
+			}
+			if now.After(deadline) {
+				for k := range pending {
+					if pending[k] {
+						delays[round][k] = -1 // never delivered
+					}
+				}
+				break
+			}
+		}
+		t.Logf("round %d (etcd compacted at revision %d): delivered after the apiserver was ready: PolicyEndpoint %v, ClusterPolicyEndpoint %v",
+			round+1, rev, delays[round][report.KindPolicyEndpoint].Round(time.Millisecond), delays[round][report.KindClusterPolicyEndpoint].Round(time.Millisecond))
+		for _, d := range delays[round] {
+			if d < 0 || d > goal {
+				late = true
+			}
+		}
+		if round < rounds-1 {
+			time.Sleep(time.Until(roundStart.Add(period)))
+		}
+	}
+	// Each return was a 410 (the watch cache starts afresh, etcd compacted) handled in
+	// the ListWatch: the reflector's list-and-watch never ended, so it never backed off.
+	var c report.Counts
+	a.c.Counts(&c)
+	for k, w := range c.Watch {
+		t.Logf("%s watch: %+v", report.Kind(k), w)
+		if w.Relists[report.RelistExpired] < rounds || w.Relists[report.RelistRestart] != 0 {
+			t.Errorf("%s: relists %v (expired, restart), want >= %d expired and no reflector restart", report.Kind(k), w.Relists, rounds)
+		}
+		if !w.Established || w.Stalled {
+			t.Errorf("%s: watch established %v, stalled %v after recovery", report.Kind(k), w.Established, w.Stalled)
+		}
+	}
+	if late {
+		var b strings.Builder
+		for round, ds := range delays {
+			fmt.Fprintf(&b, "\n  round %d: PolicyEndpoint %v, ClusterPolicyEndpoint %v", round+1, fmtDelay(ds[0]), fmtDelay(ds[1]))
+		}
+		t.Errorf("an informer delivered later than %v after the apiserver was ready again:%s", goal, b.String())
+	}
+}
+
+func fmtDelay(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(time.Millisecond).String()
+}

@@ -1,0 +1,86 @@
+package reconcile
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+)
+
+// TestWatchStalled: the stall rule on its own (pure logic, times given).
+func TestWatchStalled(t *testing.T) {
+	const bound = 2 * time.Minute
+	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	never := time.Time{}
+	for _, tc := range []struct {
+		name        string
+		established bool
+		last, down  time.Time
+		want        bool
+	}{
+		{"before the first list", false, never, never, false},
+		{"open, an event just now", true, ago(time.Second), never, false},
+		{"open and quiet, bookmarks each minute", true, ago(61 * time.Second), ago(time.Hour), false},
+		{"open, silent past the bound (no bookmark either)", true, ago(bound + time.Second), ago(time.Hour), true},
+		{"down for a moment after a quiet minute", false, ago(90 * time.Second), ago(5 * time.Second), false},
+		{"down past the bound", false, ago(bound + time.Second), ago(bound + time.Second), true},
+		{"down, never opened since the list, past the bound", false, ago(bound + time.Second), never, true},
+		{"down briefly after a long silence", false, ago(10 * time.Minute), ago(time.Second), false},
+		{"down past the bound after a long silence", false, ago(10 * time.Minute), ago(bound + time.Second), true},
+	} {
+		age, got := watchStalled(tc.established, tc.last, tc.down, now, bound)
+		if got != tc.want {
+			t.Errorf("%s: stalled = %v (age %v), want %v", tc.name, got, age, tc.want)
+		}
+	}
+}
+
+// TestListWatchDiff: after a 410 the ListWatch lists afresh and delivers the
+// difference to what it delivered before as events, as the reflector's relist
+// would: every listed object (unchanged ones too), a recreated object as delete
+// plus add, and the missing ones deleted.
+func TestListWatchDiff(t *testing.T) {
+	pe := func(name, uid, rv string) runtime.Object {
+		return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(uid), ResourceVersion: rv}}
+	}
+	l := &listWatch{}
+	l.remember(true, []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "2"), pe("recreated", "u3", "3"), pe("gone", "u4", "4")})
+	events := l.diff([]runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "7"), pe("recreated", "u9", "8"), pe("new", "u5", "9")})
+	type ev struct {
+		t        watch.EventType
+		name, rv string
+	}
+	var got []ev
+	for _, e := range events {
+		m := e.Object.(metav1.Object)
+		got = append(got, ev{e.Type, m.GetName(), m.GetResourceVersion()})
+	}
+	want := []ev{
+		{watch.Modified, "same", "1"},
+		{watch.Modified, "changed", "7"},
+		{watch.Deleted, "recreated", "3"}, {watch.Added, "recreated", "8"},
+		{watch.Added, "new", "9"},
+		{watch.Deleted, "gone", "4"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("events = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("event %d = %v, want %v (all: %v)", i, got[i], want[i], got)
+		}
+	}
+	// What was delivered is now the list.
+	if n := len(l.delivered); n != 4 {
+		t.Errorf("%d objects remembered, want 4", n)
+	}
+	if d := l.delivered["ns/recreated"]; d.uid != "u9" || d.rv != "8" {
+		t.Errorf("recreated remembered as %+v", d)
+	}
+}
