@@ -181,3 +181,87 @@ func (f *fieldSets) get(key report.InvalidObject) *measureOptions {
 	f.sets[key] = m
 	return m
 }
+
+// Watch health: per informer (npagent.policy.kind), read from report.Counts.Watch
+// at each collection. The stall rule (silent or down past --watch-stall-timeout)
+// is reconcile's; these export its verdict and what it judged from.
+const (
+	// WatchLastEventAgeName is how long ago the informer last received an event,
+	// a bookmark (about once a minute from the apiserver on a quiet watch) or a
+	// list. Not exported before the first.
+	WatchLastEventAgeName = "npagent.watch.last_event_age"
+	// WatchStalledName is 1 while the informer's watch is stalled, else 0.
+	WatchStalledName = "npagent.watch.stalled"
+	// WatchEstablishedName is 1 while the informer's watch is open, else 0.
+	WatchEstablishedName = "npagent.watch.established"
+	// WatchErrorsName counts failed list and watch requests, and watches that
+	// ended with an error (410 excluded), by request.
+	WatchErrorsName = "npagent.watch.errors"
+	// WatchRelistsName counts lists after the initial one, by cause (expired:
+	// 410, relisted in place; restart: the reflector listed again after its
+	// backoff).
+	WatchRelistsName = "npagent.watch.relists"
+
+	// RequestKey is the watch errors' request: list or watch.
+	RequestKey = attribute.Key("request")
+)
+
+// watchInstruments exports report.Counts.Watch.
+type watchInstruments struct {
+	age         metric.Float64ObservableGauge
+	stalled     metric.Int64ObservableGauge
+	established metric.Int64ObservableGauge
+	errors      metric.Int64ObservableCounter
+	relists     metric.Int64ObservableCounter
+
+	kinds      byKind
+	requests   [2]byKind // list, watch
+	relistSets [report.NumRelistCauses]byKind
+}
+
+// build creates the instruments and returns them for the meter's callback.
+func (w *watchInstruments) build(m metric.Meter, check func(error)) []metric.Observable {
+	var err error
+	w.age, err = m.Float64ObservableGauge(WatchLastEventAgeName, metric.WithUnit("s"),
+		metric.WithDescription("Time since the informer last received a watch event, a bookmark or a list."))
+	check(err)
+	w.stalled, err = m.Int64ObservableGauge(WatchStalledName, metric.WithUnit("{watch}"),
+		metric.WithDescription("1 while the informer's watch is down or silent past --watch-stall-timeout, else 0."))
+	check(err)
+	w.established, err = m.Int64ObservableGauge(WatchEstablishedName, metric.WithUnit("{watch}"),
+		metric.WithDescription("1 while the informer's watch is open, else 0."))
+	check(err)
+	w.errors, err = m.Int64ObservableCounter(WatchErrorsName, metric.WithUnit("{error}"),
+		metric.WithDescription("Failed list and watch requests, and watches ended by an error other than 410, by request."))
+	check(err)
+	w.relists, err = m.Int64ObservableCounter(WatchRelistsName, metric.WithUnit("{list}"),
+		metric.WithDescription("Lists after the informer's initial one, by cause: expired (410), restart (the reflector's own)."))
+	check(err)
+	w.kinds = newByKind()
+	w.requests = [2]byKind{newByKind(RequestKey.String("list")), newByKind(RequestKey.String("watch"))}
+	for c := range report.NumRelistCauses {
+		w.relistSets[c] = newByKind(CauseKey.String(report.RelistCause(c).String()))
+	}
+	return []metric.Observable{w.age, w.stalled, w.established, w.errors, w.relists}
+}
+
+func (w *watchInstruments) observe(o metric.Observer, c *report.Counts) {
+	b := func(v bool) int64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	for k, h := range c.Watch {
+		if !h.LastEvent.IsZero() {
+			o.ObserveFloat64(w.age, h.Age.Seconds(), w.kinds[k].observe...)
+		}
+		o.ObserveInt64(w.stalled, b(h.Stalled), w.kinds[k].observe...)
+		o.ObserveInt64(w.established, b(h.Established), w.kinds[k].observe...)
+		o.ObserveInt64(w.errors, int64(h.ListErrors), w.requests[0][k].observe...)
+		o.ObserveInt64(w.errors, int64(h.WatchErrors), w.requests[1][k].observe...)
+		for cause, n := range h.Relists {
+			o.ObserveInt64(w.relists, int64(n), w.relistSets[cause][k].observe...)
+		}
+	}
+}

@@ -56,6 +56,7 @@ type Telemetry struct {
 	fieldSets   fieldSets                                          // invalid objects
 
 	counts atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
+	watch  watchInstruments                     // per-informer watch health, from the same Counts
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -293,6 +294,7 @@ func (t *Telemetry) buildInstruments() error {
 	exportsFailed, err := m.Int64ObservableCounter(MetricExportsFailedName, metric.WithUnit("{export}"),
 		metric.WithDescription("OTLP metric export rounds that failed (cumulative temporality: the next round carries the totals)."))
 	check(err)
+	observed = append(observed, t.watch.build(m, check)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
 	}
@@ -308,6 +310,7 @@ func (t *Telemetry) buildInstruments() error {
 			(*fill)(&c)
 			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
 			pendingAge.observe(o, &c)
+			t.watch.observe(o, &c)
 		}
 		return nil
 	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending, pendingAge.inst)...)
