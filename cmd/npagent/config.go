@@ -47,6 +47,7 @@ type config struct {
 	Workers               int
 	MetricsAddr           string // "" at parse time becomes <node-ip>:9090
 	StallTimeout          time.Duration
+	WatchStallTimeout     time.Duration
 	APIServerTimeout      time.Duration
 	ShutdownTimeout       time.Duration
 	LogLevel              slog.Level
@@ -77,6 +78,7 @@ var flagEnv = map[string]string{
 	"workers":                "NPAGENT_WORKERS",
 	"metrics-addr":           "NPAGENT_METRICS_ADDR",
 	"stall-timeout":          "NPAGENT_STALL_TIMEOUT",
+	"watch-stall-timeout":    "NPAGENT_WATCH_STALL_TIMEOUT",
 	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
 	"shutdown-timeout":       "NPAGENT_SHUTDOWN_TIMEOUT",
 	"log-level":              "NPAGENT_LOG_LEVEL",
@@ -116,6 +118,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
+	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", 2*time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down, or silent (no event and no bookmark: the apiserver sends one about every minute), for longer than this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -234,6 +237,9 @@ func (c *config) validate() []error {
 	}
 	if c.StallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout: %v, need a positive duration", c.StallTimeout))
+	}
+	if c.WatchStallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--watch-stall-timeout: %v, need a positive duration", c.WatchStallTimeout))
 	}
 	if _, _, err := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr != "" && err != nil { // "": node IP missing, reported
 		errs = append(errs, fmt.Errorf("--metrics-addr: %q is not host:port", c.MetricsAddr))

@@ -34,8 +34,10 @@
 //     /livez and its alias /healthz (liveness and startup probe: 500 when one sync
 //     has run, or keys have waited with no sync finishing, for longer than
 //     --stall-timeout; 200 while waiting for the apiserver), /readyz (200 once the
-//     apiserver answered, the informer caches synced, the dataplane is ready and
-//     the loop is not stalled; 503 naming the first that is not; what runs degraded
+//     apiserver answered, the informer caches synced, the dataplane is ready, the
+//     loop is not stalled and no informer's watch has been down or silent (no event,
+//     no bookmark) for longer than --watch-stall-timeout; 503 naming the first that
+//     is not; what runs degraded
 //     listed either way), /metrics (Prometheus; the latency histogram is native,
 //     protobuf exposition).
 //   - A read-only JSON debug API on the unix socket --debug-socket (default

@@ -13,6 +13,7 @@ import (
 type loop interface {
 	Progress() reconcile.Progress
 	HasSynced() bool
+	WatchStalled(now time.Time) error
 }
 
 // agentHealth is what /livez and /readyz answer from. run fills it in as the agent
@@ -75,8 +76,9 @@ func (h *agentHealth) live() error {
 	return stalled(l.Progress(), h.now(), h.stallTimeout)
 }
 
-// ready is /readyz: nil once the loop runs, its caches synced, the dataplane is ready
-// and the loop is not stalled; else the first of those that fails. notes are what
+// ready is /readyz: nil once the loop runs, its caches synced, the dataplane is ready,
+// the loop is not stalled and no informer's watch is (--watch-stall-timeout); else
+// the first of those that fails. notes are what
 // runs degraded.
 func (h *agentHealth) ready() (notes []string, err error) {
 	h.mu.Lock()
@@ -96,6 +98,11 @@ func (h *agentHealth) ready() (notes []string, err error) {
 	}
 	if err := stalled(l.Progress(), h.now(), h.stallTimeout); err != nil {
 		return notes, fmt.Errorf("stalled: %w", err)
+	}
+	// A stalled watch leaves the agent alive (a restart would not bring the
+	// apiserver back) but not ready: the policy it enforces may be out of date.
+	if err := l.WatchStalled(h.now()); err != nil {
+		return notes, err
 	}
 	return notes, nil
 }

@@ -58,12 +58,14 @@ func TestStalled(t *testing.T) {
 
 // fakeLoop is a test double for the reconcile loop: a fixed Progress and sync state.
 type fakeLoop struct {
-	p      reconcile.Progress
-	synced bool
+	p          reconcile.Progress
+	synced     bool
+	watchStall error
 }
 
 func (f *fakeLoop) Progress() reconcile.Progress { return f.p }
 func (f *fakeLoop) HasSynced() bool              { return f.synced }
+func (f *fakeLoop) WatchStalled(time.Time) error { return f.watchStall }
 
 // TestAgentHealthFollowsTheStart walks the probes through a start: waiting for the
 // apiserver (alive, not ready, saying why), caches syncing, ready, a worker stuck
@@ -103,6 +105,16 @@ func TestAgentHealthFollowsTheStart(t *testing.T) {
 	if notes, err := h.ready(); err != nil || len(notes) != 1 {
 		t.Errorf("ready degraded = %v %v, want ready with one note", notes, err)
 	}
+
+	// A stalled watch: /readyz fails naming it, /livez does not.
+	loop.watchStall = errors.New("ClusterPolicyEndpoint watch stalled: down, nothing received for 2m1s")
+	if _, err := h.ready(); err == nil || !strings.Contains(err.Error(), "ClusterPolicyEndpoint watch stalled") {
+		t.Errorf("ready with a stalled watch = %v, want it named", err)
+	}
+	if err := h.live(); err != nil {
+		t.Errorf("live with a stalled watch = %v, want alive", err)
+	}
+	loop.watchStall = nil
 
 	loop.p.InFlight[1] = now
 	now = now.Add(time.Minute + time.Second)

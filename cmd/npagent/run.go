@@ -196,6 +196,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Compile:               reconcile.CompileOptions{DropDomainAllowRules: cfg.DropFQDNAllowRules},
 		ResyncPeriod:          cfg.ResyncPeriod,
 		Workers:               cfg.Workers,
+		WatchStallTimeout:     cfg.WatchStallTimeout,
 		Logger:                log.With("component", "reconcile"),
 	})
 	if err != nil {

@@ -139,6 +139,8 @@ type agentOptions struct {
 	resolver podif.Resolver
 	resync   time.Duration
 	state    string // seen-set state file; "" for none
+	// watchStall is Config.WatchStallTimeout; 0 for the default.
+	watchStall time.Duration
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -174,6 +176,8 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		ResyncPeriod:  o.resync,
 		MaxRetryDelay: 500 * time.Millisecond,
 		Logger:        testLogger(t),
+
+		WatchStallTimeout: o.watchStall,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -117,3 +117,36 @@ func fmtDelay(d time.Duration) string {
 	}
 	return d.Round(time.Millisecond).String()
 }
+
+// TestWatchStallReported: with the apiserver down for longer than the stall bound,
+// both informers' watches are reported stalled and down (WatchStalled, for /readyz,
+// and Counts, for npagent.watch.stalled); once it is back they are open and not
+// stalled. The bound is 3 s here; the default (2m) exceeds the apiserver's
+// bookmark period (1m), so a quiet watch is not reported (TestWatchStalled).
+func TestWatchStallReported(t *testing.T) {
+	cp := testenv.Start(t)
+	a := startAgent(t, cp, agentOptions{nodeIP: "192.0.2.41", watchStall: 3 * time.Second})
+	if err := a.c.WatchStalled(time.Now()); err != nil {
+		t.Errorf("stalled right after the initial list: %v", err)
+	}
+	cp.StopAPIServer(t)
+	stopped := time.Now()
+	var c report.Counts
+	testenv.Eventually(t, 30*time.Second, "both watches stalled, down", func() bool {
+		err := a.c.WatchStalled(time.Now())
+		return err != nil && strings.Count(err.Error(), "watch stalled: down") == 2
+	})
+	t.Logf("reported stalled %v after the apiserver stopped: %v", time.Since(stopped).Round(100*time.Millisecond), a.c.WatchStalled(time.Now()))
+	a.c.Counts(&c)
+	for k, w := range c.Watch {
+		if !w.Stalled || w.Established || w.Age < 3*time.Second {
+			t.Errorf("%s while down: %+v, want stalled, not established, age > 3s", report.Kind(k), w)
+		}
+	}
+	cp.StartAPIServer(t)
+	testenv.Eventually(t, 5*time.Second, "watches open and not stalled", func() bool {
+		var c report.Counts
+		a.c.Counts(&c)
+		return c.Watch[0].Established && c.Watch[1].Established && a.c.WatchStalled(time.Now()) == nil
+	})
+}
