@@ -52,6 +52,9 @@ func TestMetricNames(t *testing.T) {
 		prom(telemetry.CommitFailuresName, "_total"),
 		prom(telemetry.CommitDurationName, "_seconds"),
 		prom(telemetry.SeenOldestPendingAgeName, "_seconds"),
+		prom(telemetry.WatchStalledName, ""),
+		prom(telemetry.WatchLastEventAgeName, "_seconds"),
+		prom(telemetry.WatchErrorsName, "_total"),
 	} {
 		if !strings.Contains(rules, name) {
 			t.Errorf("%s does not use %s", rulesFile, name)
