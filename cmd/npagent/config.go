@@ -118,7 +118,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
-	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", 2*time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down, or silent (no event and no bookmark: the apiserver sends one about every minute), for longer than this")
+	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")

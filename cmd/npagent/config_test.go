@@ -42,7 +42,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		Workers:               2,
 		MetricsAddr:           "10.0.0.5:9090", // the node IP, not every interface
 		StallTimeout:          2 * time.Minute,
-		WatchStallTimeout:     2 * time.Minute,
+		WatchStallTimeout:     time.Minute,
 		APIServerTimeout:      10 * time.Second,
 		ShutdownTimeout:       10 * time.Second,
 		LogLevel:              slog.LevelInfo,

@@ -35,9 +35,9 @@
 //     has run, or keys have waited with no sync finishing, for longer than
 //     --stall-timeout; 200 while waiting for the apiserver), /readyz (200 once the
 //     apiserver answered, the informer caches synced, the dataplane is ready, the
-//     loop is not stalled and no informer's watch has been down or silent (no event,
-//     no bookmark) for longer than --watch-stall-timeout; 503 naming the first that
-//     is not; what runs degraded
+//     loop is not stalled and no informer's watch is stalled (down for longer than
+//     --watch-stall-timeout, or open and silent past its own timeout plus that);
+//     503 naming the first that is not; what runs degraded
 //     listed either way), /metrics (Prometheus; the latency histogram is native,
 //     protobuf exposition).
 //   - A read-only JSON debug API on the unix socket --debug-socket (default

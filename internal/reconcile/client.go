@@ -238,9 +238,11 @@ func (l *listWatch) open(ctx context.Context, opts metav1.ListOptions) (watch.In
 	for {
 		w, err := l.base.WatchFuncWithContext(ctx, opts)
 		if err == nil {
-			now := time.Now()
-			l.health.watching(true, now)
-			l.health.event(now) // the apiserver answered: the watch is live
+			var timeout time.Duration
+			if opts.TimeoutSeconds != nil {
+				timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+			}
+			l.health.opened(time.Now(), timeout)
 			return w, nil
 		}
 		if expired(err) {
@@ -287,7 +289,7 @@ func (rw *resilientWatch) run(w watch.Interface) {
 			var err error
 			gone, err = rw.pump(w)
 			w.Stop()
-			rw.l.health.watching(false, time.Now())
+			rw.l.health.ended(time.Now())
 			if rw.ctx.Err() != nil {
 				return
 			}

@@ -55,9 +55,10 @@ type Config struct {
 	MaxRetryDelay time.Duration
 	// Logger receives the loop's logs. Default slog.Default().
 	Logger *slog.Logger
-	// WatchStallTimeout is how long an informer's watch may be down, or silent (no
-	// event, no bookmark), before it counts as stalled (WatchStalled, Counts).
-	// Default 2m: the apiserver sends a bookmark about once a minute.
+	// WatchStallTimeout is how long an informer's watch may be down before it
+	// counts as stalled (WatchStalled, Counts); an open watch counts as stalled
+	// when silent (no event, no bookmark, not reopened) for its own timeout plus
+	// this (see watchStalled). Default 1m.
 	WatchStallTimeout time.Duration
 }
 
@@ -134,7 +135,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.WatchStallTimeout <= 0 {
-		cfg.WatchStallTimeout = 2 * time.Minute
+		cfg.WatchStallTimeout = time.Minute
 	}
 	c := &Controller{
 		cfg: cfg,

@@ -121,8 +121,8 @@ func fmtDelay(d time.Duration) string {
 // TestWatchStallReported: with the apiserver down for longer than the stall bound,
 // both informers' watches are reported stalled and down (WatchStalled, for /readyz,
 // and Counts, for npagent.watch.stalled); once it is back they are open and not
-// stalled. The bound is 3 s here; the default (2m) exceeds the apiserver's
-// bookmark period (1m), so a quiet watch is not reported (TestWatchStalled).
+// stalled. The bound is 3 s here; an open, quiet watch is judged against its own
+// timeout plus the bound (TestQuietWatchNotStalled, TestWatchStalled).
 func TestWatchStallReported(t *testing.T) {
 	cp := testenv.Start(t)
 	a := startAgent(t, cp, agentOptions{nodeIP: "192.0.2.41", watchStall: 3 * time.Second})
@@ -149,4 +149,26 @@ func TestWatchStallReported(t *testing.T) {
 		a.c.Counts(&c)
 		return c.Watch[0].Established && c.Watch[1].Established && a.c.WatchStalled(time.Now()) == nil
 	})
+}
+
+// TestQuietWatchNotStalled: an idle apiserver sends an open watch nothing — no
+// event, and no bookmark while the resourceVersion it can vouch for does not move —
+// yet the watch is healthy until its timeout: with a 3 s bound it is not reported
+// stalled after 10 s of silence (while a watch down for 3 s is: TestWatchStallReported).
+func TestQuietWatchNotStalled(t *testing.T) {
+	cp := testenv.Start(t)
+	a := startAgent(t, cp, agentOptions{nodeIP: "192.0.2.42", watchStall: 3 * time.Second})
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if err := a.c.WatchStalled(time.Now()); err != nil {
+			t.Fatalf("a quiet, open watch reported stalled: %v", err)
+		}
+	}
+	var c report.Counts
+	a.c.Counts(&c)
+	for k, w := range c.Watch {
+		t.Logf("%s after 10 s idle: %+v", report.Kind(k), w)
+		if !w.Established || w.Stalled {
+			t.Errorf("%s: established %v, stalled %v; want open, not stalled", report.Kind(k), w.Established, w.Stalled)
+		}
+	}
 }

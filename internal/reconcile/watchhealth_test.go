@@ -14,7 +14,10 @@ import (
 
 // TestWatchStalled: the stall rule on its own (pure logic, times given).
 func TestWatchStalled(t *testing.T) {
-	const bound = 2 * time.Minute
+	const (
+		bound   = time.Minute
+		timeout = 7 * time.Minute // the open watch's timeoutSeconds
+	)
 	now := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	never := time.Time{}
@@ -22,19 +25,21 @@ func TestWatchStalled(t *testing.T) {
 		name        string
 		established bool
 		last, down  time.Time
+		timeout     time.Duration
 		want        bool
 	}{
-		{"before the first list", false, never, never, false},
-		{"open, an event just now", true, ago(time.Second), never, false},
-		{"open and quiet, bookmarks each minute", true, ago(61 * time.Second), ago(time.Hour), false},
-		{"open, silent past the bound (no bookmark either)", true, ago(bound + time.Second), ago(time.Hour), true},
-		{"down for a moment after a quiet minute", false, ago(90 * time.Second), ago(5 * time.Second), false},
-		{"down past the bound", false, ago(bound + time.Second), ago(bound + time.Second), true},
-		{"down, never opened since the list, past the bound", false, ago(bound + time.Second), never, true},
-		{"down briefly after a long silence", false, ago(10 * time.Minute), ago(time.Second), false},
-		{"down past the bound after a long silence", false, ago(10 * time.Minute), ago(bound + time.Second), true},
+		{"before the first list", false, never, never, timeout, false},
+		{"open, an event just now", true, ago(time.Second), never, timeout, false},
+		{"open and quiet for 5m: no bookmark is due", true, ago(5 * time.Minute), ago(time.Hour), timeout, false},
+		{"open and quiet up to its timeout plus the bound", true, ago(timeout + bound), ago(time.Hour), timeout, false},
+		{"open past its timeout plus the bound: not served", true, ago(timeout + bound + time.Second), ago(time.Hour), timeout, true},
+		{"open without a timeout, silent past the bound", true, ago(bound + time.Second), ago(time.Hour), 0, true},
+		{"down for a moment after a quiet 5m", false, ago(5 * time.Minute), ago(5 * time.Second), 0, false},
+		{"down past the bound", false, ago(bound + 2*time.Second), ago(bound + time.Second), 0, true},
+		{"listed, watch never opened, past the bound", false, ago(bound + time.Second), never, 0, true},
+		{"relisted while down, within the bound", false, ago(10 * time.Second), ago(bound + time.Second), 0, false},
 	} {
-		age, got := watchStalled(tc.established, tc.last, tc.down, now, bound)
+		age, got := watchStalled(tc.established, tc.last, tc.down, tc.timeout, now, bound)
 		if got != tc.want {
 			t.Errorf("%s: stalled = %v (age %v), want %v", tc.name, got, age, tc.want)
 		}

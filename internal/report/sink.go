@@ -44,14 +44,14 @@ type WatchHealth struct {
 	// Established: a watch is open now.
 	Established bool
 	// LastEvent is when the informer last received something from the apiserver:
-	// a watch event or bookmark, or a list. Zero before the first.
+	// a watch event or bookmark, a list, or a watch opened. Zero before the first.
 	LastEvent time.Time
 	// Age is how long ago LastEvent was when the snapshot was taken; while the
 	// watch is down it is at least how long it has been down.
 	Age time.Duration
-	// Stalled: the watch has been down, or silent (no event and no bookmark,
-	// which the apiserver sends about once a minute), for longer than the
-	// configured bound.
+	// Stalled: the watch has been down for longer than the configured bound,
+	// or open and silent (no event, no bookmark, not reopened) for longer than
+	// its own timeout plus the bound.
 	Stalled bool
 	// ListErrors and WatchErrors count failed list requests, and watch requests
 	// that failed or watches that ended with an error (410 Gone excluded: that

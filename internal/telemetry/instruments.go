@@ -183,12 +183,14 @@ func (f *fieldSets) get(key report.InvalidObject) *measureOptions {
 }
 
 // Watch health: per informer (npagent.policy.kind), read from report.Counts.Watch
-// at each collection. The stall rule (silent or down past --watch-stall-timeout)
-// is reconcile's; these export its verdict and what it judged from.
+// at each collection. The stall rule (down past --watch-stall-timeout, or open and
+// silent past the watch's timeout plus that) is reconcile's; these export its
+// verdict and what it judged from.
 const (
 	// WatchLastEventAgeName is how long ago the informer last received an event,
-	// a bookmark (about once a minute from the apiserver on a quiet watch) or a
-	// list. Not exported before the first.
+	// a bookmark or a list, or opened a watch. On an idle resource this grows up
+	// to the watch's timeout (5-10 min): the apiserver sends bookmarks only when
+	// its resourceVersion moves. Not exported before the first.
 	WatchLastEventAgeName = "npagent.watch.last_event_age"
 	// WatchStalledName is 1 while the informer's watch is stalled, else 0.
 	WatchStalledName = "npagent.watch.stalled"
@@ -223,10 +225,10 @@ type watchInstruments struct {
 func (w *watchInstruments) build(m metric.Meter, check func(error)) []metric.Observable {
 	var err error
 	w.age, err = m.Float64ObservableGauge(WatchLastEventAgeName, metric.WithUnit("s"),
-		metric.WithDescription("Time since the informer last received a watch event, a bookmark or a list."))
+		metric.WithDescription("Time since the informer last received a watch event, a bookmark or a list, or opened a watch."))
 	check(err)
 	w.stalled, err = m.Int64ObservableGauge(WatchStalledName, metric.WithUnit("{watch}"),
-		metric.WithDescription("1 while the informer's watch is down or silent past --watch-stall-timeout, else 0."))
+		metric.WithDescription("1 while the informer's watch is stalled (down past --watch-stall-timeout, or silent past its timeout plus that), else 0."))
 	check(err)
 	w.established, err = m.Int64ObservableGauge(WatchEstablishedName, metric.WithUnit("{watch}"),
 		metric.WithDescription("1 while the informer's watch is open, else 0."))

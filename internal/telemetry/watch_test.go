@@ -1,6 +1,10 @@
 package telemetry
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,5 +56,35 @@ func TestWatchHealthExported(t *testing.T) {
 	}
 	if m.Unit != "s" {
 		t.Errorf("%s unit %q, want s", WatchLastEventAgeName, m.Unit)
+	}
+}
+
+// The names the Prometheus rules read (deploy/prometheus) are what /metrics serves.
+func TestWatchHealthPrometheusNames(t *testing.T) {
+	tel := newInMemory(t)
+	tel.ObserveCounts(func(dst *report.Counts) {
+		dst.Watch[report.KindPolicyEndpoint] = report.WatchHealth{Established: true, LastEvent: time.Now(), Age: time.Second, WatchErrors: 1}
+	})
+	srv := httptest.NewServer(tel.MetricsHandler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`npagent_watch_stalled{`,
+		`npagent_watch_established{`,
+		`npagent_watch_last_event_age_seconds{`,
+		`npagent_watch_errors_total{`,
+		`npagent_watch_relists_total{`,
+		`npagent_policy_kind="PolicyEndpoint"`,
+		`request="watch"`,
+		`cause="expired"`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
 	}
 }
