@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -74,13 +75,14 @@ func newRESTClient(restConfig *rest.Config) (*rest.RESTClient, error) {
 //
 // Errors the apiserver's readiness does not cure (403, 404, a bad request) go to the
 // reflector as before, with its backoff. Everything it sees is recorded in health.
-func newListWatch(rc rest.Interface, resource string, newObject func() runtime.Object, beginList func(), health *watchHealth) *cache.ListWatch {
+func newListWatch(rc rest.Interface, resource string, newObject func() runtime.Object, beginList func(), health *watchHealth, log *slog.Logger) *cache.ListWatch {
 	l := &listWatch{
 		base:      cache.NewListWatchFromClient(rc, resource, metav1.NamespaceAll, fields.Everything()),
 		ready:     func(ctx context.Context) error { return rc.Get().AbsPath("/readyz").Do(ctx).Error() },
 		newObject: newObject,
 		beginList: beginList,
 		health:    health,
+		log:       log,
 	}
 	return &cache.ListWatch{ListWithContextFunc: l.list, WatchFuncWithContext: l.watch}
 }
@@ -100,6 +102,7 @@ type listWatch struct {
 	newObject func() runtime.Object
 	beginList func()
 	health    *watchHealth
+	log       *slog.Logger
 
 	mu        sync.Mutex
 	lists     int                      // lists the reflector began (pages not counted)
@@ -128,6 +131,7 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 	for {
 		obj, err := l.base.ListWithContextFunc(ctx, opts)
 		if err == nil {
+			l.recovered("list", delay)
 			l.health.event(time.Now())
 			if items, err := meta.ExtractList(obj); err == nil {
 				l.remember(first, items)
@@ -135,7 +139,7 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 			return obj, nil
 		}
 		l.health.listErrors.Add(1)
-		if !l.retry(ctx, err, &delay) {
+		if !l.retry(ctx, "list", err, &delay) {
 			return nil, err
 		}
 	}
@@ -172,15 +176,30 @@ func (l *listWatch) track(t watch.EventType, obj runtime.Object) {
 // waits while the apiserver is unreachable or not ready; once it is ready, only
 // network errors and 5xx answers are retried (a 429 goes to the reflector, whose
 // backoff suits throttling). It returns false when ctx ends.
-func (l *listWatch) retry(ctx context.Context, err error, delay *time.Duration) bool {
+func (l *listWatch) retry(ctx context.Context, request string, err error, delay *time.Duration) bool {
+	if *delay == retryInitial {
+		l.log.Warn("apiserver request failed: retrying until the apiserver is back", "request", request, "err", err)
+	}
 	for {
 		if !sleepCtx(ctx, *delay) {
 			return false
 		}
 		*delay = min(2**delay, retryMax)
 		if l.ready(ctx) == nil {
-			return transient(err)
+			if transient(err) {
+				return true
+			}
+			l.log.Warn("apiserver is ready and refuses the request: client-go's reflector retries it with its backoff",
+				"request", request, "err", err)
+			return false
 		}
+	}
+}
+
+// recovered logs a request that succeeded after retries (delay grew).
+func (l *listWatch) recovered(request string, delay time.Duration) {
+	if delay != retryInitial {
+		l.log.Info("apiserver answered again", "request", request)
 	}
 }
 
@@ -238,6 +257,7 @@ func (l *listWatch) open(ctx context.Context, opts metav1.ListOptions) (watch.In
 	for {
 		w, err := l.base.WatchFuncWithContext(ctx, opts)
 		if err == nil {
+			l.recovered("watch", delay)
 			var timeout time.Duration
 			if opts.TimeoutSeconds != nil {
 				timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
@@ -249,7 +269,7 @@ func (l *listWatch) open(ctx context.Context, opts metav1.ListOptions) (watch.In
 			return nil, err
 		}
 		l.health.watchErrors.Add(1)
-		if !l.retry(ctx, err, &delay) {
+		if !l.retry(ctx, "watch", err, &delay) {
 			return nil, err
 		}
 	}
@@ -370,6 +390,7 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, err error) {
 func (rw *resilientWatch) relist() bool {
 	l := rw.l
 	l.health.relists[report.RelistExpired].Add(1)
+	l.log.Info("watch resourceVersion gone (410): listing again in place", "resourceVersion", rw.rv)
 	delay := retryInitial
 	var obj runtime.Object
 	for {
@@ -379,13 +400,14 @@ func (rw *resilientWatch) relist() bool {
 			break
 		}
 		l.health.listErrors.Add(1)
-		if !l.retry(rw.ctx, err, &delay) {
+		if !l.retry(rw.ctx, "list", err, &delay) {
 			if rw.ctx.Err() == nil {
 				rw.send(watch.Event{Type: watch.Error, Object: errStatusObject(err)})
 			}
 			return false
 		}
 	}
+	l.recovered("list", delay)
 	l.health.event(time.Now())
 	listMeta, err := meta.ListAccessor(obj)
 	if err != nil {
@@ -402,6 +424,7 @@ func (rw *resilientWatch) relist() bool {
 		}
 	}
 	rw.rv = listMeta.GetResourceVersion()
+	l.log.Info("listed again after 410", "objects", len(items), "resourceVersion", rw.rv)
 	bookmark := l.newObject()
 	if m, err := meta.Accessor(bookmark); err == nil {
 		m.SetResourceVersion(rw.rv)

@@ -162,7 +162,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	for kind := range report.Kind(report.NumKinds) {
 		lw := newListWatch(rc, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
-			func() { c.relists[kind].begin() }, &c.watch[kind])
+			func() { c.relists[kind].begin() }, &c.watch[kind], c.log.With("kind", kind.String()))
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
 		c.informers[kind] = inf
