@@ -66,8 +66,11 @@ func newRESTClient(restConfig *rest.Config) (*rest.RESTClient, error) {
 //     ready (/readyz), or with a 5xx, is retried here, every 100 ms rising to 500 ms,
 //     until it succeeds (errors are counted, not returned);
 //   - a watch that ends (server timeout, apiserver shutdown) is reopened here from
-//     the last resourceVersion it delivered, so the reflector's watch never ends;
-//   - a watch whose resourceVersion is gone (410) is followed here by a fresh list,
+//     the last resourceVersion it delivered, so the reflector's watch never ends
+//     (after one that ended with an error or at once, 100 ms doubling to 500 ms
+//     first: reopenDelay);
+//   - a watch whose resourceVersion is gone (410) or not there yet is followed
+//     here by a fresh list,
 //     delivered as events against what this ListWatch delivered before (every
 //     listed object as added or modified, the missing ones as deleted: what the
 //     reflector's own relist delivers), then a bookmark at the list's
@@ -223,7 +226,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func expired(err error) bool { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
+// rvGone reports whether err says the resourceVersion asked for is not there: gone
+// (410: compacted, or older than a restarted watch cache) or not yet there (the
+// apiserver is behind it, e.g. etcd restored from a backup). Either way the cure is
+// a fresh list, as the reflector does.
+func rvGone(err error) bool {
+	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) ||
+		apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge)
+}
 
 // watch is the reflector's Watch: the watch it returns is reopened here when it
 // ends (see newListWatch); a stream of initial events (WatchList mode) is reopened
@@ -241,7 +251,7 @@ func (l *listWatch) watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := l.open(ctx, opts)
-	if err != nil && (initial || !expired(err)) {
+	if err != nil && (initial || !rvGone(err)) {
 		cancel()
 		return nil, err // a WatchList stream at a gone resourceVersion: the reflector starts over at once
 	}
@@ -265,7 +275,7 @@ func (l *listWatch) open(ctx context.Context, opts metav1.ListOptions) (watch.In
 			l.health.opened(time.Now(), timeout)
 			return w, nil
 		}
-		if expired(err) {
+		if rvGone(err) {
 			return nil, err
 		}
 		l.health.watchErrors.Add(1)
@@ -304,10 +314,13 @@ func (rw *resilientWatch) run(w watch.Interface) {
 	defer close(rw.done)
 	defer close(rw.out)
 	gone := w == nil
+	var delay time.Duration
 	for {
 		if w != nil {
+			started := time.Now()
 			var err error
-			gone, err = rw.pump(w)
+			var events int
+			gone, events, err = rw.pump(w)
 			w.Stop()
 			rw.l.health.ended(time.Now())
 			if rw.ctx.Err() != nil {
@@ -321,6 +334,12 @@ func (rw *resilientWatch) run(w watch.Interface) {
 				}
 				return
 			}
+			if !gone {
+				delay = reopenDelay(delay, err, events, time.Since(started))
+				if delay > 0 && !sleepCtx(rw.ctx, delay) {
+					return
+				}
+			}
 		}
 		if gone {
 			if !rw.relist() {
@@ -333,7 +352,7 @@ func (rw *resilientWatch) run(w watch.Interface) {
 		switch {
 		case err == nil:
 			gone = false
-		case expired(err):
+		case rvGone(err):
 			gone, w = true, nil
 		case rw.ctx.Err() != nil:
 			return
@@ -344,27 +363,43 @@ func (rw *resilientWatch) run(w watch.Interface) {
 	}
 }
 
-// pump forwards w's events until it ends. It returns gone when it ended with 410,
+// reopenDelay is how long to wait before reopening a watch that ended, after prev:
+// nothing after a watch that delivered or lasted (its timeout, an apiserver shutting
+// down: the request that follows waits for the apiserver itself); after one that
+// ended with an error or at once, 100 ms doubling to 500 ms, so an apiserver that
+// keeps ending watches is not asked again in a tight loop.
+func reopenDelay(prev time.Duration, err error, events int, lasted time.Duration) time.Duration {
+	if err == nil && (events > 0 || lasted >= time.Second) {
+		return 0
+	}
+	if prev == 0 {
+		return retryInitial
+	}
+	return min(2*prev, retryMax)
+}
+
+// pump forwards w's events until it ends. It returns gone when it ended with 410 (or
+// a resourceVersion the apiserver does not have yet), how many events it forwarded,
 // and the error it ended with (nil: closed).
-func (rw *resilientWatch) pump(w watch.Interface) (gone bool, err error) {
+func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err error) {
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-rw.ctx.Done():
-			return false, nil
+			return false, events, nil
 		case ev, ok = <-w.ResultChan():
 		}
 		if !ok {
-			return false, nil
+			return false, events, nil
 		}
 		if ev.Type == watch.Error {
 			err := apierrors.FromObject(ev.Object)
-			if expired(err) {
-				return true, err
+			if rvGone(err) {
+				return true, events, err
 			}
 			rw.l.health.watchErrors.Add(1)
-			return false, err
+			return false, events, err
 		}
 		rw.l.health.event(time.Now())
 		if m, err := meta.Accessor(ev.Object); err == nil {
@@ -380,8 +415,9 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, err error) {
 		rw.l.track(ev.Type, ev.Object)
 		rw.l.mu.Unlock()
 		if !rw.send(ev) {
-			return false, nil
+			return false, events, nil
 		}
+		events++
 	}
 }
 

@@ -1,11 +1,15 @@
 package reconcile
 
 import (
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -87,5 +91,57 @@ func TestListWatchDiff(t *testing.T) {
 	}
 	if d := l.delivered["ns/recreated"]; d.uid != "u9" || d.rv != "8" {
 		t.Errorf("recreated remembered as %+v", d)
+	}
+}
+
+// TestReopenDelay: a watch that delivered or lasted is reopened at once; one that
+// ended with an error or at once waits 100 ms, doubling to 500 ms, until one
+// delivers again (pure logic).
+func TestReopenDelay(t *testing.T) {
+	failed := errors.New("internal error")
+	var d time.Duration
+	var got []time.Duration
+	for range 5 {
+		d = reopenDelay(d, failed, 0, 10*time.Millisecond)
+		got = append(got, d)
+	}
+	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 500 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("delays after failing watches = %v, want %v", got, want)
+	}
+	if d := reopenDelay(500*time.Millisecond, nil, 3, 10*time.Millisecond); d != 0 {
+		t.Errorf("after a watch that delivered: %v, want 0", d)
+	}
+	if d := reopenDelay(500*time.Millisecond, nil, 0, 7*time.Minute); d != 0 {
+		t.Errorf("after a watch that ran to its timeout: %v, want 0", d)
+	}
+	if d := reopenDelay(0, nil, 0, 5*time.Millisecond); d != 100*time.Millisecond {
+		t.Errorf("after a watch closed at once with nothing: %v, want 100ms", d)
+	}
+	if d := reopenDelay(0, failed, 4, time.Minute); d != 100*time.Millisecond {
+		t.Errorf("after a watch that delivered and then failed: %v, want 100ms", d)
+	}
+}
+
+// TestRVGone: a resourceVersion too old (410, either reason) or too new is cured by
+// a fresh list; other errors are not.
+func TestRVGone(t *testing.T) {
+	gr := schema.GroupResource{Group: "networking.k8s.aws", Resource: "policyendpoints"}
+	tooLarge := apierrors.NewTimeoutError("Too large resource version", 1)
+	tooLarge.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge}}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{apierrors.NewResourceExpired("too old resource version: 5 (9)"), true},
+		{&apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonGone}}, true}, // Kubernetes 1.17 and older
+		{tooLarge, true},
+		{apierrors.NewTimeoutError("slow", 1), false},
+		{apierrors.NewNotFound(gr, ""), false},
+		{errors.New("connection refused"), false},
+	} {
+		if got := rvGone(tc.err); got != tc.want {
+			t.Errorf("rvGone(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
