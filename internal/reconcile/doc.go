@@ -46,6 +46,14 @@
 //     deleted. Other objects keep being programmed. A malformed trigger annotation is
 //     counted (invalid_annotation) and logged, but the object is still programmed:
 //     a timestamp must not cost enforcement.
+//   - The informers deliver again within about a second of the apiserver being
+//     ready after a restart, however often it restarts: their ListWatch waits for
+//     the apiserver instead of failing fast, reopens an ended watch, and lists again
+//     in place after a 410, so client-go's reflector backoff (growing to 30-60 s,
+//     reset only after two minutes) never applies to an outage. Each informer's
+//     watch health (last arrival, list and watch errors, relists by cause) is in
+//     Counts; WatchStalled names a watch down past Config.WatchStallTimeout, or open
+//     and silent past its own timeout plus that.
 //   - Objects are keyed by uid in the seen-set: delete and recreate under one name
 //     is two objects; the old one's pods are re-committed without it.
 //   - After the caches sync, seen-set entries of objects no longer in either cache
@@ -57,6 +65,9 @@
 // Where each job lives:
 //
 //   - controller.go: Config, New, Run, the worker loop (lifecycle).
+//   - client.go: the REST client and the informers' ListWatch (apiserver restarts,
+//     410 relists in place).
+//   - watchhealth.go: per-informer watch health and the stall rule.
 //   - events.go: event handlers, the transform, relist detection.
 //   - versions.go: each object version's parsed annotations, recorded at event time;
 //     the uids delete events removed, until a worker forgets them.

@@ -91,6 +91,9 @@
 //   - A trigger whose commit precedes it (clock skew between the controller and
 //     this node) yields no span and no point; it is counted under
 //     npagent.policy.programming.rejected{reason="clock_skew"}.
+//   - Each informer's watch health (npagent.watch.*: last arrival age, stalled,
+//     established, errors by request, relists by cause) is exported from the same
+//     Counts snapshot; the stall verdict is the reconcile loop's.
 //   - The counters are read from their owners at collection (ObserveCounts)
 //     and the attribute sets they are exported under are built once; distinct
 //     field names are capped (beyond the cap they fold into "other"), so
