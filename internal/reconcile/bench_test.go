@@ -75,6 +75,9 @@ func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver podif.Resol
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// Objects fed to the handlers come after the (empty) initial list: a uid seen first
+	// is a new object, as in a running agent.
+	c.versions.synced.Store(true)
 	return c
 }
 

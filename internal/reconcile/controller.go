@@ -79,6 +79,8 @@ type Controller struct {
 	// versions holds each object version's parsed annotations, recorded at event
 	// time and checked out by the worker (see versions.go).
 	versions versionTable
+	// triggers holds each accepted trigger's version until it is reported.
+	triggers triggerVersions
 	// deleted holds the uids delete events removed, until the worker forgets them
 	// in the seen-set (see sync.go).
 	deleted deletedUIDs
@@ -146,7 +148,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	c.progress.init(cfg.Workers)
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log)
-	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation)
+	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
 	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
 
 	rc, err := newRESTClient(restConfig)
@@ -199,6 +201,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	// watermark may follow the events observed (never before: a restart would
 	// take objects not yet listed as resolved).
 	c.cfg.Seen.MarkSynced(time.Now())
+	c.versions.synced.Store(true)
 	pruned := c.pruneSeen()
 	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)

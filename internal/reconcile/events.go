@@ -120,7 +120,11 @@ func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cau
 		}
 		return false
 	}
-	return c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now()) == report.Accepted
+	if c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now()) != report.Accepted {
+		return false
+	}
+	c.triggers.add(v)
+	return true
 }
 
 // transform runs on every object a list, WatchList stream or watch event brings, before

@@ -122,6 +122,7 @@ func (c *Controller) forgetDeleted(key objectKey, also types.UID) {
 	for _, uid := range uids {
 		c.cfg.Seen.Forget(string(uid))
 		c.versions.forget(uid)
+		c.triggers.forget(uid)
 	}
 }
 
@@ -145,6 +146,7 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 		// Nothing of this object is (or was) on this node: nothing to commit, and no
 		// latency to report — a near-zero one would drag the percentiles down.
 		c.cfg.Seen.NoLocalWork(uid, v.trigger)
+		c.triggers.dropThrough(v.uid, v.trigger)
 		c.stats.noLocalWork.Add(1)
 		return outcomeDone
 	}
@@ -176,22 +178,36 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 		// object left before their interface ever appeared): nothing of this node's
 		// dataplane was touched, so there is no latency to report.
 		c.cfg.Seen.NoLocalWork(uid, v.trigger)
+		c.triggers.dropThrough(v.uid, v.trigger)
 		c.stats.noLocalWork.Add(1)
 		return outcomeDone
 	}
 
-	reports, err := c.cfg.Seen.Committed(uid, v.trigger, res.attempt)
+	// Each trigger is reported with its own version (recorded when it was accepted),
+	// and only if that version changed this node: the commit may serve triggers of
+	// versions coalesced while the key waited, or a recreated object whose
+	// predecessor's pods it removes here — a change no trigger of the new uid caused.
+	// A trigger restored from the state file has no record in this process: the
+	// committed version stands in, as before.
+	reports, err := c.cfg.Seen.CommittedWhere(uid, v.trigger, res.attempt, func(trigger time.Time) bool {
+		tv, known := c.triggers.lookup(v.uid, trigger)
+		return !known || tv.localWork
+	})
 	if err != nil {
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
 	for _, r := range reports {
+		tv, known := c.triggers.lookup(v.uid, r.Trigger)
+		if !known {
+			tv = triggerVersion{resourceVersion: v.resourceVersion, traceParent: v.traceParent, removedOnly: v.removedOnly()}
+		}
 		rec := &report.Record{
 			Kind:            key.kind,
 			Namespace:       key.namespace,
 			Name:            key.name,
 			UID:             uid,
 			PolicyRef:       policyRef,
-			ResourceVersion: v.resourceVersion,
+			ResourceVersion: tv.resourceVersion,
 			Trigger:         r.Trigger,
 			Received:        r.ReceivedAt,
 			WorkerStart:     times.workerStart,
@@ -200,7 +216,8 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 			Attempts:        r.Attempts,
 			Pods:            res.pods,
 			Entries:         res.entries,
-			TraceParent:     v.traceParent,
+			TraceParent:     tv.traceParent,
+			RemovedOnly:     tv.removedOnly,
 		}
 		if r.Ahead {
 			// An earlier commit already held this version (the lister ran ahead of the
@@ -209,6 +226,7 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 		}
 		c.cfg.Sink.Report(rec)
 	}
+	c.triggers.dropThrough(v.uid, v.trigger)
 	c.stats.reports.Add(uint64(len(reports)))
 	return outcomeDone
 }

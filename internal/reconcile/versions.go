@@ -1,12 +1,16 @@
 package reconcile
 
 import (
+	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/seen"
 )
 
@@ -24,7 +28,17 @@ type objectVersion struct {
 	trigger         time.Time // zero when the annotation is missing or invalid
 	triggerErr      error     // why the annotation did not parse
 	traceParent     string
+	// local: this version selects a pod on this node (hostIP is the node IP).
+	local bool
+	// localWork: this version changes this node's dataplane — it selects a pod here,
+	// or the uid's previous version did (this one removes pods from the policy here).
+	// A trigger is reported on a node only if its own version had local work there.
+	localWork bool
 }
+
+// removedOnly reports whether the version's only change on this node is removing
+// pods an earlier version of the object selected.
+func (v objectVersion) removedOnly() bool { return v.localWork && !v.local }
 
 // versionTable records each object version's parsed annotations the first time an
 // event brings it (kube-proxy's habit: record at event time), so re-deliveries and the
@@ -36,11 +50,18 @@ type versionTable struct {
 	triggerK string      // the trigger annotation's key
 	traceK   string      // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
 	history  *explainLog // each new version is added to it; forget drops the uid's
+	nodeIP   netip.Addr
+	// synced is set once the informers' initial lists are in: a uid first recorded
+	// after it is a new object (no earlier version ever had pods here); one first
+	// recorded before it may have had pods here under the previous process, whose
+	// pinned state this one adopted.
+	synced atomic.Bool
 }
 
-func (t *versionTable) init(triggerKey, traceParentKey string) {
+func (t *versionTable) init(triggerKey, traceParentKey string, nodeIP netip.Addr) {
 	t.byUID = map[types.UID]objectVersion{}
 	t.triggerK, t.traceK = triggerKey, traceParentKey
+	t.nodeIP = nodeIP
 }
 
 // record returns m's version for an event handler, parsing the annotations only if
@@ -53,6 +74,11 @@ func (t *versionTable) record(m metav1.Object) (v objectVersion, fresh bool) {
 	}
 	v = t.parse(m)
 	t.mu.Lock()
+	prev, known := t.byUID[v.uid]
+	// An earlier version's pods, if any, are still in the dataplane until this one is
+	// committed: removing them is this version's work. Unknown (first seen in the
+	// initial list): the previous process may have programmed pods of it here.
+	v.localWork = v.local || (known && prev.local) || (!known && !t.synced.Load())
 	t.byUID[v.uid] = v
 	t.mu.Unlock()
 	t.history.received(v, time.Now())
@@ -92,7 +118,32 @@ func (t *versionTable) parse(m metav1.Object) objectVersion {
 	if v.traceParent = ann[TracingTraceParentAnnotation]; v.traceParent == "" {
 		v.traceParent = ann[t.traceK]
 	}
+	v.local = selectsPodOn(m, t.nodeIP)
+	v.localWork = v.local
 	return v
+}
+
+// selectsPodOn reports whether the object selects a pod whose hostIP is nodeIP, or
+// may: a chunk of a policy with rules and no pods (the controller splits large
+// policies) applies to the pods its sibling chunks select, which the handler does not
+// see; whether it changed anything here is left to the commit, as before. Endpoints
+// that do not parse are not this node's (the worker rejects the object).
+func selectsPodOn(m metav1.Object, nodeIP netip.Addr) bool {
+	var eps []v1alpha1.PodEndpoint
+	var policyRef string
+	switch o := m.(type) {
+	case *v1alpha1.PolicyEndpoint:
+		eps, policyRef = o.Spec.PodSelectorEndpoints, o.Spec.PolicyRef.Name
+	case *v1alpha1.ClusterPolicyEndpoint:
+		eps, policyRef = o.Spec.PodSelectorEndpoints, o.Spec.PolicyRef.Name
+	}
+	if len(eps) == 0 && policyRef != "" {
+		return true
+	}
+	return slices.ContainsFunc(eps, func(ep v1alpha1.PodEndpoint) bool {
+		host, err := netip.ParseAddr(string(ep.HostIP))
+		return err == nil && host.Unmap() == nodeIP
+	})
 }
 
 // forget drops uid's entry.
@@ -101,6 +152,76 @@ func (t *versionTable) forget(uid types.UID) {
 	delete(t.byUID, uid)
 	t.mu.Unlock()
 	t.history.forget(uid)
+}
+
+// triggerVersion is what the loop keeps, from the moment the seen-set accepts a
+// trigger until it is reported, of the version that carried it: a commit may serve
+// several triggers (versions coalesced while the key waited), and each is reported
+// with its own version, trace context and local work — not the committed version's.
+type triggerVersion struct {
+	trigger         time.Time
+	resourceVersion string
+	traceParent     string
+	localWork       bool
+	removedOnly     bool
+}
+
+// maxTriggerVersions bounds what is kept per uid: the seen-set keeps a bounded number
+// of pending triggers too (older ones are reported as overflow).
+const maxTriggerVersions = 64
+
+// triggerVersions holds, per uid, the accepted triggers' versions, oldest first.
+type triggerVersions struct {
+	mu    sync.Mutex
+	byUID map[types.UID][]triggerVersion
+}
+
+// add records an accepted trigger's version (event handlers).
+func (t *triggerVersions) add(v objectVersion) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byUID == nil {
+		t.byUID = map[types.UID][]triggerVersion{}
+	}
+	list := t.byUID[v.uid]
+	if len(list) == maxTriggerVersions {
+		list = slices.Delete(list, 0, 1)
+	}
+	t.byUID[v.uid] = append(list, triggerVersion{trigger: v.trigger, resourceVersion: v.resourceVersion,
+		traceParent: v.traceParent, localWork: v.localWork, removedOnly: v.removedOnly()})
+}
+
+// lookup returns the version that carried trigger, if this process accepted it (a
+// trigger restored from the state file was accepted by the previous one).
+func (t *triggerVersions) lookup(uid types.UID, trigger time.Time) (triggerVersion, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tv := range t.byUID[uid] {
+		if tv.trigger.Equal(trigger) {
+			return tv, true
+		}
+	}
+	return triggerVersion{}, false
+}
+
+// dropThrough forgets uid's triggers up to and including through: the seen-set has
+// resolved them (reported, or no local work).
+func (t *triggerVersions) dropThrough(uid types.UID, through time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	list := slices.DeleteFunc(t.byUID[uid], func(tv triggerVersion) bool { return !tv.trigger.After(through) })
+	if len(list) == 0 {
+		delete(t.byUID, uid)
+		return
+	}
+	t.byUID[uid] = list
+}
+
+// forget drops uid's entries (the object is gone).
+func (t *triggerVersions) forget(uid types.UID) {
+	t.mu.Lock()
+	delete(t.byUID, uid)
+	t.mu.Unlock()
 }
 
 // deletedUIDs holds, per key, the uids delete events removed until the worker

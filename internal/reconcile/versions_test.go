@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"net/netip"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,7 +38,7 @@ func TestVersionTraceParentPrecedence(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var vt versionTable
-			vt.init(v1alpha1.AnnotationLastChangeTriggerTime, tc.key)
+			vt.init(v1alpha1.AnnotationLastChangeTriggerTime, tc.key, netip.MustParseAddr("192.0.2.1"))
 			m := &metav1.ObjectMeta{UID: "uid-1", ResourceVersion: "7", Annotations: tc.ann}
 			v, fresh := vt.record(m)
 			if !fresh || v.traceParent != tc.want {

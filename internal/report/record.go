@@ -23,6 +23,9 @@ type Record struct {
 	Pods                     int       // pods committed on this node
 	Entries                  int       // map entries written
 	TraceParent              string    // W3C traceparent annotation value, "" if none
+	// RemovedOnly: the trigger's version selects no pod on this node; its change here
+	// was removing the pods an earlier version of the object selected.
+	RemovedOnly bool
 }
 
 // Committed returns the end of the last attempt (the commit time), or the zero

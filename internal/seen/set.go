@@ -478,6 +478,15 @@ func (s *Set) ObserveInvalid(uid string) {
 // restart is then not guaranteed for them), and Stats.PersistErrors counts it.
 // A zero programmed time (an object without the annotation) changes nothing.
 func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]Report, error) {
+	return s.CommittedWhere(uid, programmed, a, nil)
+}
+
+// CommittedWhere is Committed, except that each pending trigger the commit covers
+// for which local returns false is consumed without a report and counted as
+// no_local_pods: the version that carried it changed nothing on this node (the
+// caller recorded each trigger's version). A nil local reports every trigger. local
+// is called with the set's shard lock held: it must not call the set.
+func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt, local func(trigger time.Time) bool) ([]Report, error) {
 	pt, ok := unixNano(programmed)
 	if !ok || s.future(pt) {
 		return nil, nil // a future trigger is never observed: nothing to report or remember
@@ -499,8 +508,12 @@ func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]R
 			// Every trigger's attempts are a suffix of the same list: the
 			// failures since it was accepted, then a.
 			attempts := append(p.failed[:len(p.failed):len(p.failed)], a)
-			reports = make([]Report, n)
-			for i, q := range p.triggers[:n] {
+			reports = make([]Report, 0, n)
+			for _, q := range p.triggers[:n] {
+				if local != nil && !local(timeOf(q.trigger)) {
+					sh.stats.Suppressed[report.NoLocalPods]++
+					continue
+				}
 				r := Report{
 					UID:          uid,
 					Trigger:      timeOf(q.trigger),
@@ -519,12 +532,12 @@ func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]R
 					kept := min(int(q.failures), len(p.failed))
 					r.Attempts = attempts[len(attempts)-1-kept:]
 				}
-				reports[i] = r
+				reports = append(reports, r)
 			}
 			e.consumed = max(e.consumed, p.triggers[n-1].trigger)
 			p.triggers = slices.Delete(p.triggers, 0, n)
 			sh.pendingCount -= n
-			sh.stats.Reported += uint64(n)
+			sh.stats.Reported += uint64(len(reports))
 		}
 		for i := range p.triggers {
 			p.triggers[i].failures = 0

@@ -39,6 +39,9 @@ const (
 	AttemptKey               = attribute.Key("npagent.commit.attempt")
 	PodsKey                  = attribute.Key("npagent.commit.pods")
 	EntriesKey               = attribute.Key("npagent.commit.map_entries")
+	// RemovedOnlyKey (true) marks a trigger whose version's only change on this
+	// node was removing pods an earlier version selected (report.Record.RemovedOnly).
+	RemovedOnlyKey = attribute.Key("npagent.commit.removed_only")
 	// LatencyKey is the trigger's programming latency in seconds, a start
 	// attribute of the root span: the sampler decides on it.
 	LatencyKey = attribute.Key("npagent.policy.programming.latency")
@@ -358,18 +361,22 @@ func rootAttributes(dst []attribute.KeyValue, node attribute.KeyValue, r *report
 	if r.PolicyRef != "" {
 		dst = append(dst, PolicyRefKey.String(r.PolicyRef))
 	}
-	return append(dst,
+	dst = append(dst,
 		PolicyResourceVersionKey.String(r.ResourceVersion),
 		TriggerTimeKey.String(r.Trigger.UTC().Format(time.RFC3339Nano)),
 		AttemptsKey.Int(len(r.Attempts)),
 		PodsKey.Int(r.Pods),
 		EntriesKey.Int(r.Entries),
 	)
+	if r.RemovedOnly {
+		dst = append(dst, RemovedOnlyKey.Bool(true))
+	}
+	return dst
 }
 
 // rootAttrCap is the most attributes spanTree sets on a root after its start:
 // the mark and what rootAttributes appends.
-const rootAttrCap = 11
+const rootAttrCap = 12
 
 // commitAttributes appends a commit span's attributes to dst: the attempt
 // number, then each non-zero phase in seconds.

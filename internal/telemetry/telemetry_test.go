@@ -35,6 +35,24 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 	return m
 }
 
+// TestReportMarksRemovals: a trigger whose version only removed this node's pods
+// (report.Record.RemovedOnly) says so on its root span.
+func TestReportMarksRemovals(t *testing.T) {
+	tel := newInMemory(t)
+	r := record(base, "pe-1", 400*time.Millisecond)
+	r.RemovedOnly = true
+	tel.Report(r)
+	for _, s := range tel.endedSpans(t) {
+		if s.Name == SpanProgram {
+			if got := attrMap(s.Attributes)[RemovedOnlyKey]; got != attribute.BoolValue(true) {
+				t.Fatalf("root attribute %s = %v, want true", RemovedOnlyKey, got.String())
+			}
+			return
+		}
+	}
+	t.Fatalf("no %q span", SpanProgram)
+}
+
 func TestReportSpanTree(t *testing.T) {
 	tel := newInMemory(t)
 	r := record(base, "pe-1", 400*time.Millisecond)
@@ -84,6 +102,9 @@ func TestReportSpanTree(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("root attribute %s = %v, want %v", k, got[k].String(), v.String())
 		}
+	}
+	if v, ok := got[RemovedOnlyKey]; ok {
+		t.Errorf("root attribute %s = %v on a trigger whose version has local pods", RemovedOnlyKey, v.String())
 	}
 
 	phases := []struct {
