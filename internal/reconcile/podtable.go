@@ -40,6 +40,7 @@ type podTable struct {
 	podIndex   map[netip.Addr]map[objectKey]struct{} // pod → the objects that list it
 	chunks     map[policyKey]map[objectKey]struct{}  // policy → its objects' keys
 	programmed map[netip.Addr]int                    // local pod → ifindex holding its committed state
+	heldIndex  map[netip.Addr]map[objectKey]struct{} // pod → the objects holding it (see objectState.held)
 }
 
 // objectState is what the table remembers of one object key.
@@ -50,6 +51,12 @@ type objectState struct {
 	// including pods the object no longer selects; the next sync of the key retries
 	// them.
 	dirty []netip.Addr
+	// held lists the local pods that rejected versions name while no valid version of
+	// the object is known to this process (after a restart: the valid one was seen by
+	// the previous process). Their pinned enforcement is the last valid one: it is not
+	// collected as a leftover, and a pod only held is never removed. A valid version
+	// or the delete re-commits them.
+	held []netip.Addr
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
 }
@@ -61,6 +68,7 @@ func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters,
 		podIndex:   map[netip.Addr]map[objectKey]struct{}{},
 		chunks:     map[policyKey]map[objectKey]struct{}{},
 		programmed: map[netip.Addr]int{},
+		heldIndex:  map[netip.Addr]map[objectKey]struct{}{},
 	}
 }
 
@@ -100,29 +108,37 @@ func (t *podTable) lock() commitResult {
 }
 
 // commitVersion makes compiled the key's version (nil: the version read is invalid,
-// and the last valid one stays) and commits every pod that depends on the change: the
-// pods it selects, those it selected before, and those an earlier commit left
-// undone. A recreated object (new uid) starts over: its predecessor's pods are
-// re-committed without it.
-func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject) commitResult {
+// and the last valid one stays; named are the local pods it names) and commits every
+// pod that depends on the change: the pods it selects, those it selected before, and
+// those an earlier commit left undone. A recreated object (new uid) starts over: its
+// predecessor's pods are re-committed without it.
+func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject, named []netip.Addr) commitResult {
 	res := t.lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
 	if st == nil || st.uid != uid {
 		next := &objectState{uid: uid}
 		if st != nil {
-			next.dirty = union(st.dirty, t.reach(st.compiled))
+			next.dirty = union(st.dirty, t.reach(st.compiled), st.held)
 			t.index(st, nil)
+			t.hold(key, st, nil)
 			res.replaced = st.uid
 		}
 		st = next
 		t.objects[key] = st
 	}
 	affected := st.dirty
-	if compiled != nil {
+	switch {
+	case compiled != nil:
 		before := t.reach(st.compiled)
+		affected = union(st.dirty, before, st.held)
+		t.hold(key, st, nil)
 		t.index(st, compiled)
-		affected = union(st.dirty, before, t.reach(compiled))
+		affected = union(affected, t.reach(compiled))
+	case st.compiled == nil:
+		// No valid version known here: whatever the previous process pinned for the
+		// pods this version names is the last valid enforcement; keep it.
+		t.hold(key, st, union(st.held, named))
 	}
 	if len(affected) == 0 {
 		res.noLocalWork = true
@@ -146,8 +162,9 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	if st == nil {
 		return res, ""
 	}
-	affected := union(st.dirty, t.reach(st.compiled))
+	affected := union(st.dirty, t.reach(st.compiled), st.held)
 	t.index(st, nil)
+	t.hold(key, st, nil)
 	t.commitLocked(&res, affected)
 	st.dirty = res.notDone
 	if res.err == nil && len(res.notDone) == 0 {
@@ -243,6 +260,26 @@ func (t *podTable) index(st *objectState, compiled *compiledObject) {
 	}
 }
 
+// hold makes pods the held pods of key's state st and updates heldIndex. Called with mu held.
+func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr) {
+	for _, pod := range st.held {
+		keys := t.heldIndex[pod]
+		delete(keys, key)
+		if len(keys) == 0 {
+			delete(t.heldIndex, pod)
+		}
+	}
+	st.held = pods
+	for _, pod := range pods {
+		keys := t.heldIndex[pod]
+		if keys == nil {
+			keys = map[objectKey]struct{}{}
+			t.heldIndex[pod] = keys
+		}
+		keys[key] = struct{}{}
+	}
+}
+
 // noteRejected records that the key's version rv was rejected; it reports whether
 // this is the first time for rv (to log and count it once per written version).
 func (t *podTable) noteRejected(key objectKey, uid types.UID, rv string) bool {
@@ -279,7 +316,9 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 	for _, pod := range pods {
 		objs = t.objectsFor(pod, objs[:0])
 		if len(objs) == 0 {
-			t.removePod(res, pod)
+			if _, held := t.heldIndex[pod]; !held {
+				t.removePod(res, pod)
+			}
 			continue
 		}
 		mergeStart := time.Now()
@@ -290,11 +329,16 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 	res.attempt.End = time.Now()
 }
 
-// removePod removes the state of a pod no object selects any more.
+// removePod removes the state of a pod no object selects any more: what this process
+// committed, or else what a previous one pinned on the pod's interface (a pod held
+// after a restart, whose object was then fixed or deleted).
 func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	ifindex, ok := t.programmed[pod]
 	if !ok {
-		return // never committed here: nothing to remove
+		var err error
+		if ifindex, err = t.resolver.Resolve(pod); err != nil || !t.pinnedOnly(ifindex) {
+			return // no state on its interface, or another pod's: nothing to remove
+		}
 	}
 	res.calls++
 	cr, err := t.dp.Remove(ifindex)
@@ -348,6 +392,17 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	res.pods++
 }
 
+// pinnedOnly reports whether the dataplane holds state for ifindex that no commit of
+// this process made. Called with mu held.
+func (t *podTable) pinnedOnly(ifindex int) bool {
+	for _, i := range t.programmed {
+		if i == ifindex {
+			return false
+		}
+	}
+	return slices.Contains(t.dp.Pods(), ifindex)
+}
+
 // addPhases adds what the dataplane measured of one call to an attempt's phases.
 func addPhases(p *report.Phases, cr bpfmaps.CommitResult) {
 	p.Compile += cr.Compile
@@ -360,7 +415,9 @@ func addPhases(p *report.Phases, cr bpfmaps.CommitResult) {
 // removeLeftovers removes pod state the dataplane holds (pinned by a previous
 // process) for interfaces no current object wants. An interface is kept if a commit
 // made it, or if it is what a pod some object still selects resolves to (its commit
-// may have failed and be retried: its old enforcement stays meanwhile).
+// may have failed and be retried: its old enforcement stays meanwhile), or a pod an
+// object whose current version is invalid names (its pinned state is the last valid
+// enforcement, which no version known to this process can rebuild).
 func (t *podTable) removeLeftovers() (removed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -368,9 +425,11 @@ func (t *podTable) removeLeftovers() (removed int) {
 	for _, ifindex := range t.programmed {
 		wanted[ifindex] = true
 	}
-	for pod := range t.podIndex {
-		if ifindex, err := t.resolver.Resolve(pod); err == nil {
-			wanted[ifindex] = true
+	for _, index := range []map[netip.Addr]map[objectKey]struct{}{t.podIndex, t.heldIndex} {
+		for pod := range index {
+			if ifindex, err := t.resolver.Resolve(pod); err == nil {
+				wanted[ifindex] = true
+			}
 		}
 	}
 	for _, ifindex := range t.dp.Pods() {

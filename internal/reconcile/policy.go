@@ -253,6 +253,31 @@ func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]ne
 	return slices.Compact(pods), nil
 }
 
+// namedLocalPods returns the local pods an object names, read best-effort: endpoints
+// whose addresses do not parse are skipped. It is for versions that did not compile,
+// whose pods keep the enforcement they had (see podTable.commitVersion).
+func namedLocalPods(obj any, nodeIP netip.Addr) []netip.Addr {
+	var eps []v1alpha1.PodEndpoint
+	switch o := obj.(type) {
+	case *v1alpha1.PolicyEndpoint:
+		eps = o.Spec.PodSelectorEndpoints
+	case *v1alpha1.ClusterPolicyEndpoint:
+		eps = o.Spec.PodSelectorEndpoints
+	}
+	var pods []netip.Addr
+	for i := range eps {
+		host, err := netip.ParseAddr(string(eps[i].HostIP))
+		if err != nil || host.Unmap() != nodeIP {
+			continue
+		}
+		if pod, err := netip.ParseAddr(string(eps[i].PodIP)); err == nil && pod.Zone() == "" {
+			pods = append(pods, pod.Unmap())
+		}
+	}
+	slices.SortFunc(pods, netip.Addr.Compare)
+	return slices.Compact(pods)
+}
+
 // convertRule converts one peer rule. The CIDR may be a bare address (a /32 or /128),
 // as the controller writes pod peers; host bits are cleared. Each except must be a
 // block inside the CIDR, of its family.

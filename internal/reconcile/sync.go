@@ -68,7 +68,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		// and the triggers stay pending until a later version is committed. A retry
 		// cannot heal bad input; the next write of the object brings a new sync. Pods
 		// a recreated object's predecessor left are still re-committed without it.
-		res := c.pods.commitVersion(key, v.uid, nil)
+		res := c.pods.commitVersion(key, v.uid, nil, namedLocalPods(obj, c.cfg.NodeIP))
 		c.explain.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
@@ -89,7 +89,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	if compiled.domainRulesDropped > 0 {
 		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.domainRulesDropped)
 	}
-	res := c.pods.commitVersion(key, v.uid, compiled)
+	res := c.pods.commitVersion(key, v.uid, compiled, nil)
 	c.explain.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	return c.recordOutcome(key, v, policyRef, &res, times, log)
