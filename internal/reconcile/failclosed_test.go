@@ -1,13 +1,24 @@
 package reconcile
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/netlab"
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // initialSyncDone reports whether the controller collected the dataplane's leftovers
@@ -81,4 +92,111 @@ func TestEBPFRestartKeepsEnforcementOfInvalidObject(t *testing.T) {
 	if err := l.reach(8081); err != nil {
 		t.Errorf("after the delete the pod must be open again: %v", err)
 	}
+}
+
+// logBuffer collects log lines, for tests that check what was logged.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the lines holding every one of words.
+func (b *logBuffer) lines(words ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for line := range strings.Lines(b.buf.String()) {
+		if !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(line, w) }) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestEBPFUncommittablePodIsolated: a pod whose policy cannot be committed (here: it
+// needs more trie entries than the maps hold) and which holds no state is isolated,
+// never left open: a peer the policy would allow is dropped, the node still reaches
+// the pod, and the isolation is counted and logged naming the pod and the object.
+// Once a version fits, the real policy replaces the isolation. Real apiserver, eBPF
+// with small maps, TCP.
+func TestEBPFUncommittablePodIsolated(t *testing.T) {
+	l := newPodLab(t)
+	subnet := strings.TrimSuffix(l.hostIP, ".1")
+	peer := subnet + ".3" // not a node address
+	netlab.Run(t, "ip", "addr", "add", peer+"/32", "dev", l.hostIf)
+	l.serve(t, 8080)
+	podAddr := l.podIP + ":8080"
+	testenv.Eventually(t, 10*time.Second, "peer reaches the pod before any policy", func() bool { return exchangeFrom(peer, podAddr) == nil })
+	testenv.Eventually(t, 10*time.Second, "node reaches the pod before any policy", func() bool { return exchangeFrom(l.hostIP, podAddr) == nil })
+
+	dp := openKernelDataplaneWith(t, "isolate", bpfmaps.EBPFOptions{Limits: bpfmaps.Limits{EntriesV4: 8}})
+	if err := dp.SetNodeAddrs([]netip.Prefix{netip.MustParsePrefix(l.hostIP + "/32")}); err != nil {
+		t.Fatal(err)
+	}
+	cp := testenv.Start(t)
+	const node = "192.0.2.22"
+	createNamespace(t, cp, "isolate")
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp, logger: slog.New(slog.NewTextHandler(logs, nil))})
+	// 16 peers, the allowed one among them: 16 entries do not fit a trie of 8.
+	pe := ingressPE("isolate", "wide", []v1alpha1.PodEndpoint{pod(node, l.podIP)}, peer+"/32", 8080)
+	for i := range 15 {
+		pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.77.%d.0/24", i))})
+	}
+	create(t, cp, pe)
+	testenv.Eventually(t, 20*time.Second, "commit failed", func() bool { return a.c.Stats().CommitFailures >= 1 })
+	if err := exchangeFrom(peer, podAddr); err == nil {
+		t.Errorf("peer reached the pod whose policy could not be committed: left open")
+	}
+	if err := exchangeFrom(l.hostIP, podAddr); err != nil {
+		t.Errorf("node to the isolated pod: %v, want the node exemption to hold", err)
+	}
+	if n := a.c.Stats().PodsIsolated; n != 1 {
+		t.Errorf("pods isolated = %d, want 1", n)
+	}
+	if got := dp.Pods(); !slices.Contains(got, l.hostIndex) {
+		t.Errorf("dataplane pods = %v, want the isolated veth %d", got, l.hostIndex)
+	}
+	if got := logs.lines("pod isolated", l.podIP, "isolate/wide"); len(got) == 0 {
+		t.Errorf("no log line naming the isolated pod %s and object isolate/wide; logs:\n%s", l.podIP, logs.buf.String())
+	}
+	if n := len(a.sink.recordsFor(string(pe.UID))); n != 0 {
+		t.Errorf("%d records for a policy never committed", n)
+	}
+	// Retries fail alike and do not isolate again.
+	failures := a.c.Stats().CommitFailures
+	testenv.Eventually(t, 10*time.Second, "commit retried", func() bool { return a.c.Stats().CommitFailures > failures })
+	if n := a.c.Stats().PodsIsolated; n != 1 {
+		t.Errorf("pods isolated = %d after retries, want 1", n)
+	}
+
+	// A version that fits replaces the isolation.
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress = pe.Spec.Ingress[:1] })
+	testenv.Eventually(t, 20*time.Second, "record once the policy fits", func() bool { return len(a.sink.recordsFor(string(pe.UID))) >= 1 })
+	if err := exchangeFrom(peer, podAddr); err != nil {
+		t.Errorf("allowed peer once the policy is committed: %v", err)
+	}
+}
+
+// openKernelDataplaneWith is openKernelDataplane with options (the pin path is set).
+func openKernelDataplaneWith(t *testing.T, name string, opts bpfmaps.EBPFOptions) *bpfmaps.EBPF {
+	t.Helper()
+	netlab.HostBPFFS(t)
+	opts.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("npagent-reconcile-%s-%d", name, os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(opts.PinPath) })
+	dp, err := bpfmaps.OpenEBPF(opts)
+	if err != nil {
+		if strings.Contains(err.Error(), "not supported") {
+			skip.Unmet(t, "kernel lacks a needed eBPF feature: %v", err)
+		}
+		t.Fatalf("OpenEBPF: %v", err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+	return dp
 }

@@ -107,7 +107,9 @@ func (r *lookupTableResolver) Resolve(ip netip.Addr) (int, error) {
 	return 0, fmt.Errorf("lookup table has no %s: %w", ip, podif.ErrInterfaceNotFound)
 }
 
-// failingDataplane fails the first failures Commit calls, then passes them on.
+// failingDataplane fails the first failures Commit calls of policies with rules, then
+// passes them on. A policy without rules (the isolation of a pod whose commit failed)
+// always passes.
 type failingDataplane struct {
 	bpfmaps.Dataplane
 	failures atomic.Int32
@@ -118,7 +120,7 @@ var errInjected = errors.New("injected commit failure")
 
 func (d *failingDataplane) Commit(ifindex int, p bpfmaps.PodPolicy) (bpfmaps.CommitResult, error) {
 	d.calls.Add(1)
-	if d.failures.Add(-1) >= 0 {
+	if hasRules(p) && d.failures.Add(-1) >= 0 {
 		return bpfmaps.CommitResult{}, errInjected
 	}
 	return d.Dataplane.Commit(ifindex, p)
@@ -139,6 +141,8 @@ type agentOptions struct {
 	resolver podif.Resolver
 	resync   time.Duration
 	state    string // seen-set state file; "" for none
+	logger   *slog.Logger
+	compile  CompileOptions
 	// watchStall is Config.WatchStallTimeout; 0 for the default.
 	watchStall time.Duration
 }
@@ -165,6 +169,9 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 	if o.dp == nil {
 		o.dp = bpfmaps.NewMemory()
 	}
+	if o.logger == nil {
+		o.logger = testLogger(t)
+	}
 	a := &agent{seen: set, sink: newRecordingSink(), dp: o.dp}
 	a.c, err = New(cp.Config, Config{
 		NodeName:      "node-" + o.nodeIP,
@@ -175,7 +182,8 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		Resolver:      o.resolver,
 		ResyncPeriod:  o.resync,
 		MaxRetryDelay: 500 * time.Millisecond,
-		Logger:        testLogger(t),
+		Logger:        o.logger,
+		Compile:       o.compile,
 
 		WatchStallTimeout: o.watchStall,
 	})
@@ -293,4 +301,13 @@ func sameTimes(a, b []time.Time) bool {
 		}
 	}
 	return true
+}
+
+func hasRules(p bpfmaps.PodPolicy) bool {
+	for _, d := range []bpfmaps.DirectionPolicy{p.Ingress, p.Egress} {
+		if len(d.Allow)+len(d.Admin)+len(d.Baseline) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -240,6 +240,9 @@ func testFailedCommits(t *testing.T, cp *testenv.ControlPlane) {
 	if s.CommitFailures != 2 || s.Delivered(report.KindPolicyEndpoint, report.CauseRequeue) < 2 {
 		t.Errorf("stats = %+v: want 2 failures, ≥2 requeues", s)
 	}
+	if s.PodsIsolated != 1 {
+		t.Errorf("pods isolated = %d: the new pod must be isolated while its commit fails", s.PodsIsolated)
+	}
 	if a.sink.commitErrs != 2 {
 		t.Errorf("sink saw %d failed commits, want 2", a.sink.commitErrs)
 	}

@@ -324,7 +324,9 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 		mergeStart := time.Now()
 		policy := mergePodPolicy(objs)
 		res.attempt.Phases.Merge += time.Since(mergeStart)
-		t.commitPod(res, pod, &policy)
+		if !t.commitPod(res, pod, &policy) {
+			t.isolateUncommitted(res, pod, &policy, objs)
+		}
 	}
 	res.attempt.End = time.Now()
 }
@@ -354,15 +356,16 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	res.pods++
 }
 
-// commitPod commits one pod's merged policy to its interface.
-func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy) {
+// commitPod commits one pod's merged policy to its interface. It reports false when
+// the interface is there and the dataplane refused the commit.
+func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy) bool {
 	ifindex, err := t.resolver.Resolve(pod)
 	if err != nil {
 		if res.resolveErr == nil {
 			res.resolveErr = err
 		}
 		res.notDone = append(res.notDone, pod)
-		return
+		return true
 	}
 	if old, ok := t.programmed[pod]; ok && old != ifindex {
 		// The pod's interface changed (pod recreated with the same IP): the old
@@ -379,7 +382,7 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 		t.stats.commitFailures.Add(1)
 		res.err = firstErr(res.err, fmt.Errorf("commit pod %s (ifindex %d): %w", pod, ifindex, err))
 		res.notDone = append(res.notDone, pod)
-		return
+		return false
 	}
 	addPhases(&res.attempt.Phases, cr)
 	t.programmed[pod] = ifindex
@@ -390,6 +393,47 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	t.stats.entriesWritten.Add(uint64(cr.EntriesWritten))
 	res.entries += cr.EntriesWritten
 	res.pods++
+	return true
+}
+
+// isolateUncommitted denies the pod every direction its policy would constrain, when
+// that policy could not be committed and the pod's interface holds no state at all: it
+// would otherwise stay open while the commit is retried (capacity, a kernel error).
+// The node exemption still applies (the datapath checks it first). A pod with state
+// keeps it: that is its last committed policy. The key is retried as for any failed
+// commit; the next successful commit replaces the isolation.
+func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy, objs []*compiledObject) {
+	if _, ok := t.programmed[pod]; ok {
+		return
+	}
+	ifindex, err := t.resolver.Resolve(pod)
+	if err != nil || slices.Contains(t.dp.Pods(), ifindex) {
+		return // pinned by a previous process: its enforcement stays
+	}
+	deny := bpfmaps.PodPolicy{
+		Ingress: bpfmaps.DirectionPolicy{Isolated: constrains(&policy.Ingress)},
+		Egress:  bpfmaps.DirectionPolicy{Isolated: constrains(&policy.Egress)},
+	}
+	names := make([]string, len(objs))
+	for i, o := range objs {
+		names[i] = o.key.String()
+	}
+	res.calls++
+	if _, err := t.dp.Commit(ifindex, deny); err != nil {
+		t.stats.commitFailures.Add(1)
+		t.log.Error("pod left open: neither its policy nor an isolation could be committed", "pod", pod, "ifindex", ifindex, "objects", names, "err", err)
+		return
+	}
+	t.programmed[pod] = ifindex
+	t.stats.podsIsolated.Add(1)
+	t.log.Error("pod isolated: its policy could not be committed", "pod", pod, "ifindex", ifindex, "objects", names,
+		"ingressDenied", deny.Ingress.Isolated, "egressDenied", deny.Egress.Isolated, "err", res.err)
+}
+
+// constrains reports whether a direction's policy restricts anything: without it
+// (no policy isolates it, no tier rule) the direction is open by design.
+func constrains(d *bpfmaps.DirectionPolicy) bool {
+	return d.Isolated || len(d.Admin) > 0 || len(d.Baseline) > 0
 }
 
 // pinnedOnly reports whether the dataplane holds state for ifindex that no commit of

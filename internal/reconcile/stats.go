@@ -30,6 +30,9 @@ type Stats struct {
 	// InvalidObjects counts rejected object versions (bad input, invalid trigger
 	// annotation, or a merged policy the dataplane refuses).
 	InvalidObjects uint64
+	// PodsIsolated counts pods denied (node traffic excepted) because their policy
+	// could not be committed and they held no state: never left open.
+	PodsIsolated uint64
 	// InterfaceWaits counts syncs that found a local pod's interface missing.
 	InterfaceWaits uint64
 	// Reports counts records handed to the Sink.
@@ -57,6 +60,7 @@ type counters struct {
 	noLocalWork    atomic.Uint64
 	invalidObjects atomic.Uint64
 	interfaceWaits atomic.Uint64
+	podsIsolated   atomic.Uint64
 	reports        atomic.Uint64
 
 	// invalidByField splits invalidObjects by kind and field, for Counts.
@@ -106,6 +110,7 @@ func (c *Controller) Stats() Stats {
 	s.NoLocalWork = c.stats.noLocalWork.Load()
 	s.InvalidObjects = c.stats.invalidObjects.Load()
 	s.InterfaceWaits = c.stats.interfaceWaits.Load()
+	s.PodsIsolated = c.stats.podsIsolated.Load()
 	s.Reports = c.stats.reports.Load()
 	s.Objects, s.Pods = c.pods.size()
 	return s
