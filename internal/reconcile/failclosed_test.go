@@ -200,3 +200,73 @@ func openKernelDataplaneWith(t *testing.T, name string, opts bpfmaps.EBPFOptions
 	t.Cleanup(func() { _ = dp.Close() })
 	return dp
 }
+
+// TestMergeOverflowBlamesOnlyItsObject: an object whose rules, merged with another
+// object's on the same pod, need more port rules for one prefix than a map value
+// holds is rejected alone — a field error naming it, counted, its previous version in
+// force — and the other objects on that pod keep being programmed (issue 10: it
+// stayed indexed and every later commit of the pod failed and was blamed). Real
+// apiserver; the in-memory dataplane, which validates as the kernel one does.
+func TestMergeOverflowBlamesOnlyItsObject(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.23"
+	createNamespace(t, cp, "overflow")
+	mem := bpfmaps.NewMemory()
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.23.1", 231),
+		logger: slog.New(slog.NewTextHandler(logs, nil))})
+	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.23.1")}
+	// ports spaced apart, so the union cannot merge them into ranges.
+	ports := func(first, n int) []v1alpha1.Port {
+		var out []v1alpha1.Port
+		for i := range n {
+			out = append(out, v1alpha1.Port{Port: ptr(int32(first + 2*i))})
+		}
+		return out
+	}
+	wide := ingressPE("overflow", "wide", pods, "10.2.0.0/16", 1)
+	wide.Spec.Ingress[0].Ports = ports(1000, 20)
+	grow := ingressPE("overflow", "grow", pods, "10.2.0.0/16", 1)
+	grow.Spec.Ingress[0].Ports = ports(2000, 2) // 22 together: fits
+	create(t, cp, wide)
+	create(t, cp, grow)
+	testenv.Eventually(t, 20*time.Second, "both reported", func() bool {
+		return len(a.sink.recordsFor(string(wide.UID))) == 1 && len(a.sink.recordsFor(string(grow.UID))) == 1
+	})
+
+	// 25 port rules for 10.2.0.0/16 together with wide's: more than a value holds.
+	update(t, cp, grow, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports = ports(2000, 5) })
+	testenv.Eventually(t, 20*time.Second, "the overflowing version counted invalid", func() bool {
+		return invalidCount(a.c, report.KindPolicyEndpoint, "spec") == 1
+	})
+	if got := logs.lines("policy object rejected", "name=grow"); len(got) != 1 {
+		t.Errorf("want one rejection log line naming grow, got %q", got)
+	}
+	v := addr("10.2.0.1")
+	if !mem.Verdict(231, bpfmaps.Ingress, v, tcp, 2002) || mem.Verdict(231, bpfmaps.Ingress, v, tcp, 2004) {
+		t.Errorf("grow's previous version (ports 2000, 2002) must stay in force, its rejected one (up to 2008) not")
+	}
+
+	// Another object on the same pod is programmed and reported, not blamed.
+	other := ingressPE("overflow", "other", pods, "10.3.0.0/16", 443)
+	create(t, cp, other)
+	testenv.Eventually(t, 20*time.Second, "the other object reported", func() bool { return len(a.sink.recordsFor(string(other.UID))) == 1 })
+	if !mem.Verdict(231, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 443) || !mem.Verdict(231, bpfmaps.Ingress, v, tcp, 1038) {
+		t.Errorf("pod 231: other's and wide's rules must be in force")
+	}
+	// wide's own update is programmed too.
+	update(t, cp, wide, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports = ports(1000, 19) })
+	testenv.Eventually(t, 20*time.Second, "wide's update reported", func() bool { return len(a.sink.recordsFor(string(wide.UID))) == 2 })
+	if n := a.c.Stats().InvalidObjects; n != 1 {
+		t.Errorf("invalid objects = %d, want 1 (grow's one version)", n)
+	}
+	if n := a.c.Stats().PodsIsolated; n != 0 {
+		t.Errorf("pods isolated = %d: a refused merge drops the object, it does not isolate the pod", n)
+	}
+	// No retry loop on the rejected version.
+	syncs := a.c.Stats().Syncs
+	time.Sleep(time.Second)
+	if again := a.c.Stats().Syncs; again != syncs {
+		t.Errorf("%d syncs in a second with nothing changing", again-syncs)
+	}
+}

@@ -81,12 +81,17 @@ type commitResult struct {
 	notDone    []netip.Addr   // pods still to commit (interface missing, or failed)
 	resolveErr error          // first resolver error
 	err        error          // first dataplane error
+	refused    bool           // some pod's policy is one the dataplane can never take (ErrInvalidPolicy)
 	// noLocalWork: nothing of the object is, or was, on this node; nothing was
 	// committed (and the lock was not waited for in vain: see commitVersion).
 	noLocalWork bool
 	// replaced is the uid the key held before, when the object was deleted and
 	// recreated under the same name; "" otherwise.
 	replaced types.UID
+	// rejected is set when the version, merged with the other objects of a pod it
+	// reaches, is a policy the dataplane can never take: the version was dropped and
+	// the object's previous version re-committed (see commitVersion).
+	rejected *FieldError
 }
 
 // attemptWith returns the attempt with err's message ("" for nil).
@@ -128,6 +133,7 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		t.objects[key] = st
 	}
 	affected := st.dirty
+	prev, prevHeld := st.compiled, st.held
 	switch {
 	case compiled != nil:
 		before := t.reach(st.compiled)
@@ -145,8 +151,20 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		return res
 	}
 	t.commitLocked(&res, affected)
+	if compiled != nil && res.refused {
+		// Every other object on these pods was committed with them before: this
+		// version is what does not fit. Left indexed, it would fail every later
+		// commit of these pods and be blamed on their objects; drop it instead, and
+		// re-commit the previous version where this one was committed.
+		res.rejected = &FieldError{Path: "spec", Field: "spec", Value: key.String(),
+			Msg: fmt.Sprintf("merged with the other objects selecting its pods, not a policy the dataplane can take: %v", res.err)}
+		t.index(st, prev)
+		t.hold(key, st, prevHeld)
+		res.err, res.notDone, res.refused = nil, nil, false
+		t.commitLocked(&res, affected)
+	}
 	st.dirty = res.notDone
-	if compiled != nil && res.err == nil && len(res.notDone) == 0 {
+	if compiled != nil && res.rejected == nil && res.err == nil && len(res.notDone) == 0 {
 		st.waitingRV, st.rejectedRV = "", "" // committed: a later wait or rejection logs again
 	}
 	return res
@@ -324,7 +342,9 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 		mergeStart := time.Now()
 		policy := mergePodPolicy(objs)
 		res.attempt.Phases.Merge += time.Since(mergeStart)
-		if !t.commitPod(res, pod, &policy) {
+		// A policy the dataplane can never take is not isolated: the caller drops
+		// the version that made it so (see commitVersion).
+		if err := t.commitPod(res, pod, &policy); err != nil && !errors.Is(err, bpfmaps.ErrInvalidPolicy) {
 			t.isolateUncommitted(res, pod, &policy, objs)
 		}
 	}
@@ -356,16 +376,16 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	res.pods++
 }
 
-// commitPod commits one pod's merged policy to its interface. It reports false when
-// the interface is there and the dataplane refused the commit.
-func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy) bool {
+// commitPod commits one pod's merged policy to its interface. It returns the
+// dataplane's error when the interface is there and the commit failed.
+func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy) error {
 	ifindex, err := t.resolver.Resolve(pod)
 	if err != nil {
 		if res.resolveErr == nil {
 			res.resolveErr = err
 		}
 		res.notDone = append(res.notDone, pod)
-		return true
+		return nil
 	}
 	if old, ok := t.programmed[pod]; ok && old != ifindex {
 		// The pod's interface changed (pod recreated with the same IP): the old
@@ -382,7 +402,8 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 		t.stats.commitFailures.Add(1)
 		res.err = firstErr(res.err, fmt.Errorf("commit pod %s (ifindex %d): %w", pod, ifindex, err))
 		res.notDone = append(res.notDone, pod)
-		return false
+		res.refused = res.refused || errors.Is(err, bpfmaps.ErrInvalidPolicy)
+		return err
 	}
 	addPhases(&res.attempt.Phases, cr)
 	t.programmed[pod] = ifindex
@@ -393,7 +414,7 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	t.stats.entriesWritten.Add(uint64(cr.EntriesWritten))
 	res.entries += cr.EntriesWritten
 	res.pods++
-	return true
+	return nil
 }
 
 // isolateUncommitted denies the pod every direction its policy would constrain, when

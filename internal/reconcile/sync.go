@@ -71,19 +71,7 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		res := c.pods.commitVersion(key, v.uid, nil, namedLocalPods(obj, c.cfg.NodeIP))
 		c.explain.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
-		if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
-			field := "spec"
-			if fe := (*FieldError)(nil); errors.As(err, &fe) {
-				field = fe.Field
-			}
-			c.stats.invalid(key.kind, field)
-			log.Error("policy object rejected, not programmed", "err", err)
-		}
-		c.recordCommit(key, &res, log)
-		if len(res.notDone) > 0 && !res.invalidPolicy() {
-			return outcomeRetry
-		}
-		return outcomeGiveUp
+		return c.rejected(key, v, err, &res, log)
 	}
 
 	if compiled.domainRulesDropped > 0 {
@@ -92,7 +80,30 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	res := c.pods.commitVersion(key, v.uid, compiled, nil)
 	c.explain.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
+	if res.rejected != nil {
+		return c.rejected(key, v, res.rejected, &res, log)
+	}
 	return c.recordOutcome(key, v, policyRef, &res, times, log)
+}
+
+// rejected records a version rejected for bad input, err: counted and logged once per
+// written version, its triggers left pending until a later version is committed. Not
+// retried (a retry cannot heal bad input; the next write brings a new sync), unless
+// pods its commit of the last valid version reached are still to be committed.
+func (c *Controller) rejected(key objectKey, v objectVersion, err error, res *commitResult, log *slog.Logger) outcome {
+	if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
+		field := "spec"
+		if fe := (*FieldError)(nil); errors.As(err, &fe) {
+			field = fe.Field
+		}
+		c.stats.invalid(key.kind, field)
+		log.Error("policy object rejected, not programmed", "err", err)
+	}
+	c.recordCommit(key, res, log)
+	if len(res.notDone) > 0 && !res.invalidPolicy() {
+		return outcomeRetry
+	}
+	return outcomeGiveUp
 }
 
 // syncDeleted re-commits the pods a deleted object selected, without it, and forgets
@@ -132,7 +143,11 @@ func (c *Controller) recordCommit(key objectKey, res *commitResult, log *slog.Lo
 	if res.calls == 0 {
 		return
 	}
-	c.cfg.Sink.Committed(key.kind, res.attemptWith(res.err))
+	err := res.err
+	if err == nil && res.rejected != nil {
+		err = res.rejected // the dataplane refused a commit of this attempt
+	}
+	c.cfg.Sink.Committed(key.kind, res.attemptWith(err))
 	if res.err != nil {
 		log.Error("commit failed", "pods", len(res.notDone), "err", res.err)
 	}
