@@ -54,6 +54,9 @@ func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint {
 	for j := range 3 {
 		pe.Spec.PodSelectorEndpoints = append(pe.Spec.PodSelectorEndpoints, pod("192.0.2.99", fmt.Sprintf("10.61.%d.%d", i%250, j+1)))
 	}
+	for j := range pe.Spec.PodSelectorEndpoints {
+		pe.Spec.PodSelectorEndpoints[j].Namespace = "bench"
+	}
 	for j := range 4 {
 		pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{
 			CIDR:  v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.0/24", 70+j, i%250)),

@@ -239,9 +239,8 @@ func TestMergeOverflowBlamesOnlyItsObject(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "the overflowing version counted invalid", func() bool {
 		return invalidCount(a.c, report.KindPolicyEndpoint, "spec") == 1
 	})
-	if got := logs.lines("policy object rejected", "name=grow"); len(got) != 1 {
-		t.Errorf("want one rejection log line naming grow, got %q", got)
-	}
+	// The count comes just before the log line.
+	testenv.Eventually(t, 5*time.Second, "a rejection logged naming grow", func() bool { return len(logs.lines("policy object rejected", "name=grow")) == 1 })
 	v := addr("10.2.0.1")
 	if !mem.Verdict(231, bpfmaps.Ingress, v, tcp, 2002) || mem.Verdict(231, bpfmaps.Ingress, v, tcp, 2004) {
 		t.Errorf("grow's previous version (ports 2000, 2002) must stay in force, its rejected one (up to 2008) not")
@@ -268,5 +267,45 @@ func TestMergeOverflowBlamesOnlyItsObject(t *testing.T) {
 	time.Sleep(time.Second)
 	if again := a.c.Stats().Syncs; again != syncs {
 		t.Errorf("%d syncs in a second with nothing changing", again-syncs)
+	}
+}
+
+// TestPolicyEndpointSelectsOnlyItsNamespace: a PolicyEndpoint naming a pod of another
+// namespace is a field error naming the object and the field, counted; its last valid
+// version stays in force and the other namespace's pod is not touched. Real apiserver,
+// in-memory dataplane.
+func TestPolicyEndpointSelectsOnlyItsNamespace(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.24"
+	createNamespace(t, cp, "tenant")
+	mem := bpfmaps.NewMemory()
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.24.1", 241, "10.1.24.2", 242),
+		logger: slog.New(slog.NewTextHandler(logs, nil))})
+	pe := ingressPE("tenant", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.24.1")}, "10.2.0.0/16", 80)
+	create(t, cp, pe)
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+
+	// The same object now also names kube-system's pod 10.1.24.2, on this node.
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
+		victim := pod(node, "10.1.24.2")
+		victim.Namespace = "kube-system"
+		pe.Spec.PodSelectorEndpoints = append(pe.Spec.PodSelectorEndpoints, victim)
+		pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](81)
+	})
+	testenv.Eventually(t, 20*time.Second, "the version counted invalid", func() bool {
+		return invalidCount(a.c, report.KindPolicyEndpoint, "spec.podSelectorEndpoints.namespace") == 1
+	})
+	testenv.Eventually(t, 5*time.Second, "a rejection logged naming the object and the field", func() bool {
+		return len(logs.lines("policy object rejected", "name=web", "spec.podSelectorEndpoints[1].namespace", "kube-system")) == 1
+	})
+	if got := mem.Pods(); len(got) != 1 || got[0] != 241 {
+		t.Errorf("dataplane pods = %v: only the object's own pod (241) may hold state", got)
+	}
+	if !mem.Verdict(241, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || mem.Verdict(241, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 81) {
+		t.Errorf("pod 241: the last valid version (port 80) must stay in force")
+	}
+	if n := len(a.sink.recordsFor(string(pe.UID))); n != 1 {
+		t.Errorf("%d records, want 1: the rejected version is not programmed", n)
 	}
 }

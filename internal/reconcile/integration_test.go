@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,6 +21,10 @@ var (
 )
 
 func ingressPE(ns, name string, pods []v1alpha1.PodEndpoint, cidr string, port int32) *v1alpha1.PolicyEndpoint {
+	pods = slices.Clone(pods)
+	for i := range pods {
+		pods[i].Namespace = ns // a PolicyEndpoint selects pods of its own namespace
+	}
 	return &v1alpha1.PolicyEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.PolicyEndpointSpec{

@@ -127,6 +127,14 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 	if c.pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
 		return nil, err
 	}
+	// A namespaced policy selects pods of its own namespace only: an endpoint of
+	// another would let whoever writes PolicyEndpoints in one namespace isolate (or,
+	// with a later delete, open) pods of another.
+	for i := range pe.Spec.PodSelectorEndpoints {
+		if ns := pe.Spec.PodSelectorEndpoints[i].Namespace; ns != pe.Namespace {
+			return nil, spec.child("podSelectorEndpoints").index(i).child("namespace").errorf(ns, "not the object's namespace %q", pe.Namespace)
+		}
+	}
 	if len(pe.Spec.PodIsolation) == 0 {
 		c.isolated[bpfmaps.Ingress] = true
 		c.isolated[bpfmaps.Egress] = len(pe.Spec.Egress) > 0

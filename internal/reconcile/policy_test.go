@@ -21,7 +21,7 @@ func ptr[T any](v T) *T { return &v }
 var testNode = netip.MustParseAddr("192.0.2.10")
 
 func pod(hostIP, podIP string) v1alpha1.PodEndpoint {
-	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "ns"}
+	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "shop"}
 }
 
 func TestCompilePolicyEndpointConverts(t *testing.T) {
@@ -258,7 +258,7 @@ func TestCompileDomainNameRules(t *testing.T) {
 
 func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 	good := func() *v1alpha1.PolicyEndpoint {
-		return &v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{
+		return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}, Spec: v1alpha1.PolicyEndpointSpec{
 			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
 			Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Ports: []v1alpha1.Port{{Port: ptr[int32](80)}}}},
 		}}
@@ -289,6 +289,11 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 		}, "spec.egress[1].cidr", "spec.egress.cidr"},
 		{"hostIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].HostIP = "node-1" }, "spec.podSelectorEndpoints[0].hostIP", "spec.podSelectorEndpoints.hostIP"},
 		{"podIP", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].PodIP = "10.1.0.5/32" }, "spec.podSelectorEndpoints[0].podIP", "spec.podSelectorEndpoints.podIP"},
+		{"namespace", func(p *v1alpha1.PolicyEndpoint) {
+			p.Spec.PodSelectorEndpoints = append(p.Spec.PodSelectorEndpoints, pod("192.0.2.11", "10.1.0.6"))
+			p.Spec.PodSelectorEndpoints[1].Namespace = "kube-system" // another node's pod, still rejected
+		}, "spec.podSelectorEndpoints[1].namespace", "spec.podSelectorEndpoints.namespace"},
+		{"namespace empty", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodSelectorEndpoints[0].Namespace = "" }, "spec.podSelectorEndpoints[0].namespace", "spec.podSelectorEndpoints.namespace"},
 		{"podIsolation", func(p *v1alpha1.PolicyEndpoint) { p.Spec.PodIsolation = []networkingv1.PolicyType{"Sideways"} }, "spec.podIsolation[0]", "spec.podIsolation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
