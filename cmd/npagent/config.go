@@ -55,6 +55,7 @@ type config struct {
 	SlowTraceThreshold    time.Duration
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
+	MaxEntriesPerObject   int  // an object needing more map entries is rejected as bad input
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -86,6 +87,7 @@ var flagEnv = map[string]string{
 	"slow-trace-threshold":   "NPAGENT_SLOW_TRACE_THRESHOLD",
 	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
 	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
+	"max-entries-per-object": "NPAGENT_MAX_ENTRIES_PER_OBJECT",
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
@@ -129,6 +131,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
+	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", reconcile.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -234,6 +237,9 @@ func (c *config) validate() []error {
 	}
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers: %d, need at least 1", c.Workers))
+	}
+	if c.MaxEntriesPerObject < 1 {
+		errs = append(errs, fmt.Errorf("--max-entries-per-object: %d, need at least 1", c.MaxEntriesPerObject))
 	}
 	if c.StallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout: %v, need a positive duration", c.StallTimeout))

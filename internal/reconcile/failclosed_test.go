@@ -309,3 +309,47 @@ func TestPolicyEndpointSelectsOnlyItsNamespace(t *testing.T) {
 		t.Errorf("%d records, want 1: the rejected version is not programmed", n)
 	}
 }
+
+// TestEntryBudgetRejectsObject: a version needing more map entries than
+// --max-entries-per-object is bad input at compile time: counted, logged naming the
+// object and the count, not retried, its previous version in force, and the other
+// objects on its pod still programmed. Real apiserver, in-memory dataplane.
+func TestEntryBudgetRejectsObject(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.25"
+	createNamespace(t, cp, "budget")
+	mem := bpfmaps.NewMemory()
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.25.1", 251),
+		logger: slog.New(slog.NewTextHandler(logs, nil)), compile: CompileOptions{MaxEntriesPerObject: 4}})
+	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.25.1")}
+	pe := ingressPE("budget", "big", pods, "10.2.0.0/16", 80)
+	create(t, cp, pe)
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
+		for i := range 4 {
+			pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.3.%d.0/24", i))})
+		}
+	})
+	testenv.Eventually(t, 20*time.Second, "the version over budget counted invalid", func() bool {
+		return invalidCount(a.c, report.KindPolicyEndpoint, "spec") == 1
+	})
+	testenv.Eventually(t, 5*time.Second, "a rejection logged naming the object and the count", func() bool {
+		return len(logs.lines("policy object rejected", "name=big", "needs 5 map entries", "--max-entries-per-object")) == 1
+	})
+	if !mem.Verdict(251, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || mem.Verdict(251, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+		t.Errorf("pod 251: the previous version must stay in force, the rejected one not")
+	}
+	other := ingressPE("budget", "other", pods, "10.4.0.0/16", 443)
+	create(t, cp, other)
+	testenv.Eventually(t, 20*time.Second, "the other object reported", func() bool { return len(a.sink.recordsFor(string(other.UID))) == 1 })
+	if s := a.c.Stats(); s.CommitFailures != 0 || s.InvalidObjects != 1 {
+		t.Errorf("commit failures %d, invalid objects %d: want 0 and 1 (rejected before any commit)", s.CommitFailures, s.InvalidObjects)
+	}
+	syncs := a.c.Stats().Syncs
+	time.Sleep(time.Second)
+	if again := a.c.Stats().Syncs; again != syncs {
+		t.Errorf("%d syncs in a second with nothing changing: the rejected version is retried", again-syncs)
+	}
+}

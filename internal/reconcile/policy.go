@@ -104,6 +104,38 @@ type CompileOptions struct {
 	// where the direction is isolated. domainName rules with Deny or Pass still reject
 	// the object: leaving them out would widen it. Default false.
 	DropDomainAllowRules bool
+	// MaxEntriesPerObject bounds the map entries one object may need: its CIDRs and
+	// except blocks, both directions (each local pod it selects holds them once). An
+	// object above it is rejected as bad input, as a FieldError naming the count: it
+	// would take the shared tries from every other pod, and one above half a trie
+	// could never be updated (a commit holds two entry sets). Default
+	// DefaultMaxEntriesPerObject.
+	MaxEntriesPerObject int
+}
+
+// DefaultMaxEntriesPerObject is CompileOptions.MaxEntriesPerObject's default: a
+// quarter of a default IPv4 trie (65,536 entries per direction, shared by all pods).
+const DefaultMaxEntriesPerObject = 16384
+
+// checkEntries rejects c when it needs more map entries than the budget.
+func (o CompileOptions) checkEntries(c *compiledObject) error {
+	limit := o.MaxEntriesPerObject
+	if limit <= 0 {
+		limit = DefaultMaxEntriesPerObject
+	}
+	n := 0
+	for d := range c.allow {
+		for i := range c.allow[d] {
+			n += 1 + len(c.allow[d][i].Except)
+		}
+		for i := range c.tierRules[d] {
+			n += 1 + len(c.tierRules[d][i].Rule.Except)
+		}
+	}
+	if n > limit {
+		return root("spec").errorf(strconv.Itoa(n), "needs %d map entries (CIDRs and except blocks), more than the %d an object may need (--max-entries-per-object)", n, limit)
+	}
+	return nil
 }
 
 // policyEndpoint validates pe and converts it. Defaults follow NetworkPolicy: a port
@@ -170,6 +202,9 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 			}
 		}
 	}
+	if err := o.checkEntries(c); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -214,6 +249,9 @@ func (o CompileOptions) clusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoin
 			}
 			c.tierRules[d] = append(c.tierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
 		}
+	}
+	if err := o.checkEntries(c); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -2,8 +2,10 @@ package reconcile
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -485,5 +487,51 @@ func TestUnion(t *testing.T) {
 	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
 	if got := union([]netip.Addr{c, a}, nil, []netip.Addr{b, a}); !reflect.DeepEqual(got, []netip.Addr{a, b, c}) {
 		t.Errorf("union = %v", got)
+	}
+}
+
+// TestCompileEnforcesEntryBudget: CIDRs plus except blocks of both directions count
+// against MaxEntriesPerObject; one over is a FieldError naming the count, for both
+// kinds; rules of a direction the object does not isolate are not programmed and do
+// not count.
+func TestCompileEnforcesEntryBudget(t *testing.T) {
+	pe := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "big"}, Spec: v1alpha1.PolicyEndpointSpec{
+		PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+		Ingress:      []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Except: []v1alpha1.NetworkAddress{"10.1.0.0/16", "10.2.0.0/16"}}}, // 3
+		Egress:       []v1alpha1.EndpointInfo{{CIDR: "192.0.2.0/24"}, {CIDR: "fd00::/64"}},                                           // 2
+	}}
+	five := CompileOptions{MaxEntriesPerObject: 5}
+	if _, err := five.policyEndpoint(pe, testNode); err != nil {
+		t.Fatalf("5 entries with a budget of 5: %v", err)
+	}
+	_, err := CompileOptions{MaxEntriesPerObject: 4}.policyEndpoint(pe, testNode)
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Path != "spec" || fe.Field != "spec" || fe.Value != "5" || !strings.Contains(fe.Msg, "4") {
+		t.Fatalf("5 entries with a budget of 4: err %v, want a FieldError at spec naming 5 and 4", err)
+	}
+	ingressOnly := pe.DeepCopy()
+	ingressOnly.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	if _, err := (CompileOptions{MaxEntriesPerObject: 3}).policyEndpoint(ingressOnly, testNode); err != nil {
+		t.Errorf("egress rules of an object not isolating egress counted: %v", err)
+	}
+	cpe := &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "deny"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
+		Tier: v1alpha1.TierAdmin,
+		Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.0.0.0/8"},
+			{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.1.0.0/16"}},
+	}}
+	if _, err := (CompileOptions{MaxEntriesPerObject: 1}).clusterPolicyEndpoint(cpe, testNode); !errors.As(err, &fe) || fe.Value != "2" {
+		t.Errorf("CPE with 2 entries, budget 1: err %v, want a FieldError naming 2", err)
+	}
+	// The zero value takes the default.
+	big := &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "big"}}
+	for i := range DefaultMaxEntriesPerObject + 1 {
+		big.Spec.Ingress = append(big.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.0/24", i/256, i%256))})
+	}
+	if _, err := (CompileOptions{}).policyEndpoint(big, testNode); !errors.As(err, &fe) || fe.Value != strconv.Itoa(DefaultMaxEntriesPerObject+1) {
+		t.Errorf("default budget: err %v, want a FieldError naming %d", err, DefaultMaxEntriesPerObject+1)
+	}
+	big.Spec.Ingress = big.Spec.Ingress[:DefaultMaxEntriesPerObject]
+	if _, err := (CompileOptions{}).policyEndpoint(big, testNode); err != nil {
+		t.Errorf("default budget, exactly %d entries: %v", DefaultMaxEntriesPerObject, err)
 	}
 }
