@@ -57,6 +57,7 @@ type EBPF struct {
 	links   map[uint32]*podLinks // guarded by core.mu
 	nodeMu  sync.Mutex           // serializes SetNodeAddrs
 	closed  atomic.Bool
+	pinLock *os.File // the pin directory, flock'ed for as long as this process uses it
 }
 
 // podLinks are a pod's two tcx attachments.
@@ -89,6 +90,39 @@ func openEBPF(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error)) (*EBP
 	if err := ensureBPFFS(opts.PinPath); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
+	pinLock, err := lockPinDir(opts.PinPath)
+	if err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	e, err := openLocked(opts, load, limits)
+	if err != nil {
+		_ = pinLock.Close()
+		return nil, err
+	}
+	e.pinLock = pinLock
+	return e, nil
+}
+
+// lockPinDir takes an exclusive flock on the pin directory, so a second process cannot
+// adopt and change the pinned state this one owns. The kernel drops the lock when the
+// process exits, however it exits: a crashed agent never locks out the next one.
+func lockPinDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock pin directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (is another npagent running on this node? one agent per pin directory)", ErrPinDirLocked, dir)
+		}
+		return nil, fmt.Errorf("lock pin directory %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// openLocked is openEBPF once the pin directory is locked.
+func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), limits Limits) (*EBPF, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: remove memlock limit: %w", permissionHint(err, "CAP_SYS_RESOURCE"))
 	}
@@ -213,6 +247,9 @@ func (e *EBPF) Close() error {
 	e.links = nil
 	e.states.close()
 	errs = append(errs, e.objs.Close())
+	if e.pinLock != nil {
+		errs = append(errs, e.pinLock.Close()) // releases the flock
+	}
 	return errors.Join(errs...)
 }
 

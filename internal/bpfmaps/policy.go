@@ -23,6 +23,11 @@ var ErrCapacity = errors.New("dataplane capacity exceeded")
 // bpffs is mounted there. The host mounts it; the agent never does.
 var ErrNoBPFFS = errors.New("bpffs is not mounted")
 
+// ErrPinDirLocked is wrapped by OpenEBPF when another process (or another open
+// dataplane of this one) holds the pin directory: two agents must never adopt and
+// change the same pinned state.
+var ErrPinDirLocked = errors.New("pin directory is locked by another process")
+
 // ErrIncompatiblePins is wrapped by OpenEBPF when the pinned maps hold state in a
 // layout this build does not read (written by an unreleased build). Nothing is
 // changed; the error names the pin directory to remove.

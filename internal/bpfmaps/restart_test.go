@@ -41,6 +41,9 @@ func restartPolicies() (first, second PodPolicy) {
 // policy, leaves an orphan entry as a commit that crashed between its write and its
 // switch would, and exits without closing anything.
 func runChild(role string) int {
+	if role == "open-and-exit" {
+		return runOpenChild()
+	}
 	if role != "commit-and-exit" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2
