@@ -184,6 +184,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
+	lastValidDir := "" // beside the seen-set's state: both must outlive the agent's container
+	if cfg.StateFile != "" {
+		lastValidDir = filepath.Join(filepath.Dir(cfg.StateFile), "last-valid")
+	}
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
 		NodeIP:                cfg.NodeIP,
@@ -198,6 +202,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Workers:               cfg.Workers,
 		WatchStallTimeout:     cfg.WatchStallTimeout,
 		Logger:                log.With("component", "reconcile"),
+		LastValidDir:          lastValidDir,
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)

@@ -60,6 +60,10 @@ type Config struct {
 	// when silent (no event, no bookmark, not reopened) for its own timeout plus
 	// this (see watchStalled). Default 1m.
 	WatchStallTimeout time.Duration
+	// LastValidDir holds the last valid version of each object with work on this
+	// node, so that after a restart an object whose current version is invalid keeps
+	// its last valid version in force (see lastvalid.go). Default "": not kept.
+	LastValidDir string
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -92,6 +96,9 @@ type Controller struct {
 	// initial tracks the keys of the initial list until each was synced once; then
 	// the dataplane's leftovers are collected (see gc.go).
 	initial initialSync
+
+	// lastValid keeps each object's last valid version across restarts.
+	lastValid *lastValidStore
 
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
@@ -147,6 +154,10 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			workqueue.TypedRateLimitingQueueConfig[objectKey]{}),
 	}
 	c.progress.init(cfg.Workers)
+	var err error
+	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
 	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
@@ -203,6 +214,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.cfg.Seen.MarkSynced(time.Now())
 	c.versions.synced.Store(true)
 	pruned := c.pruneSeen()
+	if n := c.restoreLastValid(); n > 0 {
+		c.log.Info("last valid versions restored", "objects", n)
+	}
 	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)
 	var keys []objectKey

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
@@ -352,4 +354,62 @@ func TestEntryBudgetRejectsObject(t *testing.T) {
 	if again := a.c.Stats().Syncs; again != syncs {
 		t.Errorf("%d syncs in a second with nothing changing: the rejected version is retried", again-syncs)
 	}
+}
+
+// TestRestartRestoresLastValidVersion: a pod selected by a valid object and by one
+// whose current version is invalid keeps, after a restart, the invalid object's last
+// valid rules, merged with the other's, before and after the other changes. Without
+// them the pod's egress, which only the invalid object isolates, would be open. Real
+// apiserver; the in-memory dataplane kept across the restart, as pins are.
+func TestRestartRestoresLastValidVersion(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.26"
+	createNamespace(t, cp, "lastvalid")
+	mem := bpfmaps.NewMemory()
+	resolver := newLookupTableResolver("10.1.26.1", 261)
+	dir, state := t.TempDir(), t.TempDir()+"/seen.state"
+	first := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state, lastValid: dir})
+	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.26.1")}
+	web := ingressPE("lastvalid", "web", pods, "10.2.0.0/16", 80)
+	dns := ingressPE("lastvalid", "dns-only", pods, "10.9.0.0/16", 53)
+	dns.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	dns.Spec.Egress, dns.Spec.Ingress = dns.Spec.Ingress, nil
+	create(t, cp, web)
+	create(t, cp, dns)
+	testenv.Eventually(t, 20*time.Second, "both reported", func() bool { return first.sink.recordCount() == 2 })
+	inForce := func(when string, ingressPort int) {
+		t.Helper()
+		if !mem.Verdict(261, bpfmaps.Ingress, addr("10.2.0.1"), tcp, uint16(ingressPort)) || mem.Verdict(261, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+			t.Errorf("%s: web's ingress (port %d from 10.2/16 only) not in force", when, ingressPort)
+		}
+		if !mem.Verdict(261, bpfmaps.Egress, addr("10.9.0.1"), tcp, 53) || mem.Verdict(261, bpfmaps.Egress, addr("10.8.0.1"), tcp, 443) {
+			t.Errorf("%s: dns-only's last valid egress isolation not in force", when)
+		}
+	}
+	inForce("before", 80)
+	update(t, cp, dns, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Egress[0].CIDR = "10.9.0.0/33" })
+	testenv.Eventually(t, 20*time.Second, "invalid version counted", func() bool {
+		return invalidCount(first.c, report.KindPolicyEndpoint, "spec.egress.cidr") == 1
+	})
+	first.stop()
+
+	second := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver, state: state, lastValid: dir})
+	testenv.Eventually(t, 20*time.Second, "initial sync done", func() bool { return initialSyncDone(second.c) })
+	testenv.Eventually(t, 20*time.Second, "invalid version counted again", func() bool {
+		return invalidCount(second.c, report.KindPolicyEndpoint, "spec.egress.cidr") == 1
+	})
+	inForce("after the restart", 80)
+	update(t, cp, web, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].Ports[0].Port = ptr[int32](81) })
+	testenv.Eventually(t, 20*time.Second, "web's update reported", func() bool { return len(second.sink.recordsFor(string(web.UID))) == 1 })
+	inForce("after web changed", 81)
+
+	// Deleting the object forgets its saved version.
+	remove(t, cp, dns)
+	testenv.Eventually(t, 20*time.Second, "egress open once dns-only is deleted", func() bool {
+		return mem.Verdict(261, bpfmaps.Egress, addr("10.8.0.1"), tcp, 443)
+	})
+	testenv.Eventually(t, 5*time.Second, "only web's version saved after the delete", func() bool {
+		ents, _ := os.ReadDir(dir)
+		return len(ents) == 1 && strings.Contains(ents[0].Name(), "_web.json")
+	})
 }

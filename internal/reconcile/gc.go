@@ -1,9 +1,13 @@
 package reconcile
 
 import (
+	"fmt"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
 )
 
 // initialSync tracks the keys of the initial list until each was synced once.
@@ -49,16 +53,72 @@ func (c *Controller) initialSynced(key objectKey) {
 	}
 }
 
+// restoreLastValid puts back in force, before the workers start, the last valid
+// version a previous process saved of every object whose current version is invalid:
+// its pods keep the policy they had (merged with the other objects by their first
+// commit), as if the process had not restarted. It returns how many it restored.
+func (c *Controller) restoreLastValid() int {
+	if c.lastValid == nil {
+		return 0
+	}
+	restored := 0
+	for kind, inf := range c.informers {
+		for _, obj := range inf.GetStore().List() {
+			m, err := meta.Accessor(obj)
+			if err != nil {
+				continue
+			}
+			key := objectKey{kind: report.Kind(kind), namespace: m.GetNamespace(), name: m.GetName()}
+			if _, err := c.compile(obj); err == nil {
+				continue
+			}
+			saved, err := c.lastValid.load(key, m.GetUID())
+			if err != nil {
+				c.log.Warn("last valid version not restored", "object", key.String(), "err", err)
+				continue
+			}
+			if saved == nil {
+				continue
+			}
+			compiled, err := c.compile(saved)
+			if err != nil {
+				c.log.Warn("saved last valid version no longer compiles: not restored", "object", key.String(), "err", err)
+				continue
+			}
+			c.pods.restore(key, compiled)
+			restored++
+			c.log.Info("current version invalid: the last valid version saved before the restart stays in force",
+				"object", key.String(), "resourceVersion", m.GetResourceVersion(), "validResourceVersion", compiled.resourceVersion)
+		}
+	}
+	return restored
+}
+
+// compile compiles a PolicyEndpoint or ClusterPolicyEndpoint.
+func (c *Controller) compile(obj any) (*compiledObject, error) {
+	switch o := obj.(type) {
+	case *v1alpha1.PolicyEndpoint:
+		return c.cfg.Compile.policyEndpoint(o, c.cfg.NodeIP)
+	case *v1alpha1.ClusterPolicyEndpoint:
+		return c.cfg.Compile.clusterPolicyEndpoint(o, c.cfg.NodeIP)
+	}
+	return nil, fmt.Errorf("unexpected %T", obj)
+}
+
 // pruneSeen drops seen-set entries of objects that are gone (deleted while the agent
 // was down), so restored state does not hold memory forever.
+// It also drops the saved last valid versions of those objects.
 func (c *Controller) pruneSeen() int {
 	live := map[string]struct{}{}
-	for _, inf := range c.informers {
+	liveKeys := map[objectKey]struct{}{}
+	for kind, inf := range c.informers {
 		for _, obj := range inf.GetStore().List() {
 			if m, err := meta.Accessor(obj); err == nil {
 				live[string(m.GetUID())] = struct{}{}
+				liveKeys[objectKey{kind: report.Kind(kind), namespace: m.GetNamespace(), name: m.GetName()}] = struct{}{}
 			}
 		}
 	}
+	c.lastValid.prune(func(k objectKey) bool { _, ok := liveKeys[k]; return ok })
 	return c.cfg.Seen.Prune(func(uid string) bool { _, ok := live[uid]; return ok })
 }

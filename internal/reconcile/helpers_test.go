@@ -145,6 +145,7 @@ type agentOptions struct {
 	compile  CompileOptions
 	// watchStall is Config.WatchStallTimeout; 0 for the default.
 	watchStall time.Duration
+	lastValid  string // LastValidDir; "" for none
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -184,6 +185,7 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		MaxRetryDelay: 500 * time.Millisecond,
 		Logger:        o.logger,
 		Compile:       o.compile,
+		LastValidDir:  o.lastValid,
 
 		WatchStallTimeout: o.watchStall,
 	})

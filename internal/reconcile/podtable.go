@@ -298,6 +298,21 @@ func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr) {
 	}
 }
 
+// restore indexes compiled, a valid version a previous process committed, as the
+// key's version without committing anything: the first sync of any object reaching
+// its pods commits them, merged with it. Before the workers start only.
+func (t *podTable) restore(key objectKey, compiled *compiledObject) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.objects[key] != nil {
+		return
+	}
+	st := &objectState{uid: compiled.uid}
+	t.objects[key] = st
+	t.index(st, compiled)
+	st.dirty = t.reach(compiled)
+}
+
 // noteRejected records that the key's version rv was rejected; it reports whether
 // this is the first time for rv (to log and count it once per written version).
 func (t *podTable) noteRejected(key objectKey, uid types.UID, rv string) bool {

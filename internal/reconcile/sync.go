@@ -83,6 +83,11 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	if res.rejected != nil {
 		return c.rejected(key, v, res.rejected, &res, log)
 	}
+	if !res.noLocalWork {
+		if err := c.lastValid.save(key, obj); err != nil {
+			log.Warn("last valid version not saved: after a restart with an invalid current version, this object's rules would be missing", "err", err)
+		}
+	}
 	return c.recordOutcome(key, v, policyRef, &res, times, log)
 }
 
@@ -119,6 +124,9 @@ func (c *Controller) syncDeleted(key objectKey) outcome {
 		return outcomeRetry
 	}
 	c.forgetDeleted(key, uid)
+	if err := c.lastValid.remove(key); err != nil {
+		log.Warn("last valid version of a deleted object not removed", "err", err)
+	}
 	return outcomeDone
 }
 
