@@ -53,6 +53,8 @@
 //     nothing (CommitResult.Skipped).
 //   - All or nothing: a commit rejected for invalid content (ErrInvalidPolicy, naming
 //     the direction, rule and field) or capacity (ErrCapacity) leaves nothing visible.
+//   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
+//     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
 //     what a previous process pinned, so enforcement never lapses, and repairs what a
 //     process that died mid-commit left (an inactive entry set that is not level with

@@ -37,7 +37,9 @@
 //   - Bad input (a CIDR, except, port, protocol, action, tier, podIsolation, hostIP or
 //     podIP that does not parse or is out of range; a domainName rule, which cannot be
 //     enforced from the object alone, unless Config.Compile says to leave out those
-//     that only allow) rejects that object version: it is
+//     that only allow; a PolicyEndpoint pod of another namespace; more map entries
+//     than Config.Compile.MaxEntriesPerObject; a version whose merge with the other
+//     objects of a pod the dataplane refuses) rejects that object version: it is
 //     not programmed, the error names the object and the field, it is counted by kind
 //     and field (Counts), and it is not retried (a retry cannot heal it; the next write brings a
 //     new sync). The object's last valid version stays in force for its pods (fail
@@ -61,6 +63,12 @@
 //     the dataplane still holds (pinned by the previous process) for interfaces no
 //     current object wants is removed: policies deleted while the agent was down do
 //     not stay enforced.
+//   - Never open by mistake: across a restart an object whose current version is
+//     invalid keeps its last valid version in force (saved per object under
+//     Config.LastValidDir, restored before the workers start); without a saved one,
+//     the pinned state of the pods it names is kept. A pod whose commit fails and
+//     that holds no state is isolated, counted and logged, while the commit is
+//     retried.
 //
 // Where each job lives:
 //
@@ -76,7 +84,9 @@
 //   - podtable.go: objects, pod index, merge and commit behind one lock. A worker
 //     compiles its object before it asks for the lock; the wait is measured (the
 //     attempt's lock wait), and so are the merge and the dataplane's phases.
-//   - gc.go: after the initial sync, leftovers of the previous process.
+//   - gc.go: after the caches sync, restore of last valid versions; after the initial
+//     sync, leftovers of the previous process.
+//   - lastvalid.go: each object's last valid version, saved for the next process.
 //   - policy.go: object → rules (compile) and the per-pod merge.
 //   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
 //     the caches, the pod table and the seen-set hold now, plus a bounded history per
