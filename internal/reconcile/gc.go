@@ -62,34 +62,35 @@ func (c *Controller) restoreLastValid() int {
 		return 0
 	}
 	restored := 0
-	for kind, inf := range c.informers {
-		for _, obj := range inf.GetStore().List() {
-			m, err := meta.Accessor(obj)
-			if err != nil {
-				continue
-			}
-			key := objectKey{kind: report.Kind(kind), namespace: m.GetNamespace(), name: m.GetName()}
-			if _, err := c.compile(obj); err == nil {
-				continue
-			}
-			saved, err := c.lastValid.load(key, m.GetUID())
-			if err != nil {
-				c.log.Warn("last valid version not restored", "object", key.String(), "err", err)
-				continue
-			}
-			if saved == nil {
-				continue
-			}
-			compiled, err := c.compile(saved)
-			if err != nil {
-				c.log.Warn("saved last valid version no longer compiles: not restored", "object", key.String(), "err", err)
-				continue
-			}
-			c.pods.restore(key, compiled)
-			restored++
-			c.log.Info("current version invalid: the last valid version saved before the restart stays in force",
-				"object", key.String(), "resourceVersion", m.GetResourceVersion(), "validResourceVersion", compiled.resourceVersion)
+	for _, key := range c.lastValid.keys() { // objects with work here: fewer than the caches hold
+		obj, ok, err := c.informers[key.kind].GetIndexer().GetByKey(key.storeKey())
+		if err != nil || !ok {
+			continue
 		}
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			continue
+		}
+		if _, err := c.compile(obj); err == nil {
+			continue
+		}
+		saved, err := c.lastValid.load(key, m.GetUID())
+		if err != nil {
+			c.log.Warn("last valid version not restored", "object", key.String(), "err", err)
+			continue
+		}
+		if saved == nil {
+			continue
+		}
+		compiled, err := c.compile(saved)
+		if err != nil {
+			c.log.Warn("saved last valid version no longer compiles: not restored", "object", key.String(), "err", err)
+			continue
+		}
+		c.pods.restore(key, compiled)
+		restored++
+		c.log.Info("current version invalid: the last valid version saved before the restart stays in force",
+			"object", key.String(), "resourceVersion", m.GetResourceVersion(), "validResourceVersion", compiled.resourceVersion)
 	}
 	return restored
 }

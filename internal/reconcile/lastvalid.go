@@ -124,23 +124,30 @@ func (s *lastValidStore) remove(key objectKey) error {
 	return nil
 }
 
-// prune removes the files of keys live does not hold (objects deleted while the agent
-// was down), and returns how many it removed.
-func (s *lastValidStore) prune(live func(objectKey) bool) int {
+// keys returns the keys with a saved version.
+func (s *lastValidStore) keys() []objectKey {
 	if s == nil {
-		return 0
+		return nil
 	}
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
-		return 0
+		return nil
 	}
-	removed := 0
+	var keys []objectKey
 	for _, e := range ents {
-		kind, ns, name, ok := parseLastValidName(e.Name())
-		if !ok {
-			continue
+		if kind, ns, name, ok := parseLastValidName(e.Name()); ok {
+			keys = append(keys, objectKey{kind: kind, namespace: ns, name: name})
 		}
-		if k := (objectKey{kind: kind, namespace: ns, name: name}); !live(k) && s.remove(k) == nil {
+	}
+	return keys
+}
+
+// prune removes the files of keys live does not hold (objects deleted while the agent
+// was down), and returns how many it removed.
+func (s *lastValidStore) prune(live func(objectKey) bool) int {
+	removed := 0
+	for _, k := range s.keys() {
+		if !live(k) && s.remove(k) == nil {
 			removed++
 		}
 	}
