@@ -413,3 +413,44 @@ func TestRestartRestoresLastValidVersion(t *testing.T) {
 		return len(ents) == 1 && strings.Contains(ents[0].Name(), "_web.json")
 	})
 }
+
+// TestHeldPodReleasedByAValidVersion: without a saved last valid version, a pod named
+// only by an object whose current version is invalid keeps its pinned state across a
+// restart; a later valid version that no longer selects it removes that state (pinned
+// by the previous process, never committed by this one), and programs the pod it
+// selects now. Real apiserver; the in-memory dataplane kept across the restart.
+func TestHeldPodReleasedByAValidVersion(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.27"
+	createNamespace(t, cp, "held")
+	mem := bpfmaps.NewMemory()
+	resolver := newLookupTableResolver("10.1.27.1", 271, "10.1.27.2", 272)
+	first := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver})
+	pe := ingressPE("held", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.27.1")}, "10.2.0.0/16", 80)
+	create(t, cp, pe)
+	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(first.sink.recordsFor(string(pe.UID))) == 1 })
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].CIDR = "10.2.0.0/33" })
+	testenv.Eventually(t, 20*time.Second, "invalid version counted", func() bool { return first.c.Stats().InvalidObjects == 1 })
+	first.stop()
+
+	second := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: resolver})
+	testenv.Eventually(t, 20*time.Second, "initial sync done", func() bool { return initialSyncDone(second.c) })
+	if got := mem.Pods(); len(got) != 1 || got[0] != 271 {
+		t.Fatalf("dataplane pods after the restart = %v, want the held pod 271", got)
+	}
+	if mem.Verdict(271, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+		t.Errorf("held pod 271 open after the restart")
+	}
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Spec.Ingress[0].CIDR = "10.2.0.0/16"
+		pe.Spec.PodSelectorEndpoints = []v1alpha1.PodEndpoint{pod(node, "10.1.27.2")}
+		pe.Spec.PodSelectorEndpoints[0].Namespace = "held"
+	})
+	testenv.Eventually(t, 20*time.Second, "the held pod released, the new one programmed", func() bool {
+		got := mem.Pods()
+		return len(got) == 1 && got[0] == 272
+	})
+	if !mem.Verdict(272, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || mem.Verdict(272, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+		t.Errorf("pod 272: the valid version not in force")
+	}
+}
