@@ -265,8 +265,13 @@ func TestDaemonSet(t *testing.T) {
 			if st, ok := mounts["/var/lib/npagent"]; !ok || hostPaths[st.Name] != "/var/lib/npagent" {
 				t.Errorf("/var/lib/npagent is not the host's /var/lib/npagent")
 			}
-			if len(hostPaths) != 2 {
-				t.Errorf("host paths %v, want /sys/fs/bpf and /var/lib/npagent only", hostPaths)
+			// The debug socket's directory (default --debug-socket): init containers
+			// running npagent wait reach the agent through the host's /run/npagent.
+			if r, ok := mounts["/run/npagent"]; !ok || hostPaths[r.Name] != "/run/npagent" {
+				t.Errorf("/run/npagent is not the host's /run/npagent")
+			}
+			if len(hostPaths) != 3 {
+				t.Errorf("host paths %v, want /sys/fs/bpf, /var/lib/npagent and /run/npagent only", hostPaths)
 			}
 			if !slices.Contains(ctr.Args, "--state-file=/var/lib/npagent/seen.state") || !slices.Contains(ctr.Args, "--bpffs-path=/sys/fs/bpf/npagent") {
 				t.Errorf("args %v: the state file and the pins are not on the host paths", ctr.Args)
