@@ -131,6 +131,12 @@ var instruments = []string{
 	promName(telemetry.CommitFailuresName, "_total"),
 	promName(telemetry.SeenObjectsName, ""),
 	promName(telemetry.SeenPendingName, ""),
+	promName(telemetry.SeenOldestPendingAgeName, "_seconds"),
+	promName(telemetry.WatchStalledName, ""),
+	promName(telemetry.WatchEstablishedName, ""),
+	promName(telemetry.WatchLastEventAgeName, "_seconds"),
+	promName(telemetry.WatchErrorsName, "_total"),
+	promName(telemetry.WatchRelistsName, "_total"),
 	promName(telemetry.SpansDroppedName, "_total"),
 	promName(telemetry.MetricExportsFailedName, "_total"),
 }
@@ -295,6 +301,7 @@ var labels = []string{
 	promName(string(telemetry.CauseKey), ""),
 	promName(string(telemetry.FieldKey), ""),
 	promName(string(telemetry.OutcomeKey), ""),
+	promName(string(telemetry.RequestKey), ""),
 	"instance", "cluster", "quantile",
 }
 

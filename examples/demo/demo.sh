@@ -14,8 +14,10 @@
 # DEMO_TRACE_PARENTING=child, its parent) leads to; Prometheus evaluates the SLO
 # rules of deploy/prometheus (verify prints the cluster p50/p90/p99 they record)
 # and verify runs every query of the Grafana dashboard deploy/grafana/npagent.json
-# against it. Exit status non-zero when a link of that chain is broken or a
-# dashboard query answers nothing.
+# against it; then npagent explain shows, from the agent's debug socket, the slowest
+# exemplar's object: its versions, pending triggers and last reports with their
+# phases. Exit status non-zero when a link of that chain is broken, a dashboard
+# query answers nothing, or explain cannot answer.
 #
 # Needs root: the pods are network namespaces with veth pairs and /32 routes, which
 # is what npagent's route resolver maps pod IPs to; eBPF enforcement is used when it
@@ -219,7 +221,8 @@ export OTEL_METRIC_EXPORT_INTERVAL=2000 OTEL_BSP_SCHEDULE_DELAY=500
 start_agent() {
 	start npagent "$WORK/bin/npagent" --kubeconfig="$KUBECONFIG_FILE" --node-name="$NODE_NAME" --node-ip="$NODE_IP" \
 		--dataplane="$1" --bpffs-path="$BPFFS" --state-file="$WORK/npagent/seen.state" \
-		--metrics-addr="127.0.0.1:$AGENT" --resync-period=15s --trace-parenting="$PARENTING"
+		--metrics-addr="127.0.0.1:$AGENT" --resync-period=15s --trace-parenting="$PARENTING" \
+		--debug-socket="$WORK/npagent/debug.sock"
 	local deadline=$((SECONDS + 60))
 	until http_ok "$AGENT_URL/readyz"; do
 		alive npagent || return 1
@@ -280,5 +283,12 @@ log "churn done: $(cat "$WORK/churn.json")"
 log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars, SLO rules, dashboard queries) -> Jaeger (trace)"
 "$WORK/bin/verify" --prometheus="http://127.0.0.1:$PROM" --jaeger="http://127.0.0.1:$JAEGER_QUERY" \
 	--agent="$AGENT_URL" --churn-summary="$WORK/churn.json" --trace-parenting="$PARENTING" --apiserver-restarted="$([[ $RESTART == 1 ]] && echo true || echo false)" \
-	--dashboard="$ROOT/deploy/grafana/npagent.json"
+	--dashboard="$ROOT/deploy/grafana/npagent.json" --slowest-object-file="$WORK/slowest"
+
+# --- why was it slow? npagent explain, on the node, for the slowest exemplar's object ---
+SLOWEST="$(cat "$WORK/slowest")"
+echo
+echo "npagent explain $SLOWEST (the slowest exemplar's object, from the agent's debug socket):"
+"$WORK/bin/npagent" explain --debug-socket="$WORK/npagent/debug.sock" "$SLOWEST" ||
+	die "npagent explain $SLOWEST failed"
 log "dataplane: $DATAPLANE; logs were in $LOGS"

@@ -67,6 +67,7 @@ func main() {
 	churnFile := flag.String("churn-summary", "", "the churn driver's JSON summary (required)")
 	timeout := flag.Duration("timeout", 90*time.Second, "how long to wait for each stage to settle")
 	parenting := flag.String("trace-parenting", "link", "npagent's --trace-parenting: link (follow policy.program's span link to the writer's trace) or child (its parent)")
+	slowestFile := flag.String("slowest-object-file", "", "write the object of the slowest exemplar's trace there, as npagent explain names it (pe/<ns>/<name>, cpe/<name>); empty: not written")
 	dashboard := flag.String("dashboard", "", "a Grafana dashboard JSON (deploy/grafana/npagent.json): run each panel's query against Prometheus; empty: not checked")
 	restarted := flag.Bool("apiserver-restarted", true, "the apiserver was restarted during the churn: expect relists; "+
 		"false: expect every written trigger to be accounted for exactly")
@@ -79,7 +80,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "verify: --prometheus, --jaeger, --agent and --churn-summary are required")
 		os.Exit(2)
 	}
-	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, restarted: *restarted, dashboard: *dashboard,
+	v := &verifier{prom: *prom, jaeger: *jaeger, agent: *agent, timeout: *timeout, restarted: *restarted, dashboard: *dashboard, slowestFile: *slowestFile,
 		link: *parenting == "link", http: &http.Client{Timeout: 10 * time.Second}}
 	if err := v.run(*churnFile); err != nil {
 		fmt.Fprintf(os.Stderr, "verify: %v\n", err)
@@ -100,6 +101,7 @@ type verifier struct {
 	timeout             time.Duration
 	restarted           bool   // the apiserver restarted mid-run
 	dashboard           string // the Grafana dashboard whose queries must answer ("": not checked)
+	slowestFile         string // where to write the slowest exemplar's object ("": nowhere)
 	link                bool   // npagent links its root to the writer's context (else parents it)
 	http                *http.Client
 	failures            []string
@@ -434,6 +436,15 @@ func (v *verifier) printTrace(traceID string) error {
 		return err
 	}
 	printTree(os.Stdout, trace)
+	if v.slowestFile != "" {
+		ref, err := explainRef(trace)
+		if err == nil {
+			err = os.WriteFile(v.slowestFile, []byte(ref+"\n"), 0o644)
+		}
+		if err != nil {
+			v.fail("trace %s: the object to explain: %v", traceID, err)
+		}
+	}
 	for _, want := range []string{"policy.program", "delivery", "queue", "commit"} {
 		if !hasSpan(trace.Spans, want) {
 			v.fail("trace %s has no %s span", traceID, want)
@@ -458,6 +469,32 @@ func (v *verifier) printTrace(traceID string) error {
 		v.fail("trace %s: %s", traceID, problem)
 	}
 	return nil
+}
+
+// explainRef names the object of npagent's trace as npagent explain takes it, from
+// its root span's attributes: pe/<namespace>/<name> or cpe/<name>.
+func explainRef(trace jaegerTrace) (string, error) {
+	for _, sp := range trace.Spans {
+		if sp.OperationName != "policy.program" {
+			continue
+		}
+		tags := map[string]string{}
+		for _, t := range sp.Tags {
+			tags[t.Key] = fmt.Sprint(t.Value)
+		}
+		name := tags["npagent.policy.name"]
+		switch kind := tags["npagent.policy.kind"]; {
+		case name == "":
+			return "", errors.New("policy.program has no npagent.policy.name")
+		case kind == "PolicyEndpoint" && tags["k8s.namespace.name"] != "":
+			return "pe/" + tags["k8s.namespace.name"] + "/" + name, nil
+		case kind == "ClusterPolicyEndpoint":
+			return "cpe/" + name, nil
+		default:
+			return "", fmt.Errorf("policy.program has kind %q, namespace %q", kind, tags["k8s.namespace.name"])
+		}
+	}
+	return "", errors.New("no policy.program span")
 }
 
 // writerRef finds, in npagent's trace, the reference from policy.program to the

@@ -107,3 +107,28 @@ func TestWriterRef(t *testing.T) {
 		t.Error("sameID")
 	}
 }
+
+// TestExplainRef: the object npagent explain is run on comes from the root span's
+// attributes, in explain's own syntax, for both kinds; a root without them is an error.
+func TestExplainRef(t *testing.T) {
+	root := func(tags string) string {
+		return `{"spans":[{"traceID":"a","spanID":"r","operationName":"policy.program","tags":[` + tags + `]}]}`
+	}
+	for _, tc := range []struct{ name, trace, want, wantErr string }{
+		{"PolicyEndpoint", root(`{"key":"npagent.policy.kind","value":"PolicyEndpoint"},{"key":"k8s.namespace.name","value":"churn"},{"key":"npagent.policy.name","value":"churn-002"}`), "pe/churn/churn-002", ""},
+		{"ClusterPolicyEndpoint", root(`{"key":"npagent.policy.kind","value":"ClusterPolicyEndpoint"},{"key":"npagent.policy.name","value":"deny-all"}`), "cpe/deny-all", ""},
+		{"no name", root(`{"key":"npagent.policy.kind","value":"PolicyEndpoint"}`), "", "no npagent.policy.name"},
+		{"no root", `{"spans":[{"traceID":"a","spanID":"c","operationName":"commit"}]}`, "", "no policy.program"},
+	} {
+		got, err := explainRef(parseTrace(t, tc.trace))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: explainRef = %q, %v; want an error about %q", tc.name, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: explainRef = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+}
