@@ -18,7 +18,9 @@ func withTraceParent(tp string) func(*v1alpha1.PolicyEndpoint) {
 
 // onlyRemotePods leaves the object selecting pods of other nodes only.
 func onlyRemotePods(pe *v1alpha1.PolicyEndpoint) {
-	pe.Spec.PodSelectorEndpoints = []v1alpha1.PodEndpoint{pod("192.0.2.99", "10.61.9.9")}
+	remote := pod("192.0.2.99", "10.61.9.9")
+	remote.Namespace = pe.Namespace // a PolicyEndpoint selects pods of its own namespace
+	pe.Spec.PodSelectorEndpoints = []v1alpha1.PodEndpoint{remote}
 }
 
 const (
