@@ -72,7 +72,8 @@ func TestRecreatedObjectIsNotReportedForItsPredecessorsPods(t *testing.T) {
 // while the key waited). Each trigger is reported with its own resourceVersion and
 // traceparent, and only on a node where its own version changed something: here v1
 // changes the rules of the local pod and v2 removes the pod (marked as a removal), so
-// both are reported; on a node where v1 had no pod and v2 has one, only v2's is.
+// both are reported, each naming the other's writer (Served) for the commit's links;
+// on a node where v1 had no pod and v2 has one, only v2's is.
 func TestCoalescedTriggersKeepTheirOwnVersions(t *testing.T) {
 	t.Run("change, then remove the local pod", func(t *testing.T) {
 		sink := newRecordingSink()
@@ -102,9 +103,9 @@ func TestCoalescedTriggersKeepTheirOwnVersions(t *testing.T) {
 			t.Fatalf("records %v, want t1 %v and t2 %v", triggersOf(recs), t1, t2)
 		}
 		want := map[time.Time]struct {
-			rv, tp      string
-			removedOnly bool
-		}{t1: {v1.ResourceVersion, tp1, false}, t2: {v2.ResourceVersion, tp2, true}}
+			rv, tp, served string
+			removedOnly    bool
+		}{t1: {v1.ResourceVersion, tp1, tp2, false}, t2: {v2.ResourceVersion, tp2, tp1, true}}
 		for _, r := range recs {
 			w, ok := want[r.Trigger]
 			if !ok {
@@ -113,6 +114,10 @@ func TestCoalescedTriggersKeepTheirOwnVersions(t *testing.T) {
 			if r.ResourceVersion != w.rv || r.TraceParent != w.tp || r.RemovedOnly != w.removedOnly {
 				t.Errorf("trigger %v: resourceVersion %s traceparent %s removedOnly %v; want %s %s %v",
 					r.Trigger, r.ResourceVersion, r.TraceParent, r.RemovedOnly, w.rv, w.tp, w.removedOnly)
+			}
+			// The commit served both: each trigger's record names the other's writer.
+			if len(r.Served) != 1 || r.Served[0] != w.served {
+				t.Errorf("trigger %v: served %v, want [%s]", r.Trigger, r.Served, w.served)
 			}
 		}
 	})

@@ -219,11 +219,20 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 	if err != nil {
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
-	for _, r := range reports {
+	versions := make([]triggerVersion, len(reports))
+	var served []string // every reported trigger's traceparent, when a commit served several
+	for i, r := range reports {
 		tv, known := c.triggers.lookup(v.uid, r.Trigger)
 		if !known {
 			tv = triggerVersion{resourceVersion: v.resourceVersion, traceParent: v.traceParent, removedOnly: v.removedOnly()}
 		}
+		versions[i] = tv
+		if len(reports) > 1 && tv.traceParent != "" {
+			served = append(served, tv.traceParent)
+		}
+	}
+	for i, r := range reports {
+		tv := versions[i]
 		rec := &report.Record{
 			Kind:            key.kind,
 			Namespace:       key.namespace,
@@ -241,6 +250,7 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 			Entries:         res.entries,
 			TraceParent:     tv.traceParent,
 			RemovedOnly:     tv.removedOnly,
+			Served:          othersThan(served, tv.traceParent),
 		}
 		if r.Ahead {
 			// An earlier commit already held this version (the lister ran ahead of the
@@ -252,4 +262,18 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 	c.triggers.dropThrough(v.uid, v.trigger)
 	c.stats.reports.Add(uint64(len(reports)))
 	return outcomeDone
+}
+
+// othersThan returns the traceparents in all but own (once), nil if none.
+func othersThan(all []string, own string) []string {
+	var out []string
+	skipped := false
+	for _, tp := range all {
+		if tp == own && !skipped {
+			skipped = true
+			continue
+		}
+		out = append(out, tp)
+	}
+	return out
 }

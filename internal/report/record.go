@@ -26,6 +26,10 @@ type Record struct {
 	// RemovedOnly: the trigger's version selects no pod on this node; its change here
 	// was removing the pods an earlier version of the object selected.
 	RemovedOnly bool
+	// Served are the traceparents of the other triggers the same commit reported
+	// (versions coalesced into it), for links from this trigger's commit span to
+	// their writers; nil when the commit served this trigger alone.
+	Served []string
 }
 
 // Committed returns the end of the last attempt (the commit time), or the zero

@@ -39,6 +39,9 @@ const (
 	AttemptKey               = attribute.Key("npagent.commit.attempt")
 	PodsKey                  = attribute.Key("npagent.commit.pods")
 	EntriesKey               = attribute.Key("npagent.commit.map_entries")
+	// LinkKindKey says what a span link points to: "served", from a commit span
+	// to the writer of another trigger the same commit served.
+	LinkKindKey = attribute.Key("npagent.link.kind")
 	// RemovedOnlyKey (true) marks a trigger whose version's only change on this
 	// node was removing pods an earlier version selected (report.Record.RemovedOnly).
 	RemovedOnlyKey = attribute.Key("npagent.commit.removed_only")
@@ -141,6 +144,23 @@ func (t *Telemetry) remoteParent(r *report.Record) trace.SpanContext {
 	return psc
 }
 
+// servedLink marks a commit span's link to the writer of another trigger the same
+// commit served (report.Record.Served).
+var servedLink = []attribute.KeyValue{LinkKindKey.String("served")}
+
+// linkServed links the successful commit span to the writers of the other triggers
+// it served: versions coalesced into one commit are reported one trace each, and
+// the links join them. Traceparents that do not parse are skipped: each trigger's
+// own report counts its own.
+func (t *Telemetry) linkServed(s trace.Span, r *report.Record) {
+	for _, tp := range r.Served {
+		carrier := traceparentCarrier(tp)
+		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), &carrier)); sc.IsValid() {
+			s.AddLink(trace.Link{SpanContext: sc, Attributes: servedLink})
+		}
+	}
+}
+
 // spanTree starts the root span with the latency and kind as start attributes,
 // so the sampler (latencySampler) decides; when it is sampled, reserves room
 // for the whole tree in the span queues (treeGate.reserve) and, when one has
@@ -201,6 +221,9 @@ func (t *Telemetry) spanTree(parent context.Context, link trace.SpanContext, r *
 		s := child(a.Start, SpanCommit)
 		sc.attrs = commitAttributes(sc.attrs[:0], n, &a.Phases)
 		s.SetAttributes(sc.attrs...)
+		if i == len(r.Attempts)-1 {
+			t.linkServed(s, r)
+		}
 		if a.Err != "" {
 			s.SetStatus(codes.Error, a.Err)
 			s.AddEvent("exception", trace.WithTimestamp(a.End),

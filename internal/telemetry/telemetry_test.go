@@ -35,6 +35,39 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 	return m
 }
 
+// TestReportLinksServedWriters: a commit that served several triggers links, from
+// each trigger's successful commit span, to the writers of the others (Served);
+// a served traceparent that does not parse is skipped, and a failed attempt's
+// commit span has no links.
+func TestReportLinksServedWriters(t *testing.T) {
+	tel := newInMemory(t)
+	r := record(base, "pe-1", 400*time.Millisecond)
+	r.Attempts = []report.Attempt{
+		{Start: base.Add(300 * time.Millisecond), End: base.Add(320 * time.Millisecond), Err: "no space"},
+		{Start: base.Add(380 * time.Millisecond), End: base.Add(400 * time.Millisecond)},
+	}
+	const other = "00-33333333333333333333333333333333-3333333333333333-01"
+	r.Served = []string{other, "not a traceparent"}
+	tel.Report(r)
+	var commits []tracetest.SpanStub
+	for _, s := range tel.endedSpans(t) {
+		if s.Name == SpanCommit {
+			commits = append(commits, s)
+		}
+	}
+	if len(commits) != 2 {
+		t.Fatalf("%d commit spans, want 2", len(commits))
+	}
+	if len(commits[0].Links) != 0 {
+		t.Errorf("the failed attempt's commit span has links %v", commits[0].Links)
+	}
+	links := commits[1].Links
+	if len(links) != 1 || links[0].SpanContext.TraceID().String() != "33333333333333333333333333333333" ||
+		attrMap(links[0].Attributes)[LinkKindKey] != attribute.StringValue("served") {
+		t.Fatalf("successful commit span links %+v, want one served link to trace 3333…", links)
+	}
+}
+
 // TestReportMarksRemovals: a trigger whose version only removed this node's pods
 // (report.Record.RemovedOnly) says so on its root span.
 func TestReportMarksRemovals(t *testing.T) {
