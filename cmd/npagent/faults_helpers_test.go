@@ -1,0 +1,495 @@
+package main
+
+// Helpers of the fault tests (faults_test.go): the profile, a TCP proxy that cuts the
+// agent off its apiserver, local pods, a real OpenTelemetry Collector in front of an
+// OTLP sink inside the test, a writer that records every trigger it stamps, and the
+// agent's resident memory.
+
+import (
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/skip"
+)
+
+// EnvE2E selects the full profile of the fault tests (make e2e); unset, they run
+// the short one (make test).
+const EnvE2E = "NPAGENT_E2E"
+
+// faultProfile is how hard the fault tests push.
+type faultProfile struct {
+	name    string
+	kills   int           // SIGKILLs mid-churn (TestFaultSIGKILLMidChurn)
+	outage  time.Duration // collector down (TestFaultCollectorOutage)
+	restart bool          // also restart the apiserver during the 410 gap
+}
+
+func profile(t *testing.T) faultProfile {
+	p := faultProfile{name: "short", kills: 3, outage: 10 * time.Second}
+	if os.Getenv(EnvE2E) == "1" {
+		p = faultProfile{name: "full", kills: 10, outage: 30 * time.Second, restart: true}
+	}
+	t.Logf("fault profile %s (%s=1 selects the full one): %+v", p.name, EnvE2E, p)
+	return p
+}
+
+// cutProxy forwards TCP to addr's target (TLS passes through, so the agent keeps
+// the apiserver's credentials) until cut: then it stops listening and closes every
+// open connection, so the agent's watches end and its retries are refused, as when
+// the apiserver is down. restore listens on the same address again.
+type cutProxy struct {
+	t      *testing.T
+	addr   string
+	target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{t: t, addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	go p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *cutProxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.forward(ln, c)
+	}
+}
+
+func (p *cutProxy) forward(ln net.Listener, c net.Conn) {
+	s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.ln != ln { // cut meanwhile
+		p.mu.Unlock()
+		c.Close()
+		s.Close()
+		return
+	}
+	p.conns[c], p.conns[s] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(s, c); done <- struct{}{} }()
+	go func() { io.Copy(c, s); done <- struct{}{} }()
+	<-done
+	c.Close()
+	s.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	delete(p.conns, s)
+	p.mu.Unlock()
+}
+
+// cut stops listening and closes every forwarded connection.
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// restore listens on the proxy's address again.
+func (p *cutProxy) restore() {
+	p.t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("proxy: listen on %s again: %v", p.addr, err)
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go p.serve(ln)
+}
+
+// proxiedKubeconfig writes a kubeconfig reaching cp's apiserver through a cutProxy.
+func proxiedKubeconfig(t *testing.T, rc *rest.Config) (*cutProxy, string) {
+	host := strings.TrimPrefix(rc.Host, "https://")
+	host = strings.TrimSuffix(host, "/")
+	p := newCutProxy(t, host)
+	pc := rest.CopyConfig(rc)
+	pc.Host = "https://" + p.addr
+	kc := filepath.Join(t.TempDir(), "kubeconfig-proxied")
+	testenv.WriteKubeconfig(t, pc, kc)
+	return p, kc
+}
+
+// localPod is a pod on the agent's node: a host-side interface and a host route.
+type localPod struct {
+	ip      string
+	ifname  string
+	ifindex int
+}
+
+// addLocalPods adds n local pods as addLocalPod does (root: CAP_NET_ADMIN), with
+// names and addresses derived from the test's pid and the index.
+func addLocalPods(t *testing.T, n int) []localPod {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skip.Unmet(t, "needs root (CAP_NET_ADMIN) to add the interfaces and host routes of local pods for the route resolver")
+	}
+	pid := os.Getpid()
+	pods := make([]localPod, n)
+	for i := range pods {
+		la := netlink.NewLinkAttrs()
+		la.Name = fmt.Sprintf("npf%d-%d", pid%100000, i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("npg%d-%d", pid%100000, i)}); err != nil {
+			t.Fatalf("add veth %s: %v", la.Name, err)
+		}
+		name := la.Name
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName(name); err == nil {
+				netlink.LinkDel(l)
+			}
+		})
+		link, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatalf("link %s: %v", name, err)
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			t.Fatalf("set %s up: %v", name, err)
+		}
+		ip := net.IPv4(10, 251, byte(pid%250), byte(i+1))
+		route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
+		if err := netlink.RouteAdd(route); err != nil {
+			t.Fatalf("add route %s dev %s: %v", route.Dst, name, err)
+		}
+		pods[i] = localPod{ip: ip.String(), ifname: name, ifindex: link.Attrs().Index}
+	}
+	return pods
+}
+
+// programReport is one policy.program root span as it reached the sink through the
+// collector: one reported trigger.
+type programReport struct {
+	uid, name, trigger string
+	start, end         time.Time
+	latency            float64 // the npagent.policy.programming.latency attribute, seconds
+}
+
+func (r programReport) key() string { return r.uid + " " + r.trigger }
+
+// spanSink is an OTLP/HTTP server inside the test; the real collector's otlp_http
+// exporter delivers to it.
+type spanSink struct {
+	srv *httptest.Server
+
+	mu      sync.Mutex
+	reports []programReport
+	spans   int
+}
+
+func newSpanSink(t *testing.T) *spanSink {
+	s := &spanSink{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
+		var req coltracepb.ExportTraceServiceRequest
+		if !decodeOTLPBody(t, w, r, &req) {
+			return
+		}
+		s.mu.Lock()
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				for _, sp := range ss.GetSpans() {
+					s.spans++
+					if sp.GetName() == "policy.program" {
+						s.reports = append(s.reports, reportOf(sp))
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+		writeOTLPBody(w, &coltracepb.ExportTraceServiceResponse{})
+	})
+	mux.HandleFunc("POST /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+		var req colmetricspb.ExportMetricsServiceRequest
+		if !decodeOTLPBody(t, w, r, &req) {
+			return
+		}
+		writeOTLPBody(w, &colmetricspb.ExportMetricsServiceResponse{})
+	})
+	s.srv = httptest.NewServer(mux)
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func reportOf(sp *tracepb.Span) programReport {
+	r := programReport{
+		start: time.Unix(0, int64(sp.GetStartTimeUnixNano())),
+		end:   time.Unix(0, int64(sp.GetEndTimeUnixNano())),
+	}
+	for _, kv := range sp.GetAttributes() {
+		switch kv.GetKey() {
+		case "npagent.policy.uid":
+			r.uid = kv.GetValue().GetStringValue()
+		case "npagent.policy.name":
+			r.name = kv.GetValue().GetStringValue()
+		case "npagent.policy.trigger_time":
+			r.trigger = kv.GetValue().GetStringValue()
+		case "npagent.policy.programming.latency":
+			r.latency = kv.GetValue().GetDoubleValue()
+		}
+	}
+	return r
+}
+
+func (s *spanSink) snapshot() []programReport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.reports)
+}
+
+func decodeOTLPBody(t *testing.T, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
+	var body io.Reader = r.Body
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return false
+		}
+		body = zr
+	}
+	raw, err := io.ReadAll(body)
+	if err == nil {
+		err = proto.Unmarshal(raw, msg)
+	}
+	if err != nil {
+		t.Errorf("sink: decoding %s: %v", r.URL.Path, err)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return false
+	}
+	return true
+}
+
+func writeOTLPBody(w http.ResponseWriter, msg proto.Message) {
+	raw, _ := proto.Marshal(msg)
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(raw)
+}
+
+// otelCollector is a running otelcol-npagent: OTLP/gRPC in on a fixed loopback
+// port (kept across stop and start), otlp_http out to a spanSink with its sending
+// queue off, so what the collector acknowledged has reached the sink.
+type otelCollector struct {
+	t        *testing.T
+	bin      string
+	config   string
+	grpcAddr string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	logs *strings.Builder
+}
+
+func startOTelCollector(t *testing.T, sink *spanSink) *otelCollector {
+	t.Helper()
+	c := &otelCollector{t: t, bin: testenv.ToolPath(t, "otelcol")}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.grpcAddr = ln.Addr().String()
+	ln.Close()
+	cfg := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %s
+exporters:
+  otlp_http:
+    endpoint: %s
+    sending_queue:
+      enabled: false
+service:
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [otlp_http]
+    metrics:
+      receivers: [otlp]
+      exporters: [otlp_http]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+`, c.grpcAddr, sink.srv.URL)
+	c.config = filepath.Join(t.TempDir(), "otelcol.yaml")
+	if err := os.WriteFile(c.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.start()
+	t.Cleanup(c.kill)
+	return c
+}
+
+func (c *otelCollector) start() {
+	c.t.Helper()
+	c.mu.Lock()
+	c.logs = &strings.Builder{}
+	c.cmd = exec.Command(c.bin, "--config", c.config)
+	w := &lockedWriter{mu: &c.mu, b: c.logs}
+	c.cmd.Stdout, c.cmd.Stderr = w, w
+	err := c.cmd.Start()
+	c.mu.Unlock()
+	if err != nil {
+		c.t.Fatalf("start collector: %v", err)
+	}
+	testenv.Eventually(c.t, 60*time.Second, "the collector to listen on "+c.grpcAddr, func() bool {
+		conn, err := net.DialTimeout("tcp", c.grpcAddr, 200*time.Millisecond)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+}
+
+// kill stops the collector with SIGKILL: the outage a crash causes.
+func (c *otelCollector) kill() {
+	c.mu.Lock()
+	cmd := c.cmd
+	c.cmd = nil
+	c.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// otlpEnv points the agent's OTLP exporters at c, leaving every OTLP timeout at its
+// default; spans leave the batch processor every 100 ms.
+func otlpEnv(c *otelCollector, extra ...string) []string {
+	return append([]string{
+		"OTEL_TRACES_EXPORTER=otlp", "OTEL_METRICS_EXPORTER=otlp",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + c.grpcAddr,
+		"OTEL_BSP_SCHEDULE_DELAY=100",
+	}, extra...)
+}
+
+// written is one trigger the test stamped and wrote.
+type written struct {
+	name, uid, trigger string
+	at                 time.Time // when the write returned
+	op                 string
+}
+
+// writer changes PolicyEndpoints through the real apiserver and records each
+// trigger it writes.
+type writer struct {
+	t  *testing.T
+	c  client.Client
+	mu sync.Mutex
+	w  []written
+}
+
+func stamp() (time.Time, string) {
+	now := time.Now().UTC()
+	return now, now.Format(time.RFC3339Nano)
+}
+
+func (w *writer) record(pe *v1alpha1.PolicyEndpoint, op string) written {
+	rec := written{name: pe.Name, uid: string(pe.UID), trigger: pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime], at: time.Now(), op: op}
+	w.mu.Lock()
+	w.w = append(w.w, rec)
+	w.mu.Unlock()
+	return rec
+}
+
+func (w *writer) create(ctx context.Context, name, podIP string) (written, error) {
+	at, _ := stamp()
+	pe := policyEndpoint(name, podIP, at)
+	if err := w.c.Create(ctx, pe); err != nil {
+		return written{}, fmt.Errorf("create %s: %w", name, err)
+	}
+	return w.record(pe, "create"), nil
+}
+
+// update changes name's spec (the CIDR's second octet) with a new trigger.
+func (w *writer) update(ctx context.Context, name string, n int) (written, error) {
+	var pe v1alpha1.PolicyEndpoint
+	if err := w.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pe); err != nil {
+		return written{}, fmt.Errorf("get %s: %w", name, err)
+	}
+	_, trig := stamp()
+	pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime] = trig
+	pe.Spec.Ingress[0].CIDR = v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.0.0/16", n%250))
+	if err := w.c.Update(ctx, &pe); err != nil {
+		return written{}, fmt.Errorf("update %s: %w", name, err)
+	}
+	return w.record(&pe, "update"), nil
+}
+
+func (w *writer) delete(ctx context.Context, name string) error {
+	pe := &v1alpha1.PolicyEndpoint{}
+	pe.Name, pe.Namespace = name, "default"
+	if err := w.c.Delete(ctx, pe); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// parseTrigger reads a trigger annotation value.
+func parseTrigger(t *testing.T, s string) time.Time {
+	t.Helper()
+	tm, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("trigger %q: %v", s, err)
+	}
+	return tm
+}
