@@ -484,6 +484,12 @@ func (w *writer) delete(ctx context.Context, name string) error {
 	return nil
 }
 
+func (w *writer) all() []written {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.w)
+}
+
 // parseTrigger reads a trigger annotation value.
 func parseTrigger(t *testing.T, s string) time.Time {
 	t.Helper()

@@ -8,7 +8,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +26,8 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 )
@@ -245,4 +249,280 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// churner changes PolicyEndpoints at random through the real apiserver: mostly
+// spec updates, some delete-and-recreate under the same name (a new uid), some
+// deletes and creates.
+type churner struct {
+	w    *writer
+	pods []localPod
+	rng  *rand.Rand
+	live []string
+	made int
+}
+
+func (c *churner) podFor(n int) string { return c.pods[n%len(c.pods)].ip }
+
+func (c *churner) create(ctx context.Context) error {
+	name := fmt.Sprintf("churn-%d", c.made)
+	c.made++
+	if _, err := c.w.create(ctx, name, c.podFor(c.made)); err != nil {
+		return err
+	}
+	c.live = append(c.live, name)
+	return nil
+}
+
+func (c *churner) step(ctx context.Context, n int) error {
+	i := c.rng.IntN(len(c.live))
+	name := c.live[i]
+	switch op := c.rng.Float64(); {
+	case op < 0.05 && len(c.live) > 4:
+		c.live = slices.Delete(c.live, i, i+1)
+		return c.w.delete(ctx, name)
+	case op < 0.10:
+		return c.create(ctx)
+	case op < 0.25:
+		if err := c.w.delete(ctx, name); err != nil {
+			return err
+		}
+		_, err := c.w.create(ctx, name, c.podFor(n))
+		return err
+	default:
+		_, err := c.w.update(ctx, name, n)
+		return err
+	}
+}
+
+// run writes every interval until ctx ends.
+func (c *churner) run(ctx context.Context, t *testing.T, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if err := c.step(context.Background(), n); err != nil {
+			t.Errorf("churn: %v", err)
+			return
+		}
+	}
+}
+
+// agentRun is one process of the agent: from its start to its SIGKILL (or SIGTERM).
+type agentRun struct {
+	start, synced, end time.Time // synced: its informer caches synced (zero: killed before)
+}
+
+// consumed reports whether the agent's state file holds trigger as consumed for uid
+// (not merely pending): a copy is restored into a seen-set, which answers
+// redelivered for a trigger it consumed or holds pending.
+func consumed(t *testing.T, stateFile, uid string, trigger time.Time) bool {
+	t.Helper()
+	raw, err := os.ReadFile(stateFile)
+	if err != nil {
+		t.Fatalf("read state file: %v", err)
+	}
+	cp := filepath.Join(t.TempDir(), "seen.state")
+	if err := os.WriteFile(cp, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := seen.New(time.Now(), seen.WithStatePath(cp))
+	if err != nil {
+		t.Fatalf("restore the agent's state file: %v", err)
+	}
+	if p, ok := s.Pending(uid); ok && p.Equal(trigger) {
+		return false
+	}
+	return s.Observe(uid, trigger, time.Now()) == report.Redelivered
+}
+
+// syncedAt is when the agent logged that its informer caches synced.
+func syncedAt(a *agentProcess) time.Time {
+	for _, line := range strings.Split(a.logs(), "\n") {
+		var rec struct {
+			Time time.Time
+			Msg  string
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "informer caches synced" {
+			return rec.Time
+		}
+	}
+	return time.Time{}
+}
+
+// TestFaultSIGKILLMidChurn: while a writer changes PolicyEndpoints ten times a
+// second, the agent binary is SIGKILLed at random points (before its caches sync,
+// mid-commit, between commits), left down for a random while and restarted with
+// the same state file — 3 times in the short profile, 10 in the full one — then runs
+// to the end. Across all runs no (uid, trigger) is reported twice; every report is
+// a trigger that was written, its span from the trigger to the commit; a trigger
+// written while no agent ran is committed only after the next start, so its latency
+// includes the downtime it waited; and every object live at the end has its last
+// trigger reported exactly once.
+func TestFaultSIGKILLMidChurn(t *testing.T) {
+	skipIfShort(t)
+	prof := profile(t)
+	pods := addLocalPods(t, 6)
+	buildAgent(t) // before the churn: no downtime for the build
+	cp := testenv.Start(t)
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
+	stateFile := filepath.Join(dir, "state", "seen.state")
+	sink := newSpanSink(t)
+	col := startOTelCollector(t, sink)
+	ctx := context.Background()
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("random seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	ch := &churner{w: &writer{t: t, c: cp.Client}, pods: pods, rng: rand.New(rand.NewPCG(seed, 12))}
+	for range 8 {
+		if err := ch.create(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churnCtx, stopChurn := context.WithCancel(ctx)
+	churnDone := make(chan struct{})
+	go func() { defer close(churnDone); ch.run(churnCtx, t, 100*time.Millisecond) }()
+	defer func() { stopChurn(); <-churnDone }()
+
+	var runs []agentRun
+	for i := range prof.kills {
+		start := time.Now()
+		a := startAgentEnv(t, otlpEnv(col), kubeconfig, stateFile)
+		time.Sleep(time.Duration(rng.Int64N(int64(3 * time.Second))))
+		if err := a.cmd.Process.Kill(); err != nil {
+			t.Fatalf("SIGKILL: %v", err)
+		}
+		<-a.done
+		runs = append(runs, agentRun{start: start, synced: syncedAt(a), end: time.Now()})
+		down := 500*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))
+		t.Logf("run %d: killed %v after its start; down for %v", i+1, runs[i].end.Sub(start).Round(time.Millisecond), down.Round(time.Millisecond))
+		time.Sleep(down)
+	}
+	start := time.Now()
+	a := startAgentEnv(t, otlpEnv(col), kubeconfig, stateFile)
+	runs = append(runs, agentRun{start: start})
+	testenv.Eventually(t, 60*time.Second, "/readyz 200 after the last restart", func() bool { code, _ := a.get(t, "/readyz"); return code == http.StatusOK })
+	time.Sleep(3 * time.Second) // churn on under the last run
+	stopChurn()
+	<-churnDone
+
+	// Every object live at the end has its last trigger reported — unless a run
+	// consumed it in its state file and was SIGKILLed before the span left it: the
+	// state is persisted before the reports are emitted, so a kill in between loses
+	// the report rather than risk it twice. The state file tells the two apart.
+	var list v1alpha1.PolicyEndpointList
+	if err := cp.Client.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	writes := ch.w.all()
+	byKey := map[string]written{}
+	for _, w := range writes {
+		byKey[w.uid+" "+w.trigger] = w
+	}
+	last := map[string]string{} // uid → its last trigger
+	for _, pe := range list.Items {
+		last[string(pe.UID)] = pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime]
+	}
+	unreportedLast := func() int {
+		n, missing := reportsByKey(sink.snapshot()), 0
+		for uid, trig := range last {
+			if n[uid+" "+trig] == 0 {
+				missing++
+			}
+		}
+		return missing
+	}
+	// Until all are reported, or nothing new arrives for 10s.
+	for seen, quiet := len(sink.snapshot()), time.Now(); unreportedLast() > 0 && time.Since(quiet) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		if n := len(sink.snapshot()); n != seen {
+			seen, quiet = n, time.Now()
+		}
+	}
+	time.Sleep(3 * time.Second) // resyncs: time for a second report to arrive
+	lastRun := fmt.Sprintf("redelivered %v, before_start %v, stale %v", a.metric(t, suppressed, `reason="redelivered"`),
+		a.metric(t, suppressed, `reason="before_start"`), a.metric(t, suppressed, `reason="stale"`))
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0", code)
+	}
+	runs[len(runs)-1].end = time.Now()
+	runs[len(runs)-1].synced = syncedAt(a)
+
+	reports := sink.snapshot()
+	counts := reportsByKey(reports)
+	for k, n := range counts {
+		if n != 1 {
+			t.Errorf("(uid, trigger) %s reported %d times", k, n)
+		}
+		if _, ok := byKey[k]; !ok {
+			t.Errorf("(uid, trigger) %s reported but never written", k)
+		}
+	}
+	lostLive := 0
+	for uid, trig := range last {
+		n := counts[uid+" "+trig]
+		if n == 0 && consumed(t, stateFile, uid, parseTrigger(t, trig)) {
+			lostLive++
+			t.Logf("live object %s: last trigger %s consumed in the state file by a SIGKILLed run, its report lost with the process", uid, trig)
+			continue
+		}
+		if n != 1 {
+			t.Errorf("live object %s: last trigger %s reported %d times, want once", uid, trig, n)
+		} else if !consumed(t, stateFile, uid, parseTrigger(t, trig)) {
+			t.Errorf("live object %s: last trigger %s reported but not consumed in the state file: a restart would report it again", uid, trig)
+		}
+	}
+
+	// Triggers written while no agent ran: committed after the next start.
+	downtime := func(trig time.Time, at time.Time) (next time.Time, ok bool) {
+		for i := 0; i+1 < len(runs); i++ {
+			if !trig.Before(runs[i].end) && at.Before(runs[i+1].start) {
+				return runs[i+1].start, true
+			}
+		}
+		return time.Time{}, false
+	}
+	var measured, minWaited, maxWaited, maxLatency time.Duration
+	minWaited = time.Hour
+	for _, r := range reports {
+		checkTrueLatency(t, r)
+		w, ok := byKey[r.key()]
+		if !ok {
+			continue
+		}
+		trig := parseTrigger(t, w.trigger)
+		next, ok := downtime(trig, w.at)
+		if !ok {
+			continue
+		}
+		waited := next.Sub(trig)
+		if r.end.Before(next) {
+			t.Errorf("%s %s written during a downtime was committed at %s, before the next agent started at %s",
+				w.name, w.trigger, r.end.Format(time.StampMilli), next.Format(time.StampMilli))
+		}
+		measured++
+		minWaited, maxWaited = min(minWaited, waited), max(maxWaited, waited)
+		maxLatency = max(maxLatency, r.end.Sub(r.start))
+	}
+	if measured == 0 {
+		t.Errorf("no trigger written while the agent was down was reported (%d writes, %d runs)", len(writes), len(runs))
+	}
+	// Triggers never reported: superseded before a synced agent saw them, deleted
+	// before their commit, or lost with a SIGKILLed run.
+	unreported := 0
+	for k := range byKey {
+		if counts[k] == 0 {
+			unreported++
+		}
+	}
+	t.Logf("%d runs (%d SIGKILLed), %d triggers written, %d reported once, 0 twice, %d never reported (superseded or deleted before a synced agent committed them, or lost with a SIGKILL; %d of them the last trigger of a live object, consumed by a killed run); "+
+		"%d written during a downtime and reported: waited %v … %v before the next start, latency up to %v",
+		len(runs), len(runs)-1, len(byKey), len(counts), unreported, lostLive, measured, minWaited.Round(time.Millisecond), maxWaited.Round(time.Millisecond), maxLatency.Round(time.Millisecond))
+	t.Logf("last run's suppressions: %s", lastRun)
 }
