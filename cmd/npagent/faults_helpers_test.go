@@ -6,10 +6,12 @@ package main
 // agent's resident memory.
 
 import (
+	"bufio"
 	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,14 +19,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,16 +47,20 @@ const EnvE2E = "NPAGENT_E2E"
 
 // faultProfile is how hard the fault tests push.
 type faultProfile struct {
-	name    string
-	kills   int           // SIGKILLs mid-churn (TestFaultSIGKILLMidChurn)
-	outage  time.Duration // collector down (TestFaultCollectorOutage)
-	restart bool          // also restart the apiserver during the 410 gap
+	name   string
+	kills  int           // SIGKILLs mid-churn (TestFaultSIGKILLMidChurn)
+	outage time.Duration // collector down (TestFaultCollectorOutage)
+	window time.Duration // latency windows with the collector up, before and after
+	// shutdown is the agent's --shutdown-timeout for the SIGTERM during an
+	// outage: zero leaves the default (10s).
+	shutdown time.Duration
+	restart  bool // also restart the apiserver during the 410 gap
 }
 
 func profile(t *testing.T) faultProfile {
-	p := faultProfile{name: "short", kills: 3, outage: 10 * time.Second}
+	p := faultProfile{name: "short", kills: 3, outage: 10 * time.Second, window: 6 * time.Second, shutdown: 3 * time.Second}
 	if os.Getenv(EnvE2E) == "1" {
-		p = faultProfile{name: "full", kills: 10, outage: 30 * time.Second, restart: true}
+		p = faultProfile{name: "full", kills: 10, outage: 30 * time.Second, window: 30 * time.Second, restart: true}
 	}
 	t.Logf("fault profile %s (%s=1 selects the full one): %+v", p.name, EnvE2E, p)
 	return p
@@ -498,4 +507,134 @@ func parseTrigger(t *testing.T, s string) time.Time {
 		t.Fatalf("trigger %q: %v", s, err)
 	}
 	return tm
+}
+
+func (s *spanSink) spanCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spans
+}
+
+// vmRSS reads a process's resident set size (VmRSS in /proc/<pid>/status), bytes.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read VmRSS of %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64) // "12345 kB"
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}
+
+// nativeHistogram is one scrape of a Prometheus native histogram: the positive
+// buckets by index at schema (bucket i holds (2^((i-1)/2^schema), 2^(i/2^schema)]).
+type nativeHistogram struct {
+	schema  int32
+	zero    uint64
+	buckets map[int]uint64
+	count   uint64
+}
+
+// scrapeNative reads metric family name's native histogram (the series whose labels
+// contain every one of labels, name=value) from the agent's /metrics in the protobuf
+// exposition, the only one that carries native histograms.
+func (a *agentProcess) scrapeNative(t *testing.T, name string, labels ...string) nativeHistogram {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, a.url+"/metrics", nil)
+	req.Header.Set("Accept", "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	for {
+		var mf dto.MetricFamily
+		if err := protodelim.UnmarshalFrom(r, &mf); err != nil {
+			if err == io.EOF {
+				t.Fatalf("/metrics has no native histogram %s %v", name, labels)
+			}
+			t.Fatalf("/metrics (protobuf): %v", err)
+		}
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, want := range labels {
+				k, v, _ := strings.Cut(want, "=")
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+					continue metrics
+				}
+			}
+			h := m.GetHistogram()
+			nh := nativeHistogram{schema: h.GetSchema(), zero: h.GetZeroCount(), count: h.GetSampleCount(), buckets: map[int]uint64{}}
+			idx, deltas := 0, h.GetPositiveDelta()
+			var c int64
+			for si, sp := range h.GetPositiveSpan() {
+				if si == 0 {
+					idx = int(sp.GetOffset())
+				} else {
+					idx += int(sp.GetOffset())
+				}
+				for range sp.GetLength() {
+					c += deltas[0]
+					deltas = deltas[1:]
+					nh.buckets[idx] = uint64(c)
+					idx++
+				}
+			}
+			return nh
+		}
+	}
+}
+
+// windowQuantile is the q-quantile (upper bucket bound, seconds) of the
+// observations made between two scrapes of a cumulative native histogram, at the
+// coarser of their schemas; n is how many observations the window holds.
+func windowQuantile(before, after nativeHistogram, q float64) (quantile float64, n uint64) {
+	schema := min(before.schema, after.schema)
+	at := func(h nativeHistogram) map[int]uint64 {
+		d := h.schema - schema
+		out := map[int]uint64{}
+		for i, c := range h.buckets {
+			j := i >> d // ceil(i / 2^d)
+			if j<<d < i {
+				j++
+			}
+			out[j] += c
+		}
+		return out
+	}
+	b, a := at(before), at(after)
+	var idx []int
+	for i, c := range a {
+		if c > b[i] {
+			idx = append(idx, i)
+		}
+		n += c - b[i]
+	}
+	zero := after.zero - before.zero
+	n += zero
+	if n == 0 {
+		return 0, 0
+	}
+	slices.Sort(idx)
+	want, acc := uint64(math.Ceil(q*float64(n))), zero
+	for _, i := range idx {
+		acc += a[i] - b[i]
+		if acc >= want {
+			return math.Exp2(float64(i) / math.Exp2(float64(schema))), n
+		}
+	}
+	return math.Exp2(float64(idx[len(idx)-1]) / math.Exp2(float64(schema))), n
 }
