@@ -182,7 +182,7 @@ func TestFault410RelistWithChangesInTheGap(t *testing.T) {
 	want := []written{initial["upd"], initial["del"], initial["recr"], initial["still"], upd, recr, created}
 	for _, wr := range want {
 		if c := counts[wr.uid+" "+wr.trigger]; c != 1 {
-			t.Errorf("%s (%s) %s uid %s trigger %s reported %d times, want once", wr.name, wr.op, "", wr.uid, wr.trigger, c)
+			t.Errorf("%s (%s) uid %s trigger %s reported %d times, want once", wr.name, wr.op, wr.uid, wr.trigger, c)
 		}
 	}
 	if len(reports) != len(want) {
