@@ -591,11 +591,25 @@ func TestFaultCollectorOutage(t *testing.T) {
 	h2 := a.scrapeNative(t, latencyHist, kind)
 	droppedDuring := a.metric(t, "npagent_telemetry_spans_dropped_total")
 	failedDuring := a.metric(t, "npagent_telemetry_metric_exports_failed_total")
+	spansAtReturn := sink.spanCount()
 	col.start()
-	outage := time.Since(outageStart)
+	returned := time.Now()
+	outage := returned.Sub(outageStart)
+	// How long until spans reach the collector again, and what is dropped meanwhile.
+	var resumed time.Duration
+	var droppedAtResume float64
+	for time.Since(returned) < prof.window+30*time.Second {
+		if sink.spanCount() > spansAtReturn {
+			resumed = time.Since(returned)
+			droppedAtResume = a.metric(t, "npagent_telemetry_spans_dropped_total")
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("spans reach the collector again %v after it returned (dropped by then: %v)", resumed.Round(time.Millisecond), droppedAtResume)
 
 	// After: the exporters find the collector again; what was queued arrives.
-	time.Sleep(prof.window)
+	time.Sleep(prof.window - time.Since(returned))
 	h3 := a.scrapeNative(t, latencyHist, kind)
 	rssAfter := vmRSS(t, pid)
 
