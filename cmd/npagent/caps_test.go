@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +20,6 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
-	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // Capability numbers (linux/capability.h): what the DaemonSet grants, and nothing else.
@@ -40,47 +37,8 @@ const (
 // so the test cannot pass with more privilege than the chart grants.
 func TestAgentEnforcesWithOnlyBPFAndNetAdmin(t *testing.T) {
 	skipIfShort(t)
-	if os.Geteuid() != 0 {
-		skip.Unmet(t, "needs root: builds network namespaces and runs the agent with CAP_BPF and CAP_NET_ADMIN")
-	}
-	for _, tool := range []string{"setpriv", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			skip.Unmet(t, "needs %s (util-linux) to run the agent in a node namespace with a reduced capability set", tool)
-		}
-	}
-	netlab.RequireIP(t, "build the node, pod and peer namespaces")
-	netlab.HostBPFFS(t) // the host's part: the agent never mounts it
-
-	id := os.Getpid() % 250
-	node, pod, peer := fmt.Sprintf("npc-node-%d", id), fmt.Sprintf("npc-pod-%d", id), fmt.Sprintf("npc-peer-%d", id)
-	uplinkHost, nodeIP := fmt.Sprintf("10.205.%d.1", id), fmt.Sprintf("10.205.%d.2", id)
-	podIP, peerIP := fmt.Sprintf("10.206.%d.2", id), fmt.Sprintf("10.206.%d.130", id)
-	for _, ns := range []string{node, pod, peer} {
-		netlab.AddNamespace(t, ns)
-	}
-	// The node's uplink to the host namespace, where the apiserver is (through a proxy).
-	uplink := fmt.Sprintf("npc%d", id)
-	netlab.Run(t, "ip", "link", "add", uplink, "type", "veth", "peer", "name", "up0", "netns", node)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", uplink).Run() })
-	netlab.Run(t, "ip", "addr", "add", uplinkHost+"/30", "dev", uplink)
-	netlab.Run(t, "ip", "link", "set", uplink, "up")
-	netlab.Run(t, "ip", "-n", node, "addr", "add", nodeIP+"/30", "dev", "up0")
-	netlab.Run(t, "ip", "-n", node, "link", "set", "up0", "up")
-	// Pod and peer behind veths of the node, each with a host route as a CNI makes it.
-	for _, p := range []struct{ ns, host, gw, addr string }{
-		{pod, "eni1", fmt.Sprintf("10.206.%d.1", id), podIP},
-		{peer, "eni2", fmt.Sprintf("10.206.%d.129", id), peerIP},
-	} {
-		netlab.Run(t, "ip", "-n", node, "link", "add", p.host, "type", "veth", "peer", "name", "eth0", "netns", p.ns)
-		netlab.Run(t, "ip", "-n", node, "addr", "add", p.gw+"/32", "dev", p.host)
-		netlab.Run(t, "ip", "-n", node, "link", "set", p.host, "up")
-		netlab.Run(t, "ip", "-n", node, "route", "add", p.addr+"/32", "dev", p.host, "scope", "link")
-		netlab.Run(t, "ip", "-n", p.ns, "addr", "add", p.addr+"/32", "dev", "eth0")
-		netlab.Run(t, "ip", "-n", p.ns, "link", "set", "eth0", "up")
-		netlab.Run(t, "ip", "-n", p.ns, "route", "add", p.gw, "dev", "eth0", "scope", "link")
-		netlab.Run(t, "ip", "-n", p.ns, "route", "add", "default", "via", p.gw)
-	}
-	netlab.Run(t, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	l := newNodeLab(t, "npc", 205)
+	pod, peer, podIP, peerIP, nodeIP := l.pod, l.peer, l.podIP, l.peerIP, l.nodeIP
 	netlab.ServeEcho(t, pod, "tcp4", podIP+":80")
 	netlab.ServeEcho(t, pod, "tcp4", podIP+":81")
 	reach := func(port int) error {
@@ -90,45 +48,8 @@ func TestAgentEnforcesWithOnlyBPFAndNetAdmin(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("peer reaches pod port %d before any policy", port), func() bool { return reach(port) == nil })
 	}
 
-	cp, _, _ := startControlPlane(t)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	testenv.WriteKubeconfig(t, proxyAPIServer(t, cp.Config, uplinkHost), kubeconfig)
-
-	pinPath := fmt.Sprintf("/sys/fs/bpf/npagent-caps-%d", os.Getpid())
-	t.Cleanup(func() { _ = os.RemoveAll(pinPath) })
-	cmd := exec.Command("nsenter", "--net=/var/run/netns/"+node, "--",
-		"setpriv", "--bounding-set=-all,+bpf,+net_admin", "--inh-caps=-all", "--no-new-privs", "--",
-		buildAgent(t), "--kubeconfig="+kubeconfig, "--node-name="+testNodeName, "--node-ip="+nodeIP,
-		"--dataplane=ebpf", "--bpffs-path="+pinPath, "--state-file=", "--metrics-addr=127.0.0.1:0",
-		"--log-format=json", "--pod-interface-prefixes=eni")
-	a := &agentProcess{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
-	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start agent: %v", err)
-	}
-	go a.scan(stderr)
-	t.Cleanup(func() {
-		select {
-		case <-a.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-a.done
-		}
-		if t.Failed() {
-			t.Logf("agent log:\n%s", a.logs())
-		}
-	})
-	select {
-	case <-a.addr:
-	case <-a.done:
-		t.Fatalf("agent exited before serving HTTP: %v\n%s", a.exit, a.logs())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("agent did not serve HTTP within 60s:\n%s", a.logs())
-	}
+	cp, a := l.startAgent(t)
+	cmd := a.cmd
 	// nsenter and setpriv exec: the pid is the agent's.
 	for field, want := range map[string]uint64{"CapEff": 1<<capNetAdmin | 1<<capBPF, "CapBnd": 1<<capNetAdmin | 1<<capBPF} {
 		if got := procCaps(t, cmd.Process.Pid, field); got != want {
