@@ -50,12 +50,13 @@ test: tools-demo ## all tests: unit, real apiserver, real collectors, Prometheus
 	@echo "==> go test -race (every package with concurrency: $(RACE_PKGS))"
 	$(GO) test -count=1 -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
 
-# The fault tests (cmd/npagent/faults_test.go) run a short profile in make test;
-# NPAGENT_E2E=1 selects the full one, with -v so their figures are printed.
-E2E_TESTS := ^TestFault
+# The fault tests (cmd/npagent/faults_test.go) and the packet prober
+# (cmd/npagent/prober_test.go) run a short profile in make test; NPAGENT_E2E=1 selects
+# the full one, with -v so their figures and the prober's flip table are printed.
+E2E_TESTS := ^(TestFault|TestProber)
 
-e2e: tools ## full profiles of the binary-level fault tests: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s
-	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profile: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s; root for the pods and eBPF)"
+e2e: tools ## full profiles: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s, packet prober (16 flips)
+	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profiles: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s, packet prober 16 flips; root for the pods and eBPF)"
 	NPAGENT_E2E=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) -run '$(E2E_TESTS)' ./cmd/npagent/
 
 unit: ## fast tests only (no control plane, no root)
