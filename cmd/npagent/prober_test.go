@@ -110,6 +110,11 @@ type flip struct {
 // packets show, and within 1 ms of them. The agent is the binary with the eBPF
 // dataplane in a node namespace (nodeLab); the clocks agree because both ends are
 // on this host.
+//
+// The agent's commit time is the end of the commit attempt, after its cleanup
+// phase (the old entry set brought level or deleted), which follows the switch the
+// packets see: a cleanup delayed past the slack (seen under CPU contention here:
+// 1.15 ms, about one flip in forty) fails the test, and the failure names it.
 func TestProberFlipLatency(t *testing.T) {
 	skipIfShort(t)
 	n := proberFlips()
