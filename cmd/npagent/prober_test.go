@@ -111,10 +111,11 @@ type flip struct {
 // dataplane in a node namespace (nodeLab); the clocks agree because both ends are
 // on this host.
 //
-// The agent's commit time is the end of the commit attempt, after its cleanup
-// phase (the old entry set brought level or deleted), which follows the switch the
-// packets see: a cleanup delayed past the slack (seen under CPU contention here:
-// 1.15 ms, about one flip in forty) fails the test, and the failure names it.
+// The agent's commit time is the attempt's switch (report.Attempt.Programmed), the
+// store the packets see. It used to be the attempt's end, after the cleanup phase
+// (the old entry set brought level or deleted): a cleanup delayed past the slack
+// (1.15 ms under CPU contention here, about one flip in forty) failed this test,
+// which is how that was found; the cleanup column still shows it.
 func TestProberFlipLatency(t *testing.T) {
 	skipIfShort(t)
 	n := proberFlips()

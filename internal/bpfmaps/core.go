@@ -322,7 +322,8 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		rollback()
 		return res, fmt.Errorf("commit pod %d: switch entry set: %w", ifindex, err)
 	}
-	res.Switch = time.Since(t)
+	res.Switched = time.Now()
+	res.Switch = res.Switched.Sub(t)
 
 	t = time.Now()
 	res.Delta = delta
@@ -536,7 +537,8 @@ func (c *core) remove(ifindex int, detach func(ifindex int) error) (CommitResult
 	if err := c.store.deletePod(idx); err != nil {
 		return res, fmt.Errorf("remove pod %d: delete state: %w", ifindex, err)
 	}
-	res.Switch = time.Since(t)
+	res.Switched = time.Now()
+	res.Switch = res.Switched.Sub(t)
 	delete(c.pods, idx)
 	t = time.Now()
 	for d := range rec.dirs {

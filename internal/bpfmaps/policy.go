@@ -252,6 +252,10 @@ type CommitResult struct {
 	// brought to the new entries), Switch (the one store that makes it active),
 	// Cleanup (the other set brought level, or deleted).
 	Compile, Attach, Write, Switch, Cleanup time.Duration
+	// Switched is when the switch returned: from then on the datapath decides by the
+	// new policy (or, for Remove, no longer by any). Cleanup comes after it and
+	// changes no verdict. Zero when nothing was switched (Skipped, or an error).
+	Switched time.Time
 }
 
 // Dataplane is what the reconcile loop drives. ifindex is the pod's host-side interface.

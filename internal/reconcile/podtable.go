@@ -385,7 +385,7 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 		res.notDone = append(res.notDone, pod)
 		return
 	}
-	addPhases(&res.attempt.Phases, cr)
+	addPhases(&res.attempt, cr)
 	delete(t.programmed, pod)
 	t.stats.removes.Add(1)
 	res.pods++
@@ -420,7 +420,7 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 		res.refused = res.refused || errors.Is(err, bpfmaps.ErrInvalidPolicy)
 		return err
 	}
-	addPhases(&res.attempt.Phases, cr)
+	addPhases(&res.attempt, cr)
 	t.programmed[pod] = ifindex
 	t.stats.commits.Add(1)
 	if cr.Skipped {
@@ -483,8 +483,13 @@ func (t *podTable) pinnedOnly(ifindex int) bool {
 	return slices.Contains(t.dp.Pods(), ifindex)
 }
 
-// addPhases adds what the dataplane measured of one call to an attempt's phases.
-func addPhases(p *report.Phases, cr bpfmaps.CommitResult) {
+// addPhases adds what the dataplane measured of one call to an attempt: its phases,
+// and its switch time to when the attempt took effect.
+func addPhases(a *report.Attempt, cr bpfmaps.CommitResult) {
+	if cr.Switched.After(a.Programmed) {
+		a.Programmed = cr.Switched // the attempt takes effect with its last switch
+	}
+	p := &a.Phases
 	p.Compile += cr.Compile
 	p.Attach += cr.Attach
 	p.Write += cr.Write

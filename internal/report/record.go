@@ -38,7 +38,7 @@ func (r *Record) Committed() time.Time {
 	if len(r.Attempts) == 0 {
 		return time.Time{}
 	}
-	return r.Attempts[len(r.Attempts)-1].End
+	return r.Attempts[len(r.Attempts)-1].ProgrammedAt()
 }
 
 // Latency is the programming latency: commit time minus trigger time. It is
@@ -53,8 +53,22 @@ type Attempt struct {
 	// it; End when the last dataplane call returned. A zero Requested means the
 	// wait was not measured (LockWait is then 0).
 	Requested, Start, End time.Time
-	Err                   string // "" = success
-	Phases                Phases
+	// Programmed is when the last of the attempt's pods switched to its new policy
+	// (bpfmaps.CommitResult.Switched): packets are decided by it from then on. The
+	// cleanup after a switch changes no verdict, so the latency ends here, not at
+	// End. Zero when no pod switched (then End stands in).
+	Programmed time.Time
+	Err        string // "" = success
+	Phases     Phases
+}
+
+// ProgrammedAt is when the attempt's policy took effect: Programmed, or End when
+// no switch was recorded.
+func (a *Attempt) ProgrammedAt() time.Time {
+	if a.Programmed.IsZero() {
+		return a.End
+	}
+	return a.Programmed
 }
 
 // LockWait is how long the attempt waited for the node-wide commit lock.

@@ -146,13 +146,13 @@ type Report struct {
 	Ahead bool
 }
 
-// ProgrammedAt is when this node's dataplane first held the trigger: the end
-// of its last attempt.
+// ProgrammedAt is when this node's dataplane first held the trigger: its last
+// attempt's switch (report.Attempt.ProgrammedAt).
 func (r *Report) ProgrammedAt() time.Time {
 	if len(r.Attempts) == 0 {
 		return time.Time{}
 	}
-	return r.Attempts[len(r.Attempts)-1].End
+	return r.Attempts[len(r.Attempts)-1].ProgrammedAt()
 }
 
 // Stats is a snapshot of the set's size and counters. Counters are cumulative
@@ -552,7 +552,7 @@ func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt,
 		}
 		if pt > e.pend.aheadThrough {
 			e.pend.aheadThrough = pt
-			e.pend.aheadAt = s.nanoOrNow(a.End)
+			e.pend.aheadAt = s.nanoOrNow(a.ProgrammedAt())
 			e.pend.aheadAttempt = &a
 		}
 	}
