@@ -691,8 +691,17 @@ func TestFaultCollectorOutage(t *testing.T) {
 	if took > shutdownTimeout+3*time.Second {
 		t.Errorf("SIGTERM during the outage took %v to exit, shutdown timeout %v", took, shutdownTimeout)
 	}
-	if !strings.Contains(a.logs(), "telemetry flush incomplete") {
+	var flushLine string
+	for _, line := range strings.Split(a.logs(), "\n") {
+		if strings.Contains(line, "telemetry flush incomplete") {
+			flushLine = line
+		}
+	}
+	switch {
+	case flushLine == "":
 		t.Errorf("the agent stopped with spans for a dead collector and did not log the incomplete flush")
+	case !strings.Contains(flushLine, "spans_dropped") || !strings.Contains(flushLine, "metric_exports_failed"):
+		t.Errorf("the incomplete flush's log line does not count the losses: %s", flushLine)
 	}
 }
 

@@ -385,10 +385,13 @@ func openSeenSet(cfg config, start time.Time, log *slog.Logger) (*seen.Set, erro
 func shutdownTelemetry(tel *telemetry.Telemetry, timeout time.Duration, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := tel.Shutdown(ctx); err != nil {
-		log.Warn("telemetry flush incomplete", "timeout", timeout, "err", err)
+	err := tel.Shutdown(ctx)
+	// The losses so far, either way: an incomplete flush (a collector down at
+	// shutdown) is when they matter most.
+	spans, exports := tel.Dropped()
+	if err != nil {
+		log.Warn("telemetry flush incomplete", "timeout", timeout, "err", err, "spans_dropped", spans, "metric_exports_failed", exports)
 		return
 	}
-	spans, exports := tel.Dropped()
 	log.Info("telemetry flushed", "spans_dropped", spans, "metric_exports_failed", exports)
 }
