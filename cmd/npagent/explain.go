@@ -283,7 +283,7 @@ func printObject(w io.Writer, ex *reconcile.ObjectExplain) {
 			outcome = "not synced"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", v.ResourceVersion, clock(v.Trigger), clock(v.Received), clock(v.SyncedAt),
-			outcome, yesNo(v.LocalWork()), v.Pods, v.Detail)
+			outcome, yesNo(v.HasLocalWork()), v.Pods, v.Detail)
 	}
 	tw.Flush()
 

@@ -166,7 +166,7 @@ func TestExplainAndWait(t *testing.T) {
 		t.Errorf("explain: %+v", ex)
 	}
 	if len(ex.Versions) != 1 || ex.Versions[0].ResourceVersion != pe.ResourceVersion || ex.Versions[0].Outcome != reconcile.StateProgrammed ||
-		!ex.Versions[0].LocalWork() || ex.Versions[0].Received.IsZero() {
+		!ex.Versions[0].HasLocalWork() || ex.Versions[0].Received.IsZero() {
 		t.Errorf("versions: %+v", ex.Versions)
 	}
 	if len(ex.Reports) != 1 {

@@ -120,6 +120,13 @@ func TestCoalescedTriggersKeepTheirOwnVersions(t *testing.T) {
 				t.Errorf("trigger %v: served %v, want [%s]", r.Trigger, r.Served, w.served)
 			}
 		}
+		// explain agrees: v1 was never synced (coalesced into v2's sync) and had
+		// local work, which is why its trigger was reported.
+		for _, ve := range c.ExplainObject(report.KindPolicyEndpoint, v0.Namespace, v0.Name).Versions {
+			if ve.ResourceVersion == v1.ResourceVersion && !ve.HasLocalWork() {
+				t.Errorf("explain: v1 (coalesced, reported) shows no local work: %+v", ve)
+			}
+		}
 	})
 	t.Run("only the later version is local", func(t *testing.T) {
 		sink := newRecordingSink()
@@ -150,6 +157,16 @@ func TestCoalescedTriggersKeepTheirOwnVersions(t *testing.T) {
 		}
 		if n := noLocalWork(c) - noLocal; n != 1 {
 			t.Errorf("no_local_pods grew by %d, want 1 (v1's trigger)", n)
+		}
+		// explain shows the same judgement for the version that was never synced.
+		ex := c.ExplainObject(report.KindPolicyEndpoint, v0.Namespace, v0.Name)
+		for _, ve := range ex.Versions {
+			if ve.ResourceVersion == v1.ResourceVersion && (ve.LocalWork == nil || ve.HasLocalWork()) {
+				t.Errorf("explain: v1, with no pod here and never synced, shows local work %v", ve.LocalWork)
+			}
+			if ve.ResourceVersion == v2.ResourceVersion && !ve.HasLocalWork() {
+				t.Error("explain: v2 shows no local work")
+			}
 		}
 		if _, pending := c.cfg.Seen.Pending(string(v0.UID)); pending {
 			t.Error("a trigger is still pending")

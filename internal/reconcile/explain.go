@@ -67,27 +67,38 @@ type VersionInfo struct {
 	Pods int `json:"pods,omitempty"`
 	// Detail is the error, or the pods waiting for an interface.
 	Detail string `json:"detail,omitempty"`
+	// LocalWork is what the loop recorded when the version's event arrived, and
+	// decides whether its trigger is reported here: it selects a pod on this node,
+	// or the object's previous version did. Absent if a worker read it first.
+	LocalWork *bool `json:"localWork,omitempty"`
 }
 
-// LocalWork reports whether the version had work on this node, as far as a sync
-// found out: false for no-local-work, and for versions never synced.
-func (v *VersionInfo) LocalWork() bool {
+// HasLocalWork reports whether the version had work on this node: as recorded at
+// event time (LocalWork) — a version coalesced into a later sync has it too — or,
+// for a version no event brought, as far as its sync found out.
+func (v *VersionInfo) HasLocalWork() bool {
+	if v.LocalWork != nil {
+		return *v.LocalWork
+	}
 	return v.Outcome != "" && v.Outcome != StateNoLocalWork && v.Outcome != StateRejected
 }
 
 // AttemptInfo is one commit attempt. Durations are time.Duration (nanoseconds in
 // JSON).
 type AttemptInfo struct {
-	Start    time.Time     `json:"start"`
-	End      time.Time     `json:"end"`
-	LockWait time.Duration `json:"lockWait"`
-	Duration time.Duration `json:"duration"` // under the lock: merge and dataplane calls
-	Phases   report.Phases `json:"phases"`
-	Err      string        `json:"error,omitempty"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	// Programmed is when the attempt's last switch made its policy the one packets
+	// see (End when none was recorded): a successful attempt's latency ends here.
+	Programmed time.Time     `json:"programmed"`
+	LockWait   time.Duration `json:"lockWait"`
+	Duration   time.Duration `json:"duration"` // under the lock: merge and dataplane calls
+	Phases     report.Phases `json:"phases"`
+	Err        string        `json:"error,omitempty"`
 }
 
 func attemptInfo(a *report.Attempt) AttemptInfo {
-	return AttemptInfo{Start: a.Start, End: a.End, LockWait: a.LockWait(), Duration: a.Duration(), Phases: a.Phases, Err: a.Err}
+	return AttemptInfo{Start: a.Start, End: a.End, Programmed: a.ProgrammedAt(), LockWait: a.LockWait(), Duration: a.Duration(), Phases: a.Phases, Err: a.Err}
 }
 
 // ReportInfo is one reported trigger, as it was handed to the Sink.
@@ -197,6 +208,8 @@ func (l *explainLog) received(v objectVersion, at time.Time) {
 	defer l.mu.Unlock()
 	e := l.get(v.uid).version(v.resourceVersion)
 	e.Trigger, e.Received = v.trigger, at
+	localWork := v.localWork
+	e.LocalWork = &localWork
 }
 
 // synced records how a worker's sync of version v ended: res is its commit, and

@@ -89,11 +89,12 @@ func TestExplain(t *testing.T) {
 		if !strings.Contains(r.Attempts[0].Err, errInjected.Error()) || r.Attempts[1].Err != "" {
 			t.Errorf("attempts = %+v: want the first failed (injected), the second not", r.Attempts)
 		}
-		if last := r.Attempts[1]; last.Phases.Merge <= 0 || last.Duration < last.Phases.Merge || last.LockWait < 0 || !last.End.Equal(r.Committed) {
-			t.Errorf("last attempt = %+v: want its merge phase within its duration, ending at the commit", last)
+		if last := r.Attempts[1]; last.Phases.Merge <= 0 || last.Duration < last.Phases.Merge || last.LockWait < 0 ||
+			!last.Programmed.Equal(r.Committed) || last.Programmed.Before(last.Start) || last.Programmed.After(last.End) {
+			t.Errorf("last attempt = %+v: want its merge phase within its duration, and the commit at its switch, inside it", last)
 		}
 	}
-	if v := ex.Versions[len(ex.Versions)-1]; v.Outcome != StateProgrammed || v.Pods != 1 || !v.LocalWork() {
+	if v := ex.Versions[len(ex.Versions)-1]; v.Outcome != StateProgrammed || v.Pods != 1 || !v.HasLocalWork() {
 		t.Errorf("version = %+v: want programmed, one pod, local work", v)
 	}
 	pod = a.c.ExplainPod(PodQuery{Namespace: "explain", Name: "web-0"})
@@ -120,7 +121,7 @@ func TestExplain(t *testing.T) {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "remote")
 		return ex.State == StateNoLocalWork
 	})
-	if !ex.Programmed || len(ex.LocalPods) != 0 || len(ex.Versions) != 1 || ex.Versions[0].LocalWork() {
+	if !ex.Programmed || len(ex.LocalPods) != 0 || len(ex.Versions) != 1 || ex.Versions[0].HasLocalWork() {
 		t.Errorf("remote = %+v: want nothing to do here, no local work", ex)
 	}
 	if p := a.c.ExplainPod(PodQuery{IP: addr("10.1.99.1")}); p.OnNode || p.Programmed || p.HostIP != "192.0.2.99" {
