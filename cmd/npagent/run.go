@@ -356,7 +356,15 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 		}
 		return nil, fmt.Errorf("--dataplane=ebpf (bpffs at %s): %w", cfg.BPFFSPath, err)
 	}
-	log.Info("eBPF dataplane open", "bpffs_path", cfg.BPFFSPath, "pods", len(dp.Pods()))
+	a := dp.Adoption()
+	log.Info("eBPF dataplane open", "bpffs_path", cfg.BPFFSPath, "pods", len(dp.Pods()), "adopted", a.Pods)
+	for _, ifindex := range a.Reattached {
+		log.Warn("re-attached the programs of a pod whose tcx link was gone while the agent was down; enforcement resumed",
+			"ifindex", ifindex, "bpffs_path", cfg.BPFFSPath)
+	}
+	if len(a.Vanished) > 0 {
+		log.Info("dropped the pinned state of pods whose interface is gone", "ifindexes", a.Vanished)
+	}
 	return dp, nil
 }
 

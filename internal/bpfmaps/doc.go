@@ -56,7 +56,9 @@
 //   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
 //     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
-//     what a previous process pinned, so enforcement never lapses, and repairs what a
+//     what a previous process pinned, so enforcement never lapses: a pod whose
+//     interface is there but whose link was removed or detached while no agent ran
+//     gets its programs attached again at open (EBPF.Adoption names it). It repairs what a
 //     process that died mid-commit left (an inactive entry set that is not level with
 //     the active one — written before the switch or not yet levelled after it — is
 //     deleted; a slot filled but not mapped; a mapping to a slot its pod does not

@@ -3,8 +3,10 @@ package bpfmaps
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +60,8 @@ type EBPF struct {
 	nodeMu  sync.Mutex           // serializes SetNodeAddrs
 	closed  atomic.Bool
 	pinLock *os.File // the pin directory, flock'ed for as long as this process uses it
+	// adoption is what adopt found and repaired (Adoption).
+	adoption Adoption
 }
 
 // podLinks are a pod's two tcx attachments.
@@ -71,7 +75,9 @@ const bpfFSMagic = 0xcafe4a11
 // previous process pinned: maps, links (switched to the newly loaded programs) and each
 // pod's entry sets and content hashes, so enforcement survives an agent restart and an
 // unchanged re-commit writes nothing. An inactive entry set a crashed commit left
-// unlevel is deleted. A pinned map whose layout or capacity differs from this build's is
+// unlevel is deleted. A pod whose interface is there but whose link is gone (its pin
+// removed, or the link detached, while no agent ran) gets its programs attached
+// again; a pod whose interface is gone loses its state (Adoption names both). A pinned map whose layout or capacity differs from this build's is
 // an error naming the pin path. Needs CAP_BPF to load and CAP_NET_ADMIN to attach.
 func OpenEBPF(opts EBPFOptions) (*EBPF, error) { return openEBPF(opts, loadPolicy) }
 
@@ -257,26 +263,36 @@ func (e *EBPF) linkPath(ifindex uint32, prog string) string {
 	return filepath.Join(e.pinPath, "links", fmt.Sprintf("%d-%s", ifindex, prog))
 }
 
-// attach attaches both programs to the pod's interface unless already attached, and
-// pins the links. Called with core.mu held.
+// attach attaches the programs the pod's interface lacks (both, for a new pod; the
+// missing one, for an adopted pod whose link was removed) and pins their links.
+// undo detaches what this call attached. Called with core.mu held.
 func (e *EBPF) attach(ifindex int) (func(), error) {
 	idx := uint32(ifindex)
-	if l := e.links[idx]; l != nil && l.fromPod != nil && l.toPod != nil {
+	l := e.links[idx]
+	if l == nil {
+		l = &podLinks{}
+	}
+	if l.fromPod != nil && l.toPod != nil {
 		return nil, nil
 	}
-	l := &podLinks{}
+	had := *l
 	undo := func() {
-		for _, x := range []link.Link{l.fromPod, l.toPod} {
-			if x != nil {
-				_ = x.Unpin()
-				_ = x.Close()
+		for _, x := range [][2]link.Link{{l.fromPod, had.fromPod}, {l.toPod, had.toPod}} {
+			if x[0] != nil && x[1] == nil {
+				_ = x[0].Unpin()
+				_ = x[0].Close()
 			}
 		}
-		delete(e.links, idx)
+		*l = had
+		if had.fromPod == nil && had.toPod == nil {
+			delete(e.links, idx)
+		}
 	}
 	var err error
-	l.fromPod, err = e.attachOne(idx, "from_pod", e.objs.FromPod, ebpf.AttachTCXIngress)
-	if err == nil {
+	if l.fromPod == nil {
+		l.fromPod, err = e.attachOne(idx, "from_pod", e.objs.FromPod, ebpf.AttachTCXIngress)
+	}
+	if err == nil && l.toPod == nil {
 		l.toPod, err = e.attachOne(idx, "to_pod", e.objs.ToPod, ebpf.AttachTCXEgress)
 	}
 	if err != nil {
@@ -329,8 +345,10 @@ func (e *EBPF) detach(ifindex int) error {
 // adopt rebuilds the core's records from the pinned maps and links. Per pod and
 // direction the active entry set's entries become the committed ones; the inactive
 // set is kept if it equals them (level) and deleted otherwise (a commit interrupted
-// before or after its switch). Entries of pods without state are deleted, and pods
-// whose interface is gone (their tcx links are defunct) are removed. Entries without
+// before or after its switch). Entries of pods without state are deleted, pods
+// whose interface is gone are removed, and pods whose interface is there but whose
+// links are not (a link pin removed, or the link detached: its tcx link is defunct)
+// have their programs attached again. Entries without
 // an entry-set mark were written by an unreleased build with one generation per
 // commit; no release wrote that layout, so it is not migrated: adopt refuses with
 // ErrIncompatiblePins, naming the pin directory to remove.
@@ -397,7 +415,6 @@ func (e *EBPF) adopt() error {
 	if err != nil {
 		return err
 	}
-	gone := map[uint32]bool{}
 	for _, ent := range ents {
 		idxStr, name, ok := strings.Cut(ent.Name(), "-")
 		n, perr := strconv.ParseUint(idxStr, 10, 32)
@@ -410,10 +427,11 @@ func (e *EBPF) adopt() error {
 		if err != nil {
 			return fmt.Errorf("load pinned link %s: %w", path, err)
 		}
+		// A defunct link (its interface deleted, or the link detached) attaches
+		// nothing: it is dropped, and the interface's presence decides below.
 		info, err := l.Info()
 		defunct := err == nil && info.TCX() != nil && info.TCX().Ifindex == 0
 		if defunct || e.pods[idx] == nil {
-			gone[idx] = gone[idx] || defunct
 			_ = l.Unpin()
 			_ = l.Close()
 			continue
@@ -437,14 +455,41 @@ func (e *EBPF) adopt() error {
 			pl.toPod = l
 		}
 	}
-	for idx := range gone {
-		if e.pods[idx] != nil {
+	// Pods whose interface is gone lose their state; pods whose interface is there
+	// but a link is not (its pin removed, or the link detached, while no agent ran)
+	// get their programs attached again, so enforcement resumes before any commit
+	// (an unchanged re-commit is skipped and would not attach them).
+	present, err := interfaceIndexes()
+	if err != nil {
+		return err
+	}
+	for _, idx := range slices.Sorted(maps.Keys(e.pods)) {
+		if !present[idx] {
+			if pl := e.links[idx]; pl != nil {
+				for _, x := range []link.Link{pl.fromPod, pl.toPod} {
+					if x != nil {
+						_ = x.Unpin()
+						_ = x.Close()
+					}
+				}
+				delete(e.links, idx)
+			}
 			if err := e.states.delete(idx); err != nil {
 				return fmt.Errorf("delete state of vanished interface %d: %w", idx, err)
 			}
 			delete(e.pods, idx)
+			e.adoption.Vanished = append(e.adoption.Vanished, int(idx))
+			continue
 		}
+		if pl := e.links[idx]; pl != nil && pl.fromPod != nil && pl.toPod != nil {
+			continue
+		}
+		if _, err := e.attach(int(idx)); err != nil {
+			return fmt.Errorf("re-attach the programs of interface %d, whose link was gone: %w", idx, err)
+		}
+		e.adoption.Reattached = append(e.adoption.Reattached, int(idx))
 	}
+	e.adoption.Pods = len(e.pods)
 
 	// Entry sets: the active one's entries are the committed ones; the inactive one
 	// is kept if level, deleted otherwise.
