@@ -217,6 +217,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			if trigger, _, ok := seenSet.OldestPending(); ok {
 				c.SeenOldestPendingAge = time.Since(trigger)
 			}
+			c.PodsIsolated = ctrl.Stats().PodsIsolated
 		})
 	}
 	debug.setLoop(ctrl)

@@ -37,6 +37,10 @@ type Counts struct {
 
 	// Watch is each informer's watch health (reconcile).
 	Watch [NumKinds]WatchHealth
+
+	// PodsIsolated counts pods denied (node traffic excepted) because their
+	// policy could not be committed: never left open (reconcile).
+	PodsIsolated uint64
 }
 
 // WatchHealth is one informer's list-and-watch health.

@@ -267,3 +267,30 @@ func (w *watchInstruments) observe(o metric.Observer, c *report.Counts) {
 		}
 	}
 }
+
+// Dataplane: what the dataplane and the loop driving it report about enforcement,
+// read from report.Counts at each collection.
+const (
+	// PodsIsolatedName counts pods isolated (denied, node traffic excepted)
+	// because their policy could not be committed: the fail-closed path, each
+	// also logged naming the pod and the object.
+	PodsIsolatedName = "npagent.dataplane.pods_isolated"
+)
+
+// dataplaneInstruments exports the dataplane's part of report.Counts.
+type dataplaneInstruments struct {
+	podsIsolated metric.Int64ObservableCounter
+}
+
+// build creates the instruments and returns them for the meter's callback.
+func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric.Observable {
+	var err error
+	d.podsIsolated, err = m.Int64ObservableCounter(PodsIsolatedName, metric.WithUnit("{pod}"),
+		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed."))
+	check(err)
+	return []metric.Observable{d.podsIsolated}
+}
+
+func (d *dataplaneInstruments) observe(o metric.Observer, c *report.Counts) {
+	o.ObserveInt64(d.podsIsolated, int64(c.PodsIsolated))
+}

@@ -55,8 +55,9 @@ type Telemetry struct {
 	reasonSets  [report.NumReasons]*measureOptions                 // suppressions
 	fieldSets   fieldSets                                          // invalid objects
 
-	counts atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
-	watch  watchInstruments                     // per-informer watch health, from the same Counts
+	counts    atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
+	watch     watchInstruments                     // per-informer watch health, from the same Counts
+	dataplane dataplaneInstruments                 // the dataplane's counts and map use, from the same Counts
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -295,6 +296,7 @@ func (t *Telemetry) buildInstruments() error {
 		metric.WithDescription("OTLP metric export rounds that failed (cumulative temporality: the next round carries the totals)."))
 	check(err)
 	observed = append(observed, t.watch.build(m, check)...)
+	observed = append(observed, t.dataplane.build(m, check)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
 	}
@@ -311,6 +313,7 @@ func (t *Telemetry) buildInstruments() error {
 			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
 			pendingAge.observe(o, &c)
 			t.watch.observe(o, &c)
+			t.dataplane.observe(o, &c)
 		}
 		return nil
 	}, append(observed, spansDropped, exportsFailed, seenObjects, seenPending, pendingAge.inst)...)
