@@ -56,6 +56,8 @@ type config struct {
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
 	MaxEntriesPerObject   int  // an object needing more map entries is rejected as bad input
+	MapEntriesV4          int  // capacity of each direction's IPv4 trie, shared by all pods
+	MapEntriesV6          int  // the same for IPv6
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -88,6 +90,8 @@ var flagEnv = map[string]string{
 	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
 	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
 	"max-entries-per-object": "NPAGENT_MAX_ENTRIES_PER_OBJECT",
+	"max-entries-ipv4":       "NPAGENT_MAX_ENTRIES_IPV4",
+	"max-entries-ipv6":       "NPAGENT_MAX_ENTRIES_IPV6",
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
@@ -132,6 +136,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", reconcile.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
+	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
+	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -240,6 +246,12 @@ func (c *config) validate() []error {
 	}
 	if c.MaxEntriesPerObject < 1 {
 		errs = append(errs, fmt.Errorf("--max-entries-per-object: %d, need at least 1", c.MaxEntriesPerObject))
+	}
+	if c.MapEntriesV4 < 1 {
+		errs = append(errs, fmt.Errorf("--max-entries-ipv4: %d, need at least 1", c.MapEntriesV4))
+	}
+	if c.MapEntriesV6 < 1 {
+		errs = append(errs, fmt.Errorf("--max-entries-ipv6: %d, need at least 1", c.MapEntriesV6))
 	}
 	if c.StallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout: %v, need a positive duration", c.StallTimeout))

@@ -348,9 +348,12 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 	if cfg.Dataplane == dataplaneMemory {
 		log.Warn("in-memory dataplane: no enforcement; policies are computed and measured but no packet is policed",
 			"dataplane", dataplaneMemory)
-		return bpfmaps.NewMemory(), nil
+		return bpfmaps.NewMemoryWithLimits(mapLimits(cfg)), nil
 	}
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath})
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg)})
+	if errors.Is(err, bpfmaps.ErrPinnedCapacity) {
+		return nil, fmt.Errorf("--dataplane=ebpf: %w (Limits.EntriesV4 is --max-entries-ipv4, Limits.EntriesV6 --max-entries-ipv6; README: Resizing the maps)", err)
+	}
 	if err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("--dataplane=ebpf: %w (needs CAP_BPF and CAP_NET_ADMIN, and the host's bpffs mounted at %s; or --dataplane=memory for no enforcement)", err, cfg.BPFFSPath)
@@ -367,6 +370,11 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 		log.Info("dropped the pinned state of pods whose interface is gone", "ifindexes", a.Vanished)
 	}
 	return dp, nil
+}
+
+// mapLimits are the dataplane's map capacities the flags ask for.
+func mapLimits(cfg config) bpfmaps.Limits {
+	return bpfmaps.Limits{EntriesV4: cfg.MapEntriesV4, EntriesV6: cfg.MapEntriesV6}
 }
 
 // openSeenSet restores the seen-set from the state file. A damaged file is logged

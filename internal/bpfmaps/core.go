@@ -63,13 +63,13 @@ type Limits struct {
 
 func (l Limits) withDefaults() Limits {
 	if l.Pods <= 0 {
-		l.Pods = 4096
+		l.Pods = DefaultPods
 	}
 	if l.EntriesV4 <= 0 {
-		l.EntriesV4 = 65536
+		l.EntriesV4 = DefaultEntriesV4
 	}
 	if l.EntriesV6 <= 0 {
-		l.EntriesV6 = 16384
+		l.EntriesV6 = DefaultEntriesV6
 	}
 	return l
 }

@@ -38,9 +38,11 @@ type EBPFOptions struct {
 	// not mounted yet.
 	PinPath string
 	// Limits are the map capacities. A pinned map adopted from a previous process
-	// must have the same capacity.
+	// must have the same capacity: OpenEBPF fails with a *PinnedCapacityError
+	// (ErrPinnedCapacity) naming each map and both sizes otherwise.
 	Limits Limits
-	// ConntrackEntries is the capacity of the LRU connection table. Default 65536.
+	// ConntrackEntries is the capacity of the LRU connection table. Default
+	// DefaultConntrackEntries. Like Limits, fixed for a pinned map (ErrPinnedCapacity).
 	ConntrackEntries int
 	// ConntrackTimeout is how long replies of a connection pass after its last packet.
 	// Default 5 minutes.
@@ -87,7 +89,7 @@ func openEBPF(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error)) (*EBP
 		opts.PinPath = DefaultPinPath
 	}
 	if opts.ConntrackEntries <= 0 {
-		opts.ConntrackEntries = 65536
+		opts.ConntrackEntries = DefaultConntrackEntries
 	}
 	if opts.ConntrackTimeout <= 0 {
 		opts.ConntrackTimeout = 5 * time.Minute
@@ -136,12 +138,18 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	if err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}
-	for name, n := range map[string]int{
+	sizes := map[string]int{
 		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
 		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
-	} {
+	}
+	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	// Capacities first, by name and size: the load's own error would say neither
+	// which setting sizes the map nor how to resize.
+	if err := checkPinnedCapacities(opts.PinPath, sizes); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := spec.Variables["ct_timeout_ns"].Set(uint64(opts.ConntrackTimeout.Nanoseconds())); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: set conntrack timeout: %w", err)
