@@ -218,6 +218,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				c.SeenOldestPendingAge = time.Since(trigger)
 			}
 			c.PodsIsolated = ctrl.Stats().PodsIsolated
+			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
+				c.Maps = mapUsage(ur)
+			}
 		})
 	}
 	debug.setLoop(ctrl)
@@ -370,6 +373,24 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 		log.Info("dropped the pinned state of pods whose interface is gone", "ifindexes", a.Vanished)
 	}
 	return dp, nil
+}
+
+// mapUsage reads the dataplane's map use for telemetry. A map it could not count
+// is left out (Max 0), not reported as empty.
+func mapUsage(ur bpfmaps.UsageReporter) report.DataplaneMaps {
+	u, err := ur.Usage()
+	if err != nil {
+		u.Conntrack = bpfmaps.MapUse{}
+	}
+	conv := func(m bpfmaps.MapUse) report.MapUse { return report.MapUse{Used: int64(m.Used), Max: int64(m.Max)} }
+	var out report.DataplaneMaps
+	for d := range u.Entries {
+		for f := range u.Entries[d] {
+			out.Entries[d][f] = conv(u.Entries[d][f])
+		}
+	}
+	out.Pods, out.Conntrack = conv(u.Pods), conv(u.Conntrack)
+	return out
 }
 
 // mapLimits are the dataplane's map capacities the flags ask for.

@@ -41,7 +41,21 @@ type Counts struct {
 	// PodsIsolated counts pods denied (node traffic excepted) because their
 	// policy could not be committed: never left open (reconcile).
 	PodsIsolated uint64
+	// Maps is the dataplane's map use (bpfmaps), read at each collection.
+	Maps DataplaneMaps
 }
+
+// DataplaneMaps is the dataplane's map use: entries held against capacity. A Max
+// of 0 means the backend does not have or report that map.
+type DataplaneMaps struct {
+	// Entries are the policy maps shared by every pod, [ingress, egress][IPv4, IPv6].
+	Entries [2][2]MapUse
+	// Pods are the pods holding state; Conntrack the connection table.
+	Pods, Conntrack MapUse
+}
+
+// MapUse is one map's entries held and capacity.
+type MapUse struct{ Used, Max int64 }
 
 // WatchHealth is one informer's list-and-watch health.
 type WatchHealth struct {

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"io"
+	"maps"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -48,12 +49,12 @@ func TestPodsIsolatedExported(t *testing.T) {
 	}
 }
 
-// containsSample reports whether the exposition has a sample of the metric family
-// name (with or without labels) whose value is value.
+// containsSample reports whether the exposition has a sample whose line starts
+// with name (a family name, or one with its first labels) and whose value is value.
 func containsSample(body, name, value string) bool {
 	for _, line := range strings.Split(body, "\n") {
 		rest, ok := strings.CutPrefix(line, name)
-		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
+		if !ok || (rest != "" && !strings.ContainsRune(" {,}", rune(rest[0]))) {
 			continue
 		}
 		if f := strings.Fields(line); len(f) >= 2 && f[len(f)-1] == value {
@@ -61,4 +62,56 @@ func containsSample(body, name, value string) bool {
 		}
 	}
 	return false
+}
+
+// Map use is exported as two gauges by map: entries held and capacity, for each
+// policy map (direction and family), the pods holding state and the connection
+// table; a map the backend does not have (Max 0) is left out, not shown as empty.
+func TestMapUseExported(t *testing.T) {
+	tel := newInMemory(t)
+	dm := report.DataplaneMaps{
+		Entries: [2][2]report.MapUse{{{Used: 100, Max: 65536}, {Used: 7, Max: 16384}}, {{Used: 3, Max: 65536}, {Used: 0, Max: 16384}}},
+		Pods:    report.MapUse{Used: 12, Max: 4096},
+	}
+	tel.ObserveCounts(func(c *report.Counts) { c.Maps = dm })
+	gauge := func(rm metricdata.ResourceMetrics, name string) map[string]int64 {
+		t.Helper()
+		m, ok := findMetric(rm, name)
+		if !ok {
+			t.Fatalf("no %s metric", name)
+		}
+		g, ok := m.Data.(metricdata.Gauge[int64])
+		if !ok {
+			t.Fatalf("%s: %T, want an int64 gauge", name, m.Data)
+		}
+		out := map[string]int64{}
+		for _, p := range g.DataPoints {
+			v, _ := p.Attributes.Value(MapKey)
+			out[v.AsString()] = p.Value
+		}
+		return out
+	}
+	rm := tel.collect(t)
+	wantUsed := map[string]int64{"ingress_ipv4": 100, "ingress_ipv6": 7, "egress_ipv4": 3, "egress_ipv6": 0, "pods": 12}
+	wantMax := map[string]int64{"ingress_ipv4": 65536, "ingress_ipv6": 16384, "egress_ipv4": 65536, "egress_ipv6": 16384, "pods": 4096}
+	if got := gauge(rm, MapEntriesName); !maps.Equal(got, wantUsed) {
+		t.Errorf("%s = %v, want %v (no conntrack point: not reported)", MapEntriesName, got, wantUsed)
+	}
+	if got := gauge(rm, MapCapacityName); !maps.Equal(got, wantMax) {
+		t.Errorf("%s = %v, want %v", MapCapacityName, got, wantMax)
+	}
+
+	dm.Conntrack = report.MapUse{Used: 5000, Max: 65536}
+	dm.Entries[0][0].Used = 101
+	body := scrape(t, tel)
+	for _, s := range []struct{ name, value string }{
+		{`npagent_dataplane_map_entries{map="ingress_ipv4"`, "101"},
+		{`npagent_dataplane_map_entries{map="conntrack"`, "5000"},
+		{`npagent_dataplane_map_capacity{map="conntrack"`, "65536"},
+		{`npagent_dataplane_map_capacity{map="egress_ipv6"`, "16384"},
+	} {
+		if !containsSample(body, s.name, s.value) {
+			t.Errorf("/metrics has no %s...} %s sample:\n%s", s.name, s.value, body)
+		}
+	}
 }

@@ -275,11 +275,32 @@ const (
 	// because their policy could not be committed: the fail-closed path, each
 	// also logged naming the pod and the object.
 	PodsIsolatedName = "npagent.dataplane.pods_isolated"
+	// MapEntriesName and MapCapacityName are each dataplane map's entries held
+	// and capacity, by map (MapKey): a commit that does not fit fails, so their
+	// ratio is the alert. Policy maps are shared by every pod of the node.
+	MapEntriesName  = "npagent.dataplane.map.entries"
+	MapCapacityName = "npagent.dataplane.map.capacity"
+
+	// MapKey names the map: ingress_ipv4, ingress_ipv6, egress_ipv4, egress_ipv6
+	// (the policy maps), pods (pods holding state), conntrack (the connection
+	// table).
+	MapKey = attribute.Key("map")
 )
+
+// mapNames are MapKey's values, in the order dataplaneMaps lists the maps.
+var mapNames = [6]string{"ingress_ipv4", "ingress_ipv6", "egress_ipv4", "egress_ipv6", "pods", "conntrack"}
+
+// dataplaneMaps lists c's maps in mapNames' order.
+func dataplaneMaps(c *report.DataplaneMaps) [6]report.MapUse {
+	return [6]report.MapUse{c.Entries[0][0], c.Entries[0][1], c.Entries[1][0], c.Entries[1][1], c.Pods, c.Conntrack}
+}
 
 // dataplaneInstruments exports the dataplane's part of report.Counts.
 type dataplaneInstruments struct {
 	podsIsolated metric.Int64ObservableCounter
+	mapEntries   metric.Int64ObservableGauge
+	mapCapacity  metric.Int64ObservableGauge
+	mapSets      [len(mapNames)]*measureOptions
 }
 
 // build creates the instruments and returns them for the meter's callback.
@@ -288,9 +309,24 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	d.podsIsolated, err = m.Int64ObservableCounter(PodsIsolatedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed."))
 	check(err)
-	return []metric.Observable{d.podsIsolated}
+	d.mapEntries, err = m.Int64ObservableGauge(MapEntriesName, metric.WithUnit("{entry}"),
+		metric.WithDescription("Entries a dataplane map holds, by map; policy maps are shared by every pod of the node."))
+	check(err)
+	d.mapCapacity, err = m.Int64ObservableGauge(MapCapacityName, metric.WithUnit("{entry}"),
+		metric.WithDescription("Capacity of a dataplane map, by map (--max-entries-ipv4, --max-entries-ipv6); a commit that does not fit fails."))
+	check(err)
+	for i, name := range mapNames {
+		d.mapSets[i] = newMeasureOptions(MapKey.String(name))
+	}
+	return []metric.Observable{d.podsIsolated, d.mapEntries, d.mapCapacity}
 }
 
 func (d *dataplaneInstruments) observe(o metric.Observer, c *report.Counts) {
 	o.ObserveInt64(d.podsIsolated, int64(c.PodsIsolated))
+	for i, u := range dataplaneMaps(&c.Maps) {
+		if u.Max > 0 { // a map the backend has
+			o.ObserveInt64(d.mapEntries, u.Used, d.mapSets[i].observe...)
+			o.ObserveInt64(d.mapCapacity, u.Max, d.mapSets[i].observe...)
+		}
+	}
 }

@@ -1,0 +1,90 @@
+package bpfmaps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// MapUse is one map's use: entries held, and its capacity.
+type MapUse struct{ Used, Max int }
+
+// Usage is the dataplane's map use, for gauges: how close each shared map is to
+// its capacity (a commit that does not fit fails with ErrCapacity).
+type Usage struct {
+	// Entries are the policy tries, [Ingress, Egress][IPv4, IPv6], shared by every
+	// pod: entries held (both entry sets of each pod while they are level, and
+	// entries whose deletion is pending) against the trie's capacity (Limits).
+	Entries [2][2]MapUse
+	// Pods are the pods holding state, against Limits.Pods.
+	Pods MapUse
+	// Conntrack is the LRU connection table (EBPF only; zero for Memory):
+	// entries present, idle ones included until the LRU evicts them.
+	Conntrack MapUse
+}
+
+// UsageReporter is a Dataplane that reports its map use. Both backends are.
+type UsageReporter interface {
+	// Usage returns the current use. Safe for concurrent use with commits.
+	Usage() (Usage, error)
+}
+
+var (
+	_ UsageReporter = (*EBPF)(nil)
+	_ UsageReporter = (*Memory)(nil)
+)
+
+// usage is the use the core accounts for: tries and pods.
+func (c *core) usage() Usage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var u Usage
+	for d := range u.Entries {
+		u.Entries[d][0] = MapUse{Used: c.used[d][0], Max: c.limits.EntriesV4}
+		u.Entries[d][1] = MapUse{Used: c.used[d][1], Max: c.limits.EntriesV6}
+	}
+	u.Pods = MapUse{Used: len(c.pods), Max: c.limits.Pods}
+	return u
+}
+
+// Usage implements UsageReporter.
+func (m *Memory) Usage() (Usage, error) { return m.usage(), nil }
+
+// Usage implements UsageReporter. The connection table is counted by reading it
+// (batches of ctBatch entries; a few milliseconds for 64k entries), since the
+// datapath inserts without counting.
+func (e *EBPF) Usage() (Usage, error) {
+	if e.closed.Load() {
+		return Usage{}, errors.New("ebpf dataplane: closed")
+	}
+	u := e.usage()
+	n, err := countConntrack(e.objs.NpaCt)
+	if err != nil {
+		return u, fmt.Errorf("count connection table entries: %w", err)
+	}
+	u.Conntrack = MapUse{Used: n, Max: int(e.objs.NpaCt.MaxEntries())}
+	return u, nil
+}
+
+// ctBatch is how many connection table entries one batch lookup reads. A hash
+// map's batch holds at least one whole bucket; buckets hold a handful.
+const ctBatch = 1024
+
+// countConntrack counts the entries of the connection table.
+func countConntrack(m *ebpf.Map) (int, error) {
+	keys := make([]policyCtKey, ctBatch)
+	vals := make([]policyCtValue, ctBatch)
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
