@@ -169,6 +169,7 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	e.core = newCore(limits, &ebpfMaps{policyObjects: &e.objs, states: e.states})
 	if err := e.adopt(); err != nil {
+		e.closeLinks()
 		e.states.close()
 		e.objs.Close()
 		return nil, fmt.Errorf("open ebpf dataplane: adopt pinned state: %w", err)
@@ -250,6 +251,18 @@ func (e *EBPF) Close() error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	errs := []error{e.closeLinks()}
+	e.states.close()
+	errs = append(errs, e.objs.Close())
+	if e.pinLock != nil {
+		errs = append(errs, e.pinLock.Close()) // releases the flock
+	}
+	return errors.Join(errs...)
+}
+
+// closeLinks closes this process's link handles; the pins, and the attachments,
+// stay.
+func (e *EBPF) closeLinks() error {
 	var errs []error
 	for _, l := range e.links {
 		for _, x := range []link.Link{l.fromPod, l.toPod} {
@@ -259,11 +272,6 @@ func (e *EBPF) Close() error {
 		}
 	}
 	e.links = nil
-	e.states.close()
-	errs = append(errs, e.objs.Close())
-	if e.pinLock != nil {
-		errs = append(errs, e.pinLock.Close()) // releases the flock
-	}
 	return errors.Join(errs...)
 }
 

@@ -164,3 +164,41 @@ func TestRestartDropsVanishedInterfaces(t *testing.T) {
 		t.Errorf("the vanished interface's link is still pinned: %v", err)
 	}
 }
+
+// TestFailedAdoptClosesLinks: an OpenEBPF whose adoption fails after it loaded
+// some pinned links (here a link pin replaced by a map's) closes every handle it
+// opened, and leaves the pins as they were.
+func TestFailedAdoptClosesLinks(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	pod := dummyInterface(t)
+	pol, _ := restartPolicies()
+	prev, err := OpenEBPF(EBPFOptions{PinPath: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prev.Commit(pod, pol); err != nil {
+		t.Fatal(err)
+	}
+	toPod := filepath.Join(pin, "links", fmt.Sprintf("%d-to_pod", pod))
+	if err := prev.links[uint32(pod)].toPod.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	if err := prev.objs.NpaCt.Pin(toPod); err != nil { // not a link
+		t.Fatal(err)
+	}
+	if err := prev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := bpfFDs()
+	if e, err := OpenEBPF(EBPFOptions{PinPath: pin}); err == nil {
+		_ = e.Close()
+		t.Fatal("OpenEBPF adopted a map pinned as a link")
+	}
+	if after := bpfFDs(); len(after) > len(before) {
+		t.Fatalf("a failed adoption leaked bpf descriptors: %d before, %d after: %v", len(before), len(after), after)
+	}
+	if _, err := os.Stat(filepath.Join(pin, "links", fmt.Sprintf("%d-from_pod", pod))); err != nil {
+		t.Errorf("the from_pod link pin is gone after the failed adoption: %v", err)
+	}
+}
