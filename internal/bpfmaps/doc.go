@@ -53,6 +53,10 @@
 //     nothing (CommitResult.Skipped).
 //   - All or nothing: a commit rejected for invalid content (ErrInvalidPolicy, naming
 //     the direction, rule and field) or capacity (ErrCapacity) leaves nothing visible.
+//   - Capacities (Limits, EBPFOptions.ConntrackEntries) are fixed when the maps are
+//     created: OpenEBPF refuses pinned maps of another size with a
+//     *PinnedCapacityError naming the pin directory, each map and both sizes, and
+//     changes nothing. Usage reports each map's entries against its capacity.
 //   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
 //     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
