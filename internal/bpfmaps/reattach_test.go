@@ -5,12 +5,16 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/npagent/npagent/internal/testenv/netlab"
 )
 
 // attachedPrograms returns the programs attached with tcx to the interface's hook,
@@ -200,5 +204,72 @@ func TestFailedAdoptClosesLinks(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(pin, "links", fmt.Sprintf("%d-from_pod", pod))); err != nil {
 		t.Errorf("the from_pod link pin is gone after the failed adoption: %v", err)
+	}
+}
+
+// TestRealTrafficAfterReattach: with real packets between network namespaces, a
+// pod's enforcement lapses when its links are removed while no agent runs, and a
+// new OpenEBPF restores it before any commit: the port its policy does not allow
+// is closed again, the allowed one stays open.
+func TestRealTrafficAfterReattach(t *testing.T) {
+	lab := newTrafficLab(t)
+	netlab.ServeEcho(t, lab.pod, "tcp4", labPod4+":8080")
+	netlab.ServeEcho(t, lab.pod, "tcp4", labPod4+":8081")
+
+	// Attaching and listing interfaces happen in the caller's network namespace:
+	// run from a thread in the node namespace.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	node, err := netns.GetFromName(lab.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	if err := netns.Set(node); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+
+	check := func(stage string, want map[string]bool) {
+		t.Helper()
+		for _, port := range []string{"8080", "8081"} {
+			err := netlab.Exchange(lab.peer, "tcp4", labPod4+":"+port, trafficTimeout)
+			if (err == nil) != want[port] {
+				t.Errorf("%s: peer → pod tcp %s: exchange error %v, want allowed=%v", stage, port, err, want[port])
+			}
+		}
+	}
+	pin := testPinPath(t)
+	prev := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: netip.MustParsePrefix("10.201.2.0/24"),
+		Ports: []PortRule{{Protocol: ProtocolTCP, Port: 8080}}}}}}
+	if _, err := prev.Commit(lab.hostIfindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	check("committed", map[string]bool{"8080": true, "8081": false})
+	if err := prev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"from_pod", "to_pod"} {
+		l, err := link.LoadPinnedLink(filepath.Join(pin, "links", fmt.Sprintf("%d-%s", lab.hostIfindex, name)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unpin(); err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Close()
+	}
+	check("links removed, no agent", map[string]bool{"8080": true, "8081": true})
+
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	check("reopened", map[string]bool{"8080": true, "8081": false})
+	if a := e.Adoption(); !slices.Equal(a.Reattached, []int{lab.hostIfindex}) {
+		t.Errorf("Adoption %+v, want interface %d re-attached", a, lab.hostIfindex)
 	}
 }
