@@ -111,6 +111,11 @@ type CompileOptions struct {
 	// could never be updated (a commit holds two entry sets). Default
 	// DefaultMaxEntriesPerObject.
 	MaxEntriesPerObject int
+	// MapEntriesV4 and MapEntriesV6 are the dataplane's tries per direction
+	// (--max-entries-ipv4/-ipv6; 0: bpfmaps' defaults). Whatever the budget, an
+	// object may need at most half of one, in one direction and family: a commit
+	// holds the old and the new entry set at once, so more could never be updated.
+	MapEntriesV4, MapEntriesV6 int
 }
 
 // DefaultMaxEntriesPerObject is CompileOptions.MaxEntriesPerObject's default: a
@@ -134,6 +139,33 @@ func (o CompileOptions) checkEntries(c *compiledObject) error {
 	}
 	if n > limit {
 		return root("spec").errorf(strconv.Itoa(n), "needs %d map entries (CIDRs and except blocks), more than the %d an object may need (--max-entries-per-object)", n, limit)
+	}
+	tries := [2]struct {
+		size int
+		name string
+	}{{cmp.Or(o.MapEntriesV4, bpfmaps.DefaultEntriesV4), "ipv4"}, {cmp.Or(o.MapEntriesV6, bpfmaps.DefaultEntriesV6), "ipv6"}}
+	for d := range c.allow {
+		var perFamily [2]int // ipv4, ipv6
+		count := func(r *bpfmaps.Rule) {
+			f := 0
+			if r.CIDR.Addr().Is6() {
+				f = 1
+			}
+			perFamily[f] += 1 + len(r.Except)
+		}
+		for i := range c.allow[d] {
+			count(&c.allow[d][i])
+		}
+		for i := range c.tierRules[d] {
+			count(&c.tierRules[d][i].Rule)
+		}
+		for f, tr := range tries {
+			if half := tr.size / 2; perFamily[f] > half {
+				p := root("spec").child(directionField[d])
+				return p.errorf(strconv.Itoa(perFamily[f]), "needs %d %s map entries in one direction, more than half the %s trie (%d of %d, --max-entries-%s): a commit holds two entry sets, so it could never be updated",
+					perFamily[f], tr.name, tr.name, half, tr.size, tr.name)
+			}
+		}
 	}
 	return nil
 }

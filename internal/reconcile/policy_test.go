@@ -535,3 +535,37 @@ func TestCompileEnforcesEntryBudget(t *testing.T) {
 		t.Errorf("default budget, exactly %d entries: %v", DefaultMaxEntriesPerObject, err)
 	}
 }
+
+// TestCompileEntriesFitHalfATrie: whatever the budget, one direction's entries of
+// one family may fill at most half that family's trie (a commit holds two entry
+// sets). With the default tries (IPv6: 16,384), 8,192 IPv6 CIDRs in one direction
+// compile and 8,193 are a FieldError naming the direction, the count and the flag;
+// the same count in IPv4, or split over two directions, fits.
+func TestCompileEntriesFitHalfATrie(t *testing.T) {
+	v6 := func(n int) []v1alpha1.EndpointInfo {
+		var out []v1alpha1.EndpointInfo
+		for i := range n {
+			out = append(out, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("fd00:%x:%x::/48", i/4096, i%4096))})
+		}
+		return out
+	}
+	pe := func(in, eg []v1alpha1.EndpointInfo) *v1alpha1.PolicyEndpoint {
+		return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "v6"}, Spec: v1alpha1.PolicyEndpointSpec{
+			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, Ingress: in, Egress: eg}}
+	}
+	half := bpfmaps.DefaultEntriesV6 / 2
+	if _, err := (CompileOptions{}).policyEndpoint(pe(v6(half), nil), testNode); err != nil {
+		t.Fatalf("%d IPv6 entries in one direction: %v", half, err)
+	}
+	_, err := CompileOptions{}.policyEndpoint(pe(v6(half+1), nil), testNode)
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Path != "spec.ingress" || fe.Value != strconv.Itoa(half+1) || !strings.Contains(fe.Msg, "--max-entries-ipv6") {
+		t.Fatalf("%d IPv6 entries in one direction: err %v, want a FieldError at spec.ingress naming the count and --max-entries-ipv6", half+1, err)
+	}
+	if _, err := (CompileOptions{}).policyEndpoint(pe(v6(half), v6(half)), testNode); err != nil {
+		t.Errorf("%d IPv6 entries in each direction: %v", half, err)
+	}
+	if _, err := (CompileOptions{MapEntriesV6: 4 * bpfmaps.DefaultEntriesV6}).policyEndpoint(pe(v6(half+1), nil), testNode); err != nil {
+		t.Errorf("%d IPv6 entries with a larger trie: %v", half+1, err)
+	}
+}
