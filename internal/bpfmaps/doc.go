@@ -81,6 +81,10 @@
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
 //     from the other side.
+//   - Never misjudged: a packet whose headers cannot be fully parsed (truncated, or
+//     more than 8 IPv6 extension headers) is dropped in a direction with any policy,
+//     never judged as something it is not; later fragments are judged with port 0.
+//     DirectionPolicy.Verdict's doc is the reference for these cases.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into
 // PodPolicy values.

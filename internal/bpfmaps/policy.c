@@ -230,20 +230,38 @@ struct packet {
 	__u8 daddr[16];
 };
 
-enum parse_result { PARSE_OK, PARSE_NOT_IP, PARSE_BAD };
+// PARSE_OK: addresses, protocol and ports (0 for a non-first fragment and port-less
+// protocols) are known. PARSE_NOT_IP: not IPv4 or IPv6. PARSE_BAD: an IP packet
+// whose IP header cannot be read (no addresses). PARSE_INCOMPLETE: the addresses are
+// known, but not the protocol or ports: the L4 header is truncated, or an IPv6
+// extension-header chain is truncated or longer than MAX_EXT_HEADERS.
+enum parse_result { PARSE_OK, PARSE_NOT_IP, PARSE_BAD, PARSE_INCOMPLETE };
+
+// IPv6 extension headers walked before the protocol: a longer chain is not judged
+// (PARSE_INCOMPLETE) rather than judged as "protocol 60, port 0", which a Deny rule
+// naming a protocol or ports would not match.
+#define MAX_EXT_HEADERS 8
+#define NEXTHDR_AUTH 51
+#define NEXTHDR_HIP 139
+#define NEXTHDR_SHIM6 140
+
+static __always_inline int has_ports(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct packet *p)
 {
-	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP || p->proto == IPPROTO_SCTP) {
+	if (has_ports(p->proto)) {
 		__u16 ports[2];
 		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
-			return PARSE_BAD;
+			return PARSE_INCOMPLETE;
 		p->sport = bpf_ntohs(ports[0]);
 		p->dport = bpf_ntohs(ports[1]);
 	} else if (p->proto == IPPROTO_ICMPV6_) {
 		__u8 type;
 		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
-			return PARSE_BAD;
+			return PARSE_INCOMPLETE;
 		// Router/neighbour solicitation/advertisement and redirect (133..137): without
 		// them a pod's IPv6 stops working whatever its policy says.
 		p->ndp = type >= 133 && type <= 137;
@@ -251,8 +269,59 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 	return PARSE_OK;
 }
 
-static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+static __always_inline int is_ext(__u8 next)
 {
+	return next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_FRAGMENT || next == NEXTHDR_DEST ||
+	       next == NEXTHDR_AUTH || next == NEXTHDR_HIP || next == NEXTHDR_SHIM6;
+}
+
+// Where a walk of an IPv6 extension-header chain is: the header at off is of type next.
+struct ext_walk {
+	__u32 off;
+	__u8 next;
+	__u8 pad[3];
+};
+
+enum { STEP_NEXT, STEP_LATER_FRAGMENT, STEP_TRUNCATED };
+
+// ext_step moves w past the extension header at w->off: STEP_NEXT, or
+// STEP_LATER_FRAGMENT for the fragment header of a non-first fragment (w->next is the
+// fragment's protocol), or STEP_TRUNCATED when the header cannot be read. Global, so
+// the verifier checks one step once: inlined, a walk of MAX_EXT_HEADERS steps is a
+// tree of branches whose pending paths exceed the 8192 the verifier allows when it
+// also explores speculative paths (a loader without CAP_PERFMON).
+__attribute__((noinline)) int ext_step(struct __sk_buff *skb, struct ext_walk *w)
+{
+	if (!w)
+		return STEP_TRUNCATED;
+	__u8 hdr[4];
+	if (bpf_skb_load_bytes(skb, w->off, hdr, sizeof(hdr)) < 0)
+		return STEP_TRUNCATED;
+	__u8 type = w->next;
+	w->next = hdr[0];
+	if (type == NEXTHDR_FRAGMENT) {
+		w->off += 8;
+		return (hdr[2] << 8 | hdr[3]) & 0xfff8 ? STEP_LATER_FRAGMENT : STEP_NEXT;
+	}
+	// AH counts its length in 4-byte units minus 2, the others (RFC 6564) in 8-byte
+	// units minus 1.
+	w->off += type == NEXTHDR_AUTH ? (hdr[1] + 2) * 4 : (hdr[1] + 1) * 8;
+	return STEP_NEXT;
+}
+
+// parse reads a packet's addresses, protocol and ports. Global (as first_match is),
+// so the verifier checks its extension-header walk once, on its own.
+//
+// Fragments: only a first fragment carries the L4 header, and it is judged with its
+// ports (dropped as PARSE_INCOMPLETE where they are not in it). A non-first fragment
+// is judged by its peer and protocol with port 0, as a port-less packet: a rule for
+// all ports of its protocol (or all traffic) allows it, a rule with ports does not,
+// and a Deny rule with ports does not drop it. That lets no connection through: the
+// receiver cannot reassemble a datagram without its first fragment, which was judged.
+__attribute__((noinline)) int parse(struct __sk_buff *skb, struct packet *p)
+{
+	if (!p)
+		return PARSE_BAD;
 	__u16 proto = skb->protocol;
 	__u32 off = ETH_HLEN;
 	if (proto == bpf_htons(ETH_P_IP)) {
@@ -277,37 +346,27 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		__u8 next = ip6.nexthdr;
 		off += sizeof(ip6);
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			if (next == NEXTHDR_FRAGMENT) {
-				__u8 frag[4];
-				if (bpf_skb_load_bytes(skb, off, frag, sizeof(frag)) < 0)
-					return PARSE_BAD;
-				next = frag[0];
-				off += 8;
-				if ((frag[2] << 8 | frag[3]) & 0xfff8) { // not the first fragment
-					p->proto = next;
-					return PARSE_OK;
-				}
-			} else if (next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST) {
-				__u8 hdr[2];
-				if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
-					return PARSE_BAD;
-				next = hdr[0];
-				off += (hdr[1] + 1) * 8;
-			} else {
-				break;
+		if (!is_ext(next)) { // the common case: no extension header
+			p->proto = next;
+			return parse_l4(skb, off, p);
+		}
+		struct ext_walk w = {.off = off, .next = next};
+		for (int i = 0; i < MAX_EXT_HEADERS; i++) {
+			int s = ext_step(skb, &w);
+			if (s == STEP_TRUNCATED)
+				return PARSE_INCOMPLETE;
+			if (s == STEP_LATER_FRAGMENT) {
+				p->proto = w.next;
+				return PARSE_OK;
+			}
+			if (!is_ext(w.next)) {
+				p->proto = w.next;
+				return parse_l4(skb, w.off, p);
 			}
 		}
-		p->proto = next;
-		return parse_l4(skb, off, p);
+		return PARSE_INCOMPLETE; // more than MAX_EXT_HEADERS extension headers
 	}
 	return PARSE_NOT_IP;
-}
-
-static __always_inline int has_ports(__u8 proto)
-{
-	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
 // first_match returns the action of the first port rule matching, 0 if none (also for
@@ -474,12 +533,23 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	int r = parse(skb, &p);
 	if (r == PARSE_NOT_IP)
 		return VERDICT_NEXT; // ARP and friends
-	if (r == PARSE_BAD)
-		return VERDICT_DROP; // an IP packet whose headers cannot be read cannot be judged
+	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
+	if (r != PARSE_OK) {
+		// An IP packet whose headers cannot be fully read (truncated, or an IPv6
+		// extension-header chain longer than MAX_EXT_HEADERS) cannot be judged: a
+		// Deny rule naming its protocol or port might be meant for it. It is dropped
+		// in a direction where any policy applies (isolated, or admin or baseline
+		// rules), except between the pod and its node; a direction without any
+		// policy would allow whatever it carries.
+		if (!WORD_FLAGS(word))
+			return VERDICT_NEXT;
+		if (r == PARSE_INCOMPLETE && is_node(&p, peer))
+			return VERDICT_NEXT;
+		return VERDICT_DROP;
+	}
 	if (p.ndp)
 		return VERDICT_NEXT;
 
-	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
 	int verdict = DENY;
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {

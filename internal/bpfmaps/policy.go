@@ -157,6 +157,22 @@ type PodPolicy struct {
 //
 // A rule matches when its CIDR contains peer, none of its Except prefixes does, and it
 // has no Ports or one of its PortRules matches proto and port.
+//
+// Verdict judges one packet by the policy alone. The datapath passes some packets
+// Verdict denies, and decides some it never asks Verdict about:
+//
+//   - Replies: a packet of a connection the other direction allowed (the connection
+//     table) passes.
+//   - Node traffic: a packet whose peer is one of the node's addresses passes.
+//   - Fragments: a first fragment is judged with its ports; a later one carries none
+//     and is judged with port 0 (a rule with ports neither allows nor denies it; the
+//     receiver cannot reassemble it without the first fragment).
+//   - Packets whose headers cannot be fully parsed (an IP header that cannot be read,
+//     an L4 header cut before its ports, an IPv6 extension-header chain truncated or
+//     longer than 8 headers) are not judged: a Deny rule naming their protocol or
+//     ports might be meant for them. They are dropped in a direction with any policy
+//     (Isolated, or Admin or Baseline rules) unless their peer is a node address, and
+//     pass in a direction without any, which would allow whatever they carry.
 func (d DirectionPolicy) Verdict(peer netip.Addr, proto Protocol, port uint16) bool {
 	if !proto.hasPorts() {
 		port = 0
