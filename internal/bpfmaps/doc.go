@@ -80,7 +80,8 @@
 //     before deleting the stale ones: an address in both sets is never missing.
 //   - Return traffic: an LRU connection table lets replies of an allowed connection
 //     through the other direction; a connection the policy denies cannot be opened
-//     from the other side.
+//     from the other side. ICMP errors quoting a tracked connection pass too
+//     (RELATED: path-MTU discovery works whoever sends them).
 //   - Never misjudged: a packet whose headers cannot be fully parsed (truncated, or
 //     more than 8 IPv6 extension headers) is dropped in a direction with any policy,
 //     never judged as something it is not; later fragments are judged with port 0.

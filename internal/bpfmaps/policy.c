@@ -228,6 +228,10 @@ struct packet {
 	__u16 dport; // 0 for port-less protocols
 	__u8 saddr[16];
 	__u8 daddr[16];
+	// An ICMP or ICMPv6 error (destination unreachable, including IPv4 frag-needed;
+	// ICMPv6 packet too big; time exceeded; parameter problem): the offset of the
+	// packet it quotes. 0 otherwise.
+	__u32 quoted;
 };
 
 // PARSE_OK: addresses, protocol and ports (0 for a non-first fragment and port-less
@@ -265,6 +269,17 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		// Router/neighbour solicitation/advertisement and redirect (133..137): without
 		// them a pod's IPv6 stops working whatever its policy says.
 		p->ndp = type >= 133 && type <= 137;
+		// Destination unreachable, packet too big, time exceeded, parameter problem.
+		if (type >= 1 && type <= 4)
+			p->quoted = off + 8;
+	} else if (p->proto == IPPROTO_ICMP) {
+		__u8 type;
+		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
+			return PARSE_INCOMPLETE;
+		// Destination unreachable (frag-needed is code 4), time exceeded, parameter
+		// problem.
+		if (type == 3 || type == 11 || type == 12)
+			p->quoted = off + 8;
 	}
 	return PARSE_OK;
 }
@@ -519,6 +534,59 @@ static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int d
 	}
 }
 
+// related reports whether an ICMP or ICMPv6 error (p->quoted set) quotes a packet of
+// a connection in the table that has not timed out: RELATED traffic, which passes as
+// a reply would (path-MTU discovery: IPv4 frag-needed, ICMPv6 packet too big; time
+// exceeded; unreachable). Its own source is usually a router the policy never names.
+// The quoted packet is one the pod sent or received in the other direction, so it is
+// the forward packet of a connection the other direction allowed, or a reply of one
+// this direction allowed. It does not refresh the entry. Global, so the verifier
+// checks it once; only a packet the policy denied gets here.
+__attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int dir, const struct packet *p)
+{
+	if (!p || !p->quoted)
+		return 0;
+	struct packet q = {.family = p->family};
+	__u32 off = p->quoted;
+	if (p->family == 4) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.ihl < 5)
+			return 0;
+		if (ip.frag_off & bpf_htons(0x1fff))
+			return 0; // a non-first fragment: no ports to match
+		q.proto = ip.protocol;
+		__builtin_memcpy(q.saddr, &ip.saddr, 4);
+		__builtin_memcpy(q.daddr, &ip.daddr, 4);
+		off += ip.ihl * 4;
+	} else {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
+			return 0;
+		// A quoted packet with extension headers is not matched (its connection's
+		// entry has the protocol after them): it is decided by the policy alone.
+		q.proto = ip6.nexthdr;
+		__builtin_memcpy(q.saddr, &ip6.saddr, 16);
+		__builtin_memcpy(q.daddr, &ip6.daddr, 16);
+		off += sizeof(ip6);
+	}
+	if (has_ports(q.proto)) {
+		__u16 ports[2];
+		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+			return 0;
+		q.sport = bpf_ntohs(ports[0]);
+		q.dport = bpf_ntohs(ports[1]);
+	}
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key k = {};
+	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &q, 0);
+	struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
+	if (ct && now - ct->last_seen_ns < ct_timeout_ns)
+		return 1;
+	ct_fill(&k, ifindex, dir, &q, 1);
+	ct = bpf_map_lookup_elem(&npa_ct, &k);
+	return ct && now - ct->last_seen_ns < ct_timeout_ns;
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
@@ -580,7 +648,8 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		return VERDICT_NEXT;
 	}
 	// Denied by this direction's policy: pass a reply of a connection the other
-	// direction allowed, and traffic between the pod and its own node. The node check
+	// direction allowed, traffic between the pod and its own node, and an ICMP error
+	// about a tracked connection. The node check
 	// comes only here, after the policy: the verdict is "node or policy", so the
 	// order does not change it, and a packet the policy allows (the common path) pays
 	// no extra lookup. Node traffic passing here makes no connection entry: its replies
@@ -592,6 +661,10 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		return VERDICT_NEXT;
 	}
 	if (is_node(&p, peer))
+		return VERDICT_NEXT;
+	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
+	// the policy denies pay for it.
+	if (p.quoted && related(skb, ifindex, dir, &p))
 		return VERDICT_NEXT;
 	return VERDICT_DROP;
 }

@@ -163,6 +163,13 @@ type PodPolicy struct {
 //
 //   - Replies: a packet of a connection the other direction allowed (the connection
 //     table) passes.
+//   - ICMP errors (RELATED): an ICMPv4 destination unreachable (frag-needed
+//     included), time exceeded or parameter problem, or an ICMPv6 destination
+//     unreachable, packet too big, time exceeded or parameter problem, whose quoted
+//     IP header and ports are those of a connection in the table — a packet the pod
+//     sent on a connection either direction allowed — passes whatever its source
+//     (path-MTU discovery). Any other ICMP packet is judged as protocol ICMP or
+//     ICMPv6, port 0.
 //   - Node traffic: a packet whose peer is one of the node's addresses passes.
 //   - Fragments: a first fragment is judged with its ports; a later one carries none
 //     and is judged with port 0 (a rule with ports neither allows nor denies it; the
