@@ -324,8 +324,8 @@ __attribute__((noinline)) int ext_step(struct __sk_buff *skb, struct ext_walk *w
 	return STEP_NEXT;
 }
 
-// parse reads a packet's addresses, protocol and ports. Global (as first_match is),
-// so the verifier checks its extension-header walk once, on its own.
+// parse reads a packet's addresses, protocol and ports. Inlined: the common path pays
+// no call; only a packet with IPv6 extension headers calls ext_step.
 //
 // Fragments: only a first fragment carries the L4 header, and it is judged with its
 // ports (dropped as PARSE_INCOMPLETE where they are not in it). A non-first fragment
@@ -333,10 +333,8 @@ __attribute__((noinline)) int ext_step(struct __sk_buff *skb, struct ext_walk *w
 // all ports of its protocol (or all traffic) allows it, a rule with ports does not,
 // and a Deny rule with ports does not drop it. That lets no connection through: the
 // receiver cannot reassemble a datagram without its first fragment, which was judged.
-__attribute__((noinline)) int parse(struct __sk_buff *skb, struct packet *p)
+static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 {
-	if (!p)
-		return PARSE_BAD;
 	__u16 proto = skb->protocol;
 	__u32 off = ETH_HLEN;
 	if (proto == bpf_htons(ETH_P_IP)) {
