@@ -29,8 +29,9 @@ func TestStateMapLayout(t *testing.T) {
 
 // TestKernelVerdictsMatchVerdict runs the property test's random policies through the
 // real program with BPF_PROG_TEST_RUN: every crafted packet (IPv4/IPv6, TCP, UDP,
-// SCTP, ICMP) gets the verdict DirectionPolicy.Verdict gives, or passes when its peer
-// is in the node set (testNodeSet).
+// SCTP, ICMP; IPv6 ones behind 0 to 8 destination options headers) gets the verdict
+// DirectionPolicy.Verdict gives, or passes when its peer is in the node set
+// (testNodeSet).
 func TestKernelVerdictsMatchVerdict(t *testing.T) {
 	e := openTestEBPF(t, EBPFOptions{})
 	ifaces := []int{dummyInterface(t), dummyInterface(t)}
@@ -40,7 +41,7 @@ func TestKernelVerdictsMatchVerdict(t *testing.T) {
 		rounds = 40
 	}
 	checked, allowed := checkAgainstReference(t, g, e, ifaces, rounds, packets, func(ifindex int, d Direction, pkt packet) bool {
-		return e.kernelVerdict(t, ifindex, d, pkt)
+		return e.kernelVerdictExt(t, ifindex, d, pkt)
 	})
 	t.Logf("%d packets checked in the kernel, %d allowed", checked, allowed)
 	for _, i := range ifaces {

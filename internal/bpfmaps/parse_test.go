@@ -219,3 +219,19 @@ func itoa(n int) string {
 	}
 	return string(rune('0' + n))
 }
+
+// kernelVerdictExt is kernelVerdict with, for an IPv6 packet, 0 to 8 destination
+// options headers (varying with the source port) between the IPv6 and the L4 header:
+// the datapath must judge it exactly as Verdict judges the packet without them.
+func (e *EBPF) kernelVerdictExt(t testing.TB, ifindex int, d Direction, pkt packet) bool {
+	if pkt.peer.Is4() {
+		return e.kernelVerdict(t, ifindex, d, pkt)
+	}
+	sport := uint16(20000 + sportSeq.Add(1)%10000)
+	exts := dests(int(sport % 9))
+	l4 := l4Bytes(pkt.proto, sport, pkt.port)
+	if d == Ingress {
+		return run(t, e.objs.ToPod, ifindex, withEthernet(ipv6Chain(pkt.peer, podAddrIngress6, exts, pkt.proto, l4)))
+	}
+	return run(t, e.objs.FromPod, ifindex, withEthernet(ipv6Chain(podAddrEgress6, pkt.peer, exts, pkt.proto, l4)))
+}
