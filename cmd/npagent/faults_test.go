@@ -635,10 +635,11 @@ func TestFaultCollectorOutage(t *testing.T) {
 	// blocks a commit. On a shared 2-core machine the p99 of ~100 triggers moves by
 	// several times between two windows with the collector up (before, after), so
 	// 10% is not measurable here; the bound is 10% over the worse of those two
-	// windows, and at least 100 ms over it: an export on the commit path would add
-	// its timeout (10s) or its retries' backoff (5s and more).
+	// windows, and at least 1 s over it: an export on the commit path would add its
+	// timeout (10s) or its retries' backoff (5s and more), while CPU contention
+	// alone (CI under -race beside other tests) moved a p99 by 130 ms.
 	ref := max(p99Before, p99After)
-	if bound := max(1.1*ref, ref+0.100); p99During > bound {
+	if bound := max(1.1*ref, ref+1.0); p99During > bound {
 		t.Errorf("p99 latency during the outage %.2f ms > %.2f ms (with the collector up: %.2f ms before, %.2f ms after)",
 			p99During*1e3, bound*1e3, p99Before*1e3, p99After*1e3)
 	}
