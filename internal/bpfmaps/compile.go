@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"sort"
@@ -368,12 +369,6 @@ func comparePrefixUse(a, b prefixUse) int {
 	return cmp.Compare(a.rule, b.rule)
 }
 
-// stackNode is a prefix on the chain of enclosing prefixes, with its value.
-type stackNode struct {
-	node    *prefixNode
-	visible policyRuleValue
-}
-
 // flatten appends to out one entry per prefix of the tier whose value differs from the
 // value of its nearest enclosing prefix (no enclosing prefix = empty value, which the
 // datapath treats like a miss).
@@ -384,6 +379,17 @@ type stackNode struct {
 // r.CIDR ⊇ p and no except of r ⊇ p: p's value is exactly the rules matching a.
 // Prefixes are visited in pre-order (sorted by address, then length), keeping the
 // chain of enclosing prefixes on a stack.
+//
+// The rules covering the visited prefix (CIDR on the stack, no except of theirs on
+// it) are kept as a set, changed as prefixes are pushed and popped: each CIDR and
+// except changes it once each way, so keeping it is linear in the CIDRs and excepts
+// (times their port rules). A prefix's value is built again only when the set's
+// change may change it (see unionCover and orderedCover), otherwise it is its
+// parent's: a broad CIDR that many rules share, with an except of each, costs
+// O(rules), not O(rules²) (BenchmarkCompileExcepts). Building a value costs the
+// distinct port rules of the set (namespaced) or a scan of the set in priority order
+// up to the all-traffic entry (first-match tiers); prefixes whose change forces many
+// such builds over a large set remain the costly case.
 func flatten(out *dirEntries, in *interner, t tier, rules []sourceRule) error {
 	if len(rules) == 0 {
 		return nil
@@ -427,28 +433,15 @@ func flatten(out *dirEntries, in *interner, t tier, rules []sourceRule) error {
 	out.k4, out.i4 = slices.Grow(out.k4, len(pool)-n6), slices.Grow(out.i4, len(pool)-n6)
 	out.k6, out.i6 = slices.Grow(out.k6, n6), slices.Grow(out.i6, n6)
 	excepted := make([]int32, len(rules)) // per rule: excepts of it on the stack
-	var stack []stackNode
-	var included []int
-	var scratch []policyPortRule
-	for ni := range pool {
-		n := &pool[ni]
-		for len(stack) > 0 {
-			top := stack[len(stack)-1].node
-			if top.key.contains(n.key) {
-				break
-			}
-			for _, r := range ruleOf[top.except:top.end] {
-				excepted[r]--
-			}
-			stack = stack[:len(stack)-1]
-		}
-		for _, r := range ruleOf[n.except:n.end] {
-			excepted[r]++
-		}
-		stack = append(stack, stackNode{node: n})
-		top := &stack[len(stack)-1]
-
-		included = included[:0]
+	onStack := make([]bool, len(rules))   // per rule: its CIDR is on the stack
+	var cov cover = newOrderedCover(rules)
+	if t == tierNamespaced {
+		cov = newUnionCover(rules)
+	}
+	// covering lists the rules covering the top of the stack in stack order, CIDRs
+	// by rule: the order an overflow error's rule is chosen in. Only errors need it.
+	covering := func(stack []stackNode) []int {
+		var included []int
 		for i := range stack {
 			s := stack[i].node
 			for _, r := range ruleOf[s.cidr:s.except] {
@@ -457,21 +450,62 @@ func flatten(out *dirEntries, in *interner, t tier, rules []sourceRule) error {
 				}
 			}
 		}
-		var err error
-		if t == tierNamespaced {
-			scratch, err = unionValue(&top.visible, rules, included, n.key, scratch)
-		} else {
-			slices.Sort(included) // rules are in priority order
-			err = orderedValue(&top.visible, rules, included, n.key)
+		return included
+	}
+	var root stackNode // the parent of a top-level prefix: the empty value
+	var stack []stackNode
+	for ni := range pool {
+		n := &pool[ni]
+		for len(stack) > 0 {
+			top := stack[len(stack)-1].node
+			if top.key.contains(n.key) {
+				break
+			}
+			// Undo top's changes, in reverse: the set becomes its parent's again.
+			for _, r := range ruleOf[top.except:top.end] {
+				if excepted[r]--; excepted[r] == 0 && onStack[r] {
+					cov.include(r, nil)
+				}
+			}
+			for _, r := range ruleOf[top.cidr:top.except] {
+				if onStack[r] = false; excepted[r] == 0 {
+					cov.exclude(r, nil)
+				}
+			}
+			stack = stack[:len(stack)-1]
 		}
-		if err != nil {
+		parent := &root
+		if len(stack) > 0 {
+			parent = &stack[len(stack)-1]
+		}
+		cov.clean()
+		for _, r := range ruleOf[n.cidr:n.except] {
+			if onStack[r] = true; excepted[r] == 0 {
+				cov.include(r, parent)
+			}
+		}
+		for _, r := range ruleOf[n.except:n.end] {
+			if excepted[r]++; excepted[r] == 1 && onStack[r] {
+				cov.exclude(r, parent)
+			}
+		}
+		if !cov.dirty() {
+			stack = append(stack, *parent) // the same value: no entry
+			stack[len(stack)-1].node = n
+			continue
+		}
+		stack = append(stack, stackNode{node: n})
+		top := &stack[len(stack)-1]
+		if need, err := cov.value(top, n.key); err != nil {
 			return err
+		} else if need > 0 {
+			return unionOverflowErr(rules, covering(stack), n.key, need)
 		}
-		parent := &emptyValue
+		parentValue := &emptyValue
 		if len(stack) > 1 {
-			parent = &stack[len(stack)-2].visible
+			parentValue = &stack[len(stack)-2].visible
 		}
-		if top.visible == *parent {
+		if top.visible == *parentValue {
 			continue
 		}
 		vi := in.intern(&top.visible)
@@ -492,64 +526,146 @@ func overflowErr(r *sourceRule, p prefixKey, need int) error {
 	return invalidf(r.label, "ports: %s needs %d port rules together with the other rules covering it, a map value holds %d", p.prefix(), need, maxPortRules)
 }
 
-// orderedValue builds a tier value: every port rule of the included rules in priority
-// order; the datapath takes the first match. Exact duplicates of an earlier entry and
-// everything after an all-traffic entry can never match first and are dropped.
-func orderedValue(v *policyRuleValue, rules []sourceRule, included []int, p prefixKey) error {
-	*v = policyRuleValue{}
-	for _, ri := range included {
-		for _, e := range rules[ri].ports {
-			if slices.ContainsFunc(v.entries(), func(x policyPortRule) bool {
-				return x.Proto == e.Proto && x.Port == e.Port && x.EndPort == e.EndPort
-			}) {
-				continue
-			}
-			if v.Count == maxPortRules {
-				return overflowErr(&rules[ri], p, maxPortRules+1)
-			}
-			v.Rules[v.Count] = e
-			v.Count++
-			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
-				return nil
-			}
-		}
-	}
-	return nil
+// stackNode is a prefix on the chain of enclosing prefixes, with its value and, in a
+// first-match tier, the rule each of the value's port rules comes from.
+type stackNode struct {
+	node    *prefixNode
+	visible policyRuleValue
+	from    [maxPortRules]int32
 }
 
-// unionValue builds a namespaced value: the union of the included rules' port rules,
-// ranges of one protocol merged, sorted by protocol and port. buf is scratch space,
-// returned for reuse.
-func unionValue(v *policyRuleValue, rules []sourceRule, included []int, p prefixKey, buf []policyPortRule) ([]policyPortRule, error) {
-	*v = policyRuleValue{}
-	merged := mergePorts(rules, included, buf[:0])
-	if len(merged) > maxPortRules {
-		// Name the rule whose ports pushed the union over the limit.
-		for i := range included {
-			if len(mergePorts(rules, included[:i+1], nil)) > maxPortRules {
-				return merged, overflowErr(&rules[included[i]], p, len(merged))
+// cover is the set of rules covering the visited prefix, and how it builds that
+// prefix's value.
+type cover interface {
+	// include and exclude add rule r to the set and remove it. With parent (the
+	// enclosing prefix, whose value is the set's value before this prefix's
+	// changes), they note whether the change may change the value; without, they
+	// undo a change.
+	include(r int32, parent *stackNode)
+	exclude(r int32, parent *stackNode)
+	// clean forgets the changes noted; dirty reports whether one was.
+	clean()
+	dirty() bool
+	// value builds the set's value into top. need > 0: the value would need that
+	// many port rules, more than it holds, and the caller names the rule.
+	value(top *stackNode, p prefixKey) (need int, err error)
+}
+
+func isAllTraffic(e policyPortRule) bool { return e.Proto == uint8(ProtocolAny) && e.Port == 0 }
+
+// unionCover is the namespaced tier's set: the union of the included rules' ports is
+// all a value depends on, so it keeps how many included port rules allow all traffic
+// and, per distinct (protocol, port, end port), how many included port rules have
+// it. A change that makes no count reach or leave zero leaves the value as it is.
+type unionCover struct {
+	rules   []sourceRule
+	count   map[uint64]int32
+	items   []uint64 // the keys of count whose count is not zero, ascending
+	all     int32
+	changed bool
+	buf     []policyPortRule
+}
+
+func newUnionCover(rules []sourceRule) *unionCover {
+	return &unionCover{rules: rules, count: map[uint64]int32{}}
+}
+
+// portItem orders port rules by protocol, port, end port, as mergeRanges sorts them.
+func portItem(e policyPortRule) uint64 {
+	return uint64(e.Proto)<<32 | uint64(e.Port)<<16 | uint64(e.EndPort)
+}
+
+func (u *unionCover) include(r int32, _ *stackNode) {
+	for _, e := range u.rules[r].ports {
+		if isAllTraffic(e) {
+			if u.all++; u.all == 1 {
+				u.changed = true
 			}
+			continue
 		}
-		return merged, overflowErr(&rules[included[len(included)-1]], p, len(merged))
+		k := portItem(e)
+		c := u.count[k]
+		u.count[k] = c + 1
+		if c == 0 {
+			i, _ := slices.BinarySearch(u.items, k)
+			u.items = slices.Insert(u.items, i, k)
+			u.changed = true
+		}
+	}
+}
+
+func (u *unionCover) exclude(r int32, _ *stackNode) {
+	for _, e := range u.rules[r].ports {
+		if isAllTraffic(e) {
+			if u.all--; u.all == 0 {
+				u.changed = true
+			}
+			continue
+		}
+		k := portItem(e)
+		c := u.count[k] - 1
+		u.count[k] = c
+		if c == 0 {
+			i, _ := slices.BinarySearch(u.items, k)
+			u.items = slices.Delete(u.items, i, i+1)
+			u.changed = true
+		}
+	}
+}
+
+func (u *unionCover) clean()      { u.changed = false }
+func (u *unionCover) dirty() bool { return u.changed }
+
+// value: the union of the included rules' port rules, ranges of one protocol merged,
+// sorted by protocol and port (as mergeRanges makes it).
+func (u *unionCover) value(top *stackNode, _ prefixKey) (int, error) {
+	v := &top.visible
+	*v = policyRuleValue{}
+	if u.all > 0 {
+		v.Rules[0] = policyPortRule{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
+		v.Count = 1
+		return 0, nil
+	}
+	all := u.buf[:0]
+	for _, k := range u.items {
+		all = append(all, policyPortRule{Proto: uint8(k >> 32), Port: uint16(k >> 16), EndPort: uint16(k), Action: uint8(ActionAccept)})
+	}
+	merged := mergeRanges(all)
+	u.buf = all
+	if len(merged) > maxPortRules {
+		return len(merged), nil
 	}
 	copy(v.Rules[:], merged)
 	v.Count = uint32(len(merged))
-	return merged, nil
+	return 0, nil
 }
 
-// mergePorts returns the union of the rules' port entries as few accept entries: one
-// all-traffic entry if any rule allows all traffic, else ranges of one protocol merged
-// where they overlap or touch. The result is built in buf's array.
-func mergePorts(rules []sourceRule, included []int, buf []policyPortRule) []policyPortRule {
-	all := buf[:0]
+// unionOverflowErr names the rule whose ports pushed the union of the included
+// rules' ports (in their order) over a value's limit, at prefix p, where the union
+// needs need port rules: the union of the rules so far, merged again with each
+// rule's ports, stays at most maxPortRules until then. Linear in the rules' ports.
+func unionOverflowErr(rules []sourceRule, included []int, p prefixKey, need int) error {
+	var acc []policyPortRule
 	for _, ri := range included {
-		for _, e := range rules[ri].ports {
-			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {
-				return append(all[:0], policyPortRule{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)})
-			}
-			e.Action = uint8(ActionAccept)
-			all = append(all, e)
+		acc = mergeRanges(append(acc, rules[ri].ports...))
+		if len(acc) > maxPortRules {
+			return overflowErr(&rules[ri], p, need)
 		}
+	}
+	return overflowErr(&rules[included[len(included)-1]], p, need)
+}
+
+// mergeRanges returns the union of port entries as few accept entries: one
+// all-traffic entry if any allows all traffic, else ranges of one protocol merged
+// where they overlap or touch, sorted by protocol and port. It works in all's array.
+// The union of unions is the union of all: merging the merged entries of some rules
+// with another rule's entries gives the merged entries of them all.
+func mergeRanges(all []policyPortRule) []policyPortRule {
+	for i := range all {
+		if isAllTraffic(all[i]) {
+			return append(all[:0], policyPortRule{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)})
+		}
+		all[i].Action = uint8(ActionAccept)
 	}
 	slices.SortFunc(all, func(a, b policyPortRule) int {
 		return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port), cmp.Compare(a.EndPort, b.EndPort))
@@ -563,4 +679,87 @@ func mergePorts(rules []sourceRule, included []int, buf []policyPortRule) []poli
 		merged = append(merged, e)
 	}
 	return merged
+}
+
+// orderedCover is a first-match tier's set, the included rules as a bitset over
+// their priority order. A value is every port rule of the included rules in
+// priority order, exact duplicates of an earlier one (same protocol and ports) and
+// everything after an all-traffic one dropped: the datapath takes the first match.
+// Each of the value's port rules comes from one rule (stackNode.from). So excluding
+// a rule changes the value only if some port rule of it comes from that rule, and
+// including one only if it is before the all-traffic entry and has a port rule
+// that no rule before it gave.
+type orderedCover struct {
+	rules   []sourceRule
+	in      []uint64
+	changed bool
+}
+
+func newOrderedCover(rules []sourceRule) *orderedCover {
+	return &orderedCover{rules: rules, in: make([]uint64, (len(rules)+63)/64)}
+}
+
+func (o *orderedCover) include(r int32, parent *stackNode) {
+	o.in[r>>6] |= 1 << (r & 63)
+	if parent != nil && !o.changed && !o.redundant(r, parent) {
+		o.changed = true
+	}
+}
+
+func (o *orderedCover) exclude(r int32, parent *stackNode) {
+	o.in[r>>6] &^= 1 << (r & 63)
+	if parent != nil && !o.changed && slices.Contains(parent.from[:parent.visible.Count], r) {
+		o.changed = true
+	}
+}
+
+// redundant reports whether including rule r leaves parent's value as it is.
+func (o *orderedCover) redundant(r int32, parent *stackNode) bool {
+	v := &parent.visible
+	if n := v.Count; n > 0 && isAllTraffic(v.Rules[n-1]) && parent.from[n-1] < r {
+		return true // r comes after the all-traffic entry
+	}
+	for _, e := range o.rules[r].ports {
+		found := false
+		for i, x := range v.entries() {
+			if x.Proto == e.Proto && x.Port == e.Port && x.EndPort == e.EndPort && parent.from[i] < r {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func (o *orderedCover) clean()      { o.changed = false }
+func (o *orderedCover) dirty() bool { return o.changed }
+
+func (o *orderedCover) value(top *stackNode, p prefixKey) (int, error) {
+	v := &top.visible
+	*v = policyRuleValue{}
+	for w, word := range o.in {
+		for ; word != 0; word &= word - 1 {
+			ri := w*64 + bits.TrailingZeros64(word)
+			for _, e := range o.rules[ri].ports {
+				if slices.ContainsFunc(v.entries(), func(x policyPortRule) bool {
+					return x.Proto == e.Proto && x.Port == e.Port && x.EndPort == e.EndPort
+				}) {
+					continue
+				}
+				if v.Count == maxPortRules {
+					return 0, overflowErr(&o.rules[ri], p, maxPortRules+1)
+				}
+				v.Rules[v.Count] = e
+				top.from[v.Count] = int32(ri)
+				v.Count++
+				if isAllTraffic(e) {
+					return 0, nil
+				}
+			}
+		}
+	}
+	return 0, nil
 }
