@@ -108,3 +108,37 @@ func BenchmarkCompileOverflow(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCompileWide: the common shape, n side-by-side /32 peers on one port
+// (widePolicy), and one-rule from exceptPolicies, each compiled by compileDirection
+// ("current") and by the reference compiler it replaced ("reference"), in one
+// binary: the linear walk must not cost the shapes that were already linear.
+func BenchmarkCompileWide(b *testing.B) {
+	shapes := []struct {
+		name string
+		d    DirectionPolicy
+	}{
+		{"wide/n=10000", widePolicy(10000, 80).Ingress},
+		{"one-rule/n=10000", exceptPolicies(10000)["one-rule"]},
+	}
+	impls := []struct {
+		name    string
+		compile func(ns, admin, baseline []sourceRule, isolated bool) (compiledDirection, error)
+	}{{"current", compileDirection}, {"reference", compileDirectionRef}}
+	for _, s := range shapes {
+		for _, impl := range impls {
+			b.Run(s.name+"/"+impl.name, func(b *testing.B) {
+				ns, admin, baseline, err := validateDirection(Ingress, &s.d)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := impl.compile(ns, admin, baseline, s.d.Isolated); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

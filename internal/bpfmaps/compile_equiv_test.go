@@ -2,10 +2,33 @@ package bpfmaps
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
 )
+
+// compareWithReference compiles d with compileDirection and with the reference
+// compiler and returns how many entries both yield (-1: both rejected d with the
+// same error), or what differs.
+func compareWithReference(d DirectionPolicy) (int, error) {
+	ns, admin, baseline, err := validateDirection(Ingress, &d)
+	if err != nil {
+		return 0, err
+	}
+	got, gotErr := compileDirection(ns, admin, baseline, d.Isolated)
+	want, wantErr := compileDirectionRef(ns, admin, baseline, d.Isolated)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+		return 0, fmt.Errorf("error %v, reference %v\npolicy: %+v", gotErr, wantErr, d)
+	}
+	if gotErr != nil {
+		return -1, nil
+	}
+	if !reflect.DeepEqual(got, want) {
+		return 0, fmt.Errorf("compiled\n%+v\nreference\n%+v\npolicy: %+v", got, want, d)
+	}
+	return got.Entries.len(), nil
+}
 
 // sharedDirection draws a direction whose rules share a few CIDRs (so many rules
 // cover one prefix, as in a broad CIDR allowed by many policies), each with excepts
@@ -59,23 +82,14 @@ func TestCompileMatchesReference(t *testing.T) {
 	errs, entries := 0, 0
 	check := func(i int, d DirectionPolicy) {
 		t.Helper()
-		ns, admin, baseline, err := validateDirection(Ingress, &d)
+		n, err := compareWithReference(d)
 		if err != nil {
 			t.Fatalf("draw %d: %v", i, err)
 		}
-		got, gotErr := compileDirection(ns, admin, baseline, d.Isolated)
-		want, wantErr := compileDirectionRef(ns, admin, baseline, d.Isolated)
-		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
-			t.Fatalf("draw %d: error %v, reference %v\npolicy: %+v", i, gotErr, wantErr, d)
-		}
-		if gotErr != nil {
+		if n < 0 {
 			errs++
-			return
 		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("draw %d: compiled\n%+v\nreference\n%+v\npolicy: %+v", i, got, want, d)
-		}
-		entries += got.Entries.len()
+		entries += max(n, 0)
 	}
 	const draws = 4000
 	for i := range draws {
@@ -98,4 +112,20 @@ func TestCompileMatchesReference(t *testing.T) {
 	if errs < draws/50 || errs > draws/2 {
 		t.Fatalf("skewed sample: %d of %d draws rejected", errs, draws)
 	}
+}
+
+// FuzzCompileMatchesReference is TestCompileMatchesReference with the fuzzer
+// choosing the draws (see FuzzCompiledEntriesMatchVerdict).
+func FuzzCompileMatchesReference(f *testing.F) {
+	for _, seed := range []string{"", "\x00", "npagent", "\xff\xff\xff\xff\xff\xff\xff\xff\x01\x02\x03"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g := &policyGen{rnd: rand.New(newByteSource(data)), anyMix: true}
+		for _, d := range []DirectionPolicy{g.sharedDirection(), g.direction(), g.widePod().Ingress} {
+			if _, err := compareWithReference(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }
