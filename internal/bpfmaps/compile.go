@@ -559,16 +559,14 @@ func isAllTraffic(e policyPortRule) bool { return e.Proto == uint8(ProtocolAny) 
 // it. A change that makes no count reach or leave zero leaves the value as it is.
 type unionCover struct {
 	rules   []sourceRule
-	count   map[uint64]int32
-	items   []uint64 // the keys of count whose count is not zero, ascending
+	items   []uint64 // the distinct port rules included (portItem), ascending
+	counts  []int32  // per item: how many included port rules have it
 	all     int32
 	changed bool
 	buf     []policyPortRule
 }
 
-func newUnionCover(rules []sourceRule) *unionCover {
-	return &unionCover{rules: rules, count: map[uint64]int32{}}
-}
+func newUnionCover(rules []sourceRule) *unionCover { return &unionCover{rules: rules} }
 
 // portItem orders port rules by protocol, port, end port, as mergeRanges sorts them.
 func portItem(e policyPortRule) uint64 {
@@ -584,13 +582,13 @@ func (u *unionCover) include(r int32, _ *stackNode) {
 			continue
 		}
 		k := portItem(e)
-		c := u.count[k]
-		u.count[k] = c + 1
-		if c == 0 {
-			i, _ := slices.BinarySearch(u.items, k)
-			u.items = slices.Insert(u.items, i, k)
-			u.changed = true
+		i, found := slices.BinarySearch(u.items, k)
+		if found {
+			u.counts[i]++
+			continue
 		}
+		u.items, u.counts = slices.Insert(u.items, i, k), slices.Insert(u.counts, i, 1)
+		u.changed = true
 	}
 }
 
@@ -602,12 +600,9 @@ func (u *unionCover) exclude(r int32, _ *stackNode) {
 			}
 			continue
 		}
-		k := portItem(e)
-		c := u.count[k] - 1
-		u.count[k] = c
-		if c == 0 {
-			i, _ := slices.BinarySearch(u.items, k)
-			u.items = slices.Delete(u.items, i, i+1)
+		i, _ := slices.BinarySearch(u.items, portItem(e)) // included, so found
+		if u.counts[i]--; u.counts[i] == 0 {
+			u.items, u.counts = slices.Delete(u.items, i, i+1), slices.Delete(u.counts, i, i+1)
 			u.changed = true
 		}
 	}
