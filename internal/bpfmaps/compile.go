@@ -546,8 +546,9 @@ type cover interface {
 	// clean forgets the changes noted; dirty reports whether one was.
 	clean()
 	dirty() bool
-	// value builds the set's value into top. need > 0: the value would need that
-	// many port rules, more than it holds, and the caller names the rule.
+	// value builds the set's value into top, a zero stackNode but for its
+	// prefix. need > 0: the value would need that many port rules, more than it
+	// holds, and the caller names the rule.
 	value(top *stackNode, p prefixKey) (need int, err error)
 }
 
@@ -559,11 +560,16 @@ func isAllTraffic(e policyPortRule) bool { return e.Proto == uint8(ProtocolAny) 
 // it. A change that makes no count reach or leave zero leaves the value as it is.
 type unionCover struct {
 	rules   []sourceRule
-	items   []uint64 // the distinct port rules included (portItem), ascending
-	counts  []int32  // per item: how many included port rules have it
+	items   []unionItem // the distinct port rules included, ascending
 	all     int32
 	changed bool
-	buf     []policyPortRule
+}
+
+// unionItem is a distinct port rule (portItem) and how many included port rules
+// have it.
+type unionItem struct {
+	key   uint64
+	count int32
 }
 
 func newUnionCover(rules []sourceRule) *unionCover { return &unionCover{rules: rules} }
@@ -571,6 +577,20 @@ func newUnionCover(rules []sourceRule) *unionCover { return &unionCover{rules: r
 // portItem orders port rules by protocol, port, end port, as mergeRanges sorts them.
 func portItem(e policyPortRule) uint64 {
 	return uint64(e.Proto)<<32 | uint64(e.Port)<<16 | uint64(e.EndPort)
+}
+
+// find returns where k is in u.items or would be inserted.
+func (u *unionCover) find(k uint64) (int, bool) {
+	lo, hi := 0, len(u.items)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if u.items[m].key < k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(u.items) && u.items[lo].key == k
 }
 
 func (u *unionCover) include(r int32, _ *stackNode) {
@@ -582,12 +602,12 @@ func (u *unionCover) include(r int32, _ *stackNode) {
 			continue
 		}
 		k := portItem(e)
-		i, found := slices.BinarySearch(u.items, k)
+		i, found := u.find(k)
 		if found {
-			u.counts[i]++
+			u.items[i].count++
 			continue
 		}
-		u.items, u.counts = slices.Insert(u.items, i, k), slices.Insert(u.counts, i, 1)
+		u.items = slices.Insert(u.items, i, unionItem{key: k, count: 1})
 		u.changed = true
 	}
 }
@@ -600,9 +620,9 @@ func (u *unionCover) exclude(r int32, _ *stackNode) {
 			}
 			continue
 		}
-		i, _ := slices.BinarySearch(u.items, portItem(e)) // included, so found
-		if u.counts[i]--; u.counts[i] == 0 {
-			u.items, u.counts = slices.Delete(u.items, i, i+1), slices.Delete(u.counts, i, i+1)
+		i, _ := u.find(portItem(e)) // included, so found
+		if u.items[i].count--; u.items[i].count == 0 {
+			u.items = append(u.items[:i], u.items[i+1:]...)
 			u.changed = true
 		}
 	}
@@ -615,23 +635,36 @@ func (u *unionCover) dirty() bool { return u.changed }
 // sorted by protocol and port (as mergeRanges makes it).
 func (u *unionCover) value(top *stackNode, _ prefixKey) (int, error) {
 	v := &top.visible
-	*v = policyRuleValue{}
 	if u.all > 0 {
 		v.Rules[0] = policyPortRule{Proto: uint8(ProtocolAny), EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
 		v.Count = 1
 		return 0, nil
 	}
-	all := u.buf[:0]
-	for _, k := range u.items {
-		all = append(all, policyPortRule{Proto: uint8(k >> 32), Port: uint16(k >> 16), EndPort: uint16(k), Action: uint8(ActionAccept)})
+	// items are sorted as mergeRanges sorts: merge them in one pass, counting the
+	// ranges past the value's size.
+	n := 0
+	var last policyPortRule
+	for _, it := range u.items {
+		k := it.key
+		e := policyPortRule{Proto: uint8(k >> 32), Port: uint16(k >> 16), EndPort: uint16(k), Action: uint8(ActionAccept)}
+		if n > 0 && last.Proto == e.Proto && uint32(e.Port) <= uint32(last.EndPort)+1 {
+			last.EndPort = max(last.EndPort, e.EndPort)
+			continue
+		}
+		if n > 0 && n <= maxPortRules {
+			v.Rules[n-1] = last
+		}
+		last = e
+		n++
 	}
-	merged := mergeRanges(all)
-	u.buf = all
-	if len(merged) > maxPortRules {
-		return len(merged), nil
+	if n > maxPortRules {
+		*v = policyRuleValue{}
+		return n, nil
 	}
-	copy(v.Rules[:], merged)
-	v.Count = uint32(len(merged))
+	if n > 0 {
+		v.Rules[n-1] = last
+	}
+	v.Count = uint32(n)
 	return 0, nil
 }
 
@@ -734,7 +767,6 @@ func (o *orderedCover) dirty() bool { return o.changed }
 
 func (o *orderedCover) value(top *stackNode, p prefixKey) (int, error) {
 	v := &top.visible
-	*v = policyRuleValue{}
 	for w, word := range o.in {
 		for ; word != 0; word &= word - 1 {
 			ri := w*64 + bits.TrailingZeros64(word)
