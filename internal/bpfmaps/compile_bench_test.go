@@ -142,3 +142,27 @@ func BenchmarkCompileWide(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCompileRebuilds: the case the walk leaves quadratic. n admin Deny rules of
+// 10.0.0.0/8 on one port, each with a /32 except of its own, and rule 0 excepting
+// all of them: at each except, rule 0 gave the value's port rule, so the value is
+// rebuilt by a scan of the n-1 other rules.
+func BenchmarkCompileRebuilds(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			d := exceptPolicies(n)["admin-rule-each"]
+			d.Admin = append([]TierRule(nil), d.Admin...)
+			all := make([]netip.Prefix, n)
+			for i := range all {
+				all[i] = exceptAddr(i)
+			}
+			d.Admin[0].Rule = broadRule(80, all...)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := compile(&d); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
