@@ -613,6 +613,14 @@ func TestFaultCollectorOutage(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("spans reach the collector again %v after it returned (dropped by then: %v)", resumed.Round(time.Millisecond), droppedAtResume)
+	// The exporters' reconnect backoff is capped (telemetry.collectorReconnect, 5 s),
+	// and an export's retries end with its 10 s timeout: after an outage of any
+	// length, spans flow again within about their sum. gRPC's default backoff, which
+	// grows to 2 min, made it 15.5–19.7 s after a 30 s outage.
+	const recoverWithin = 12 * time.Second
+	if resumed == 0 || resumed > recoverWithin {
+		t.Errorf("spans reached the returned collector after %v (0: never), want within %v", resumed, recoverWithin)
+	}
 
 	// After: the exporters find the collector again; what was queued arrives.
 	time.Sleep(prof.window - time.Since(returned))
