@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -161,9 +162,13 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 // relistTracker remembers, for the current list of one kind, which objects came again
 // unchanged. Its memory is O(objects) and is dropped at the next list.
 type relistTracker struct {
+	lists atomic.Int64 // lists begun; the first is the initial list (read per object: no lock)
+
 	mu    sync.Mutex
-	lists int // lists begun; the first is the initial list
 	marks map[types.UID]relistMark
+	// size is how many objects the last relist marked: the next one's map is made
+	// that big at once, not grown (and rehashed) object by object.
+	size int
 }
 
 type relistMark struct {
@@ -175,15 +180,16 @@ type relistMark struct {
 func (t *relistTracker) begin() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.lists++
+	t.lists.Add(1)
+	if len(t.marks) > 0 {
+		t.size = len(t.marks)
+	}
 	t.marks = nil
 }
 
 // listing reports whether a relist (not the initial list) has begun.
 func (t *relistTracker) listing() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lists > 1
+	return t.lists.Load() > 1
 }
 
 // mark records a relist re-delivery; false if this relist marked it already.
@@ -194,7 +200,7 @@ func (t *relistTracker) mark(uid types.UID, rv string) bool {
 		return false
 	}
 	if t.marks == nil {
-		t.marks = map[types.UID]relistMark{}
+		t.marks = make(map[types.UID]relistMark, t.size)
 	}
 	t.marks[uid] = relistMark{resourceVersion: rv}
 	return true
