@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv"
 )
 
 // listServer serves body (with status code) for every request and returns a REST
@@ -125,6 +127,9 @@ func watchListOnce(ctx context.Context, rc rest.Interface) (int, error) {
 	n := 0
 	for ev := range w.ResultChan() {
 		if ev.Type == watch.Bookmark {
+			if m, ok := ev.Object.(*v1alpha1.PolicyEndpoint); !ok || m.Annotations[metav1.InitialEventsAnnotationKey] != "true" {
+				return n, fmt.Errorf("a bookmark that does not end the initial events: %#v", ev.Object)
+			}
 			return n, nil
 		}
 		if _, ok := ev.Object.(*v1alpha1.PolicyEndpoint); !ok {
@@ -184,4 +189,27 @@ func BenchmarkList(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*objects), "ns/object")
 		b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*objects), "cpu-ns/object")
 	})
+}
+
+// TestWatchListServed: the apiserver (v1.37) answers a WatchList request for
+// PolicyEndpoints with every object and the initial-events-end bookmark, so
+// client-go's WatchListClient (on by default in v0.37) streams the reflector's lists.
+func TestWatchListServed(t *testing.T) {
+	cp := testenv.Start(t)
+	createNamespace(t, cp, "wl")
+	for i := range 3 {
+		pe := benchPE(i, 1)
+		pe.Namespace, pe.UID, pe.ResourceVersion = "wl", "", ""
+		create(t, cp, pe)
+	}
+	rc, err := newRESTClient(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := watchListOnce(ctx, rc)
+	if err != nil || n != 3 {
+		t.Fatalf("WatchList streamed %d objects (want 3), err %v", n, err)
+	}
 }
