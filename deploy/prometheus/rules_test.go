@@ -55,6 +55,9 @@ func TestMetricNames(t *testing.T) {
 		prom(telemetry.WatchStalledName, ""),
 		prom(telemetry.WatchLastEventAgeName, "_seconds"),
 		prom(telemetry.WatchErrorsName, "_total"),
+		prom(telemetry.PodsIsolatedName, "_total"),
+		prom(telemetry.MapEntriesName, ""),
+		prom(telemetry.MapCapacityName, ""),
 	} {
 		if !strings.Contains(rules, name) {
 			t.Errorf("%s does not use %s", rulesFile, name)
