@@ -137,6 +137,9 @@ var instruments = []string{
 	promName(telemetry.WatchLastEventAgeName, "_seconds"),
 	promName(telemetry.WatchErrorsName, "_total"),
 	promName(telemetry.WatchRelistsName, "_total"),
+	promName(telemetry.PodsIsolatedName, "_total"),
+	promName(telemetry.MapEntriesName, ""),
+	promName(telemetry.MapCapacityName, ""),
 	promName(telemetry.SpansDroppedName, "_total"),
 	promName(telemetry.MetricExportsFailedName, "_total"),
 }
@@ -302,6 +305,7 @@ var labels = []string{
 	promName(string(telemetry.FieldKey), ""),
 	promName(string(telemetry.OutcomeKey), ""),
 	promName(string(telemetry.RequestKey), ""),
+	promName(string(telemetry.MapKey), ""),
 	"instance", "cluster", "quantile",
 }
 
