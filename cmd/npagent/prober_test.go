@@ -118,6 +118,12 @@ type flip struct {
 // which is how that was found; the cleanup column still shows it.
 func TestProberFlipLatency(t *testing.T) {
 	skipIfShort(t)
+	if raceDetector {
+		// Not a missing prerequisite: a 1 ms bound cannot be judged when the race
+		// detector stalls the sender for milliseconds (it did in CI). make test runs
+		// this test in its plain pass, and make e2e in full.
+		t.Skip("timing test: the race detector stalls the 0.5 ms sender; run without -race (make test's first pass, make e2e)")
+	}
 	n := proberFlips()
 	l := newNodeLab(t, "npr", 207)
 	cp, _ := l.startAgent(t)
