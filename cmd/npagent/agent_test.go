@@ -65,7 +65,7 @@ func TestMain(m *testing.M) {
 }
 
 // buildAgent builds this package's binary once per test process (removed by TestMain).
-func buildAgent(t *testing.T) string {
+func buildAgent(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "npagent-bin-")
@@ -110,7 +110,7 @@ func startAgent(t *testing.T, kubeconfig, stateFile string, extra ...string) *ag
 }
 
 // startAgentEnv is startAgent with env added to the agent's environment.
-func startAgentEnv(t *testing.T, env []string, kubeconfig, stateFile string, extra ...string) *agentProcess {
+func startAgentEnv(t testing.TB, env []string, kubeconfig, stateFile string, extra ...string) *agentProcess {
 	t.Helper()
 	args := append([]string{
 		"--kubeconfig=" + kubeconfig,
@@ -176,7 +176,7 @@ func (a *agentProcess) scan(r io.Reader) {
 }
 
 // stop sends SIGTERM and returns the exit code.
-func (a *agentProcess) stop(t *testing.T) int {
+func (a *agentProcess) stop(t testing.TB) int {
 	t.Helper()
 	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM: %v", err)
@@ -189,7 +189,7 @@ func (a *agentProcess) stop(t *testing.T) int {
 	return a.cmd.ProcessState.ExitCode()
 }
 
-func (a *agentProcess) get(t *testing.T, path string) (int, string) {
+func (a *agentProcess) get(t testing.TB, path string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(a.url + path)
 	if err != nil {
@@ -202,7 +202,7 @@ func (a *agentProcess) get(t *testing.T, path string) (int, string) {
 
 // metric sums the samples of name whose labels contain every one of labels
 // (`key="value"`), in the text exposition of /metrics.
-func (a *agentProcess) metric(t *testing.T, name string, labels ...string) float64 {
+func (a *agentProcess) metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
 	code, body := a.get(t, "/metrics")
 	if code != http.StatusOK {
@@ -285,7 +285,7 @@ func policyEndpoint(name, podIP string, trigger time.Time) *v1alpha1.PolicyEndpo
 }
 
 // startControlPlane runs a real apiserver and writes a kubeconfig for it.
-func startControlPlane(t *testing.T) (cp *testenv.ControlPlane, kubeconfig, stateFile string) {
+func startControlPlane(t testing.TB) (cp *testenv.ControlPlane, kubeconfig, stateFile string) {
 	t.Helper()
 	skipIfShort(t)
 	cp = testenv.Start(t)
@@ -569,7 +569,7 @@ func TestAgentMalformedOTELResourceAttributes(t *testing.T) {
 
 // skipIfShort skips the tests that build the binary and run a control plane under
 // go test -short (make unit).
-func skipIfShort(t *testing.T) {
+func skipIfShort(t testing.TB) {
 	if testing.Short() {
 		t.Skip("-short: integration test builds the agent and runs kube-apiserver and etcd")
 	}

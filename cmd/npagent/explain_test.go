@@ -26,7 +26,7 @@ import (
 
 // shortTempDir is a temporary directory with a short path (a unix socket's path
 // is bounded), removed at cleanup.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "npd")
 	if err != nil {

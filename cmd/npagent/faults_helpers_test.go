@@ -9,8 +9,10 @@ import (
 	"bufio"
 	"compress/gzip"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -176,7 +178,7 @@ type localPod struct {
 
 // addLocalPods adds n local pods as addLocalPod does (root: CAP_NET_ADMIN), with
 // names and addresses derived from the test's pid and the index.
-func addLocalPods(t *testing.T, n int) []localPod {
+func addLocalPods(t testing.TB, n int) []localPod {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		skip.Unmet(t, "needs root (CAP_NET_ADMIN) to add the interfaces and host routes of local pods for the route resolver")
@@ -216,6 +218,7 @@ func addLocalPods(t *testing.T, n int) []localPod {
 // collector: one reported trigger.
 type programReport struct {
 	uid, name, trigger string
+	trace              string // trace id, hex
 	start, end         time.Time
 	latency            float64 // the npagent.policy.programming.latency attribute, seconds
 }
@@ -230,10 +233,13 @@ type spanSink struct {
 	mu      sync.Mutex
 	reports []programReport
 	spans   int
+	// phases is every other span's duration by trace and span name: where a
+	// report's time went.
+	phases map[string]map[string]time.Duration
 }
 
-func newSpanSink(t *testing.T) *spanSink {
-	s := &spanSink{}
+func newSpanSink(t testing.TB) *spanSink {
+	s := &spanSink{phases: map[string]map[string]time.Duration{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
 		var req coltracepb.ExportTraceServiceRequest
@@ -247,7 +253,13 @@ func newSpanSink(t *testing.T) *spanSink {
 					s.spans++
 					if sp.GetName() == "policy.program" {
 						s.reports = append(s.reports, reportOf(sp))
+						continue
 					}
+					trace := hex.EncodeToString(sp.GetTraceId())
+					if s.phases[trace] == nil {
+						s.phases[trace] = map[string]time.Duration{}
+					}
+					s.phases[trace][sp.GetName()] += time.Duration(sp.GetEndTimeUnixNano() - sp.GetStartTimeUnixNano())
 				}
 			}
 		}
@@ -270,6 +282,7 @@ func reportOf(sp *tracepb.Span) programReport {
 	r := programReport{
 		start: time.Unix(0, int64(sp.GetStartTimeUnixNano())),
 		end:   time.Unix(0, int64(sp.GetEndTimeUnixNano())),
+		trace: hex.EncodeToString(sp.GetTraceId()),
 	}
 	for _, kv := range sp.GetAttributes() {
 		switch kv.GetKey() {
@@ -292,7 +305,7 @@ func (s *spanSink) snapshot() []programReport {
 	return slices.Clone(s.reports)
 }
 
-func decodeOTLPBody(t *testing.T, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
+func decodeOTLPBody(t testing.TB, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
 	var body io.Reader = r.Body
 	if r.Header.Get("Content-Encoding") == "gzip" {
 		zr, err := gzip.NewReader(r.Body)
@@ -324,7 +337,7 @@ func writeOTLPBody(w http.ResponseWriter, msg proto.Message) {
 // port (kept across stop and start), otlp_http out to a spanSink with its sending
 // queue off, so what the collector acknowledged has reached the sink.
 type otelCollector struct {
-	t        *testing.T
+	t        testing.TB
 	bin      string
 	config   string
 	grpcAddr string
@@ -334,7 +347,7 @@ type otelCollector struct {
 	logs *strings.Builder
 }
 
-func startOTelCollector(t *testing.T, sink *spanSink) *otelCollector {
+func startOTelCollector(t testing.TB, sink *spanSink) *otelCollector {
 	t.Helper()
 	c := &otelCollector{t: t, bin: testenv.ToolPath(t, "otelcol")}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -637,4 +650,11 @@ func windowQuantile(before, after nativeHistogram, q float64) (quantile float64,
 		}
 	}
 	return math.Exp2(float64(idx[len(idx)-1]) / math.Exp2(float64(schema))), n
+}
+
+// phasesOf is the durations of the spans of trace, by span name.
+func (s *spanSink) phasesOf(trace string) map[string]time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.phases[trace])
 }
