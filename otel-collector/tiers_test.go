@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -396,7 +395,7 @@ func nodeConfig(t *testing.T, gateways []string) string {
 // start runs a tool until the test ends, its output kept for the failure message.
 func start(t *testing.T, name, bin string, args []string, env ...string) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testenv.LogBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -567,21 +566,4 @@ func promExemplars(t *testing.T, prom, series string) []string {
 		}
 	}
 	return ids
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
 
 // e2eNode is one agent of BenchmarkEndToEndTwoAgents: a node of its own (name, IP,
@@ -96,7 +97,7 @@ func BenchmarkEndToEndTwoAgents(b *testing.B) {
 	netlab.HostBPFFS(b)
 	cp, kubeconfig, _ := startControlPlane(b)
 	sink := newSpanSink(b)
-	col := startOTelCollector(b, sink)
+	col := otlptest.StartCollector(b, sink.URL)
 	pods := addLocalPods(b, nodeCount*podsEach)
 	nodes := make([]*e2eNode, nodeCount)
 	for i := range nodes {

@@ -7,7 +7,6 @@ package main
 
 import (
 	"bufio"
-	"compress/gzip"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -16,9 +15,7 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -28,11 +25,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/encoding/protodelim"
-	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,6 +35,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
@@ -225,10 +221,10 @@ type programReport struct {
 
 func (r programReport) key() string { return r.uid + " " + r.trigger }
 
-// spanSink is an OTLP/HTTP server inside the test; the real collector's otlp_http
-// exporter delivers to it.
+// spanSink keeps the policy.program root spans (one reported trigger each) and
+// the other spans' durations that a real collector delivered to an otlptest.Sink.
 type spanSink struct {
-	srv *httptest.Server
+	*otlptest.Sink
 
 	mu      sync.Mutex
 	reports []programReport
@@ -240,13 +236,9 @@ type spanSink struct {
 
 func newSpanSink(t testing.TB) *spanSink {
 	s := &spanSink{phases: map[string]map[string]time.Duration{}}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
-		var req coltracepb.ExportTraceServiceRequest
-		if !decodeOTLPBody(t, w, r, &req) {
-			return
-		}
+	s.Sink = otlptest.NewSink(t, func(req *coltracepb.ExportTraceServiceRequest) {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		for _, rs := range req.GetResourceSpans() {
 			for _, ss := range rs.GetScopeSpans() {
 				for _, sp := range ss.GetSpans() {
@@ -263,18 +255,7 @@ func newSpanSink(t testing.TB) *spanSink {
 				}
 			}
 		}
-		s.mu.Unlock()
-		writeOTLPBody(w, &coltracepb.ExportTraceServiceResponse{})
-	})
-	mux.HandleFunc("POST /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
-		var req colmetricspb.ExportMetricsServiceRequest
-		if !decodeOTLPBody(t, w, r, &req) {
-			return
-		}
-		writeOTLPBody(w, &colmetricspb.ExportMetricsServiceResponse{})
-	})
-	s.srv = httptest.NewServer(mux)
-	t.Cleanup(s.srv.Close)
+	}, nil)
 	return s
 }
 
@@ -305,141 +286,10 @@ func (s *spanSink) snapshot() []programReport {
 	return slices.Clone(s.reports)
 }
 
-func decodeOTLPBody(t testing.TB, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
-	var body io.Reader = r.Body
-	if r.Header.Get("Content-Encoding") == "gzip" {
-		zr, err := gzip.NewReader(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return false
-		}
-		body = zr
-	}
-	raw, err := io.ReadAll(body)
-	if err == nil {
-		err = proto.Unmarshal(raw, msg)
-	}
-	if err != nil {
-		t.Errorf("sink: decoding %s: %v", r.URL.Path, err)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return false
-	}
-	return true
-}
-
-func writeOTLPBody(w http.ResponseWriter, msg proto.Message) {
-	raw, _ := proto.Marshal(msg)
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(raw)
-}
-
-// otelCollector is a running otelcol-npagent: OTLP/gRPC in on a fixed loopback
-// port (kept across stop and start), otlp_http out to a spanSink with its sending
-// queue off, so what the collector acknowledged has reached the sink.
-type otelCollector struct {
-	t        testing.TB
-	bin      string
-	config   string
-	grpcAddr string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	logs *strings.Builder
-}
-
-func startOTelCollector(t testing.TB, sink *spanSink) *otelCollector {
-	t.Helper()
-	c := &otelCollector{t: t, bin: testenv.ToolPath(t, "otelcol")}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.grpcAddr = ln.Addr().String()
-	ln.Close()
-	cfg := fmt.Sprintf(`receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: %s
-exporters:
-  otlp_http:
-    endpoint: %s
-    sending_queue:
-      enabled: false
-service:
-  pipelines:
-    traces:
-      receivers: [otlp]
-      exporters: [otlp_http]
-    metrics:
-      receivers: [otlp]
-      exporters: [otlp_http]
-  telemetry:
-    metrics:
-      level: none
-    logs:
-      level: warn
-`, c.grpcAddr, sink.srv.URL)
-	c.config = filepath.Join(t.TempDir(), "otelcol.yaml")
-	if err := os.WriteFile(c.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c.start()
-	t.Cleanup(c.kill)
-	return c
-}
-
-func (c *otelCollector) start() {
-	c.t.Helper()
-	c.mu.Lock()
-	c.logs = &strings.Builder{}
-	c.cmd = exec.Command(c.bin, "--config", c.config)
-	w := &lockedWriter{mu: &c.mu, b: c.logs}
-	c.cmd.Stdout, c.cmd.Stderr = w, w
-	err := c.cmd.Start()
-	c.mu.Unlock()
-	if err != nil {
-		c.t.Fatalf("start collector: %v", err)
-	}
-	testenv.Eventually(c.t, 60*time.Second, "the collector to listen on "+c.grpcAddr, func() bool {
-		conn, err := net.DialTimeout("tcp", c.grpcAddr, 200*time.Millisecond)
-		if err == nil {
-			conn.Close()
-		}
-		return err == nil
-	})
-}
-
-// kill stops the collector with SIGKILL: the outage a crash causes.
-func (c *otelCollector) kill() {
-	c.mu.Lock()
-	cmd := c.cmd
-	c.cmd = nil
-	c.mu.Unlock()
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-// otlpEnv points the agent's OTLP exporters at c, leaving every OTLP timeout at its
-// default; spans leave the batch processor every 100 ms.
-func otlpEnv(c *otelCollector, extra ...string) []string {
+func otlpEnv(c *otlptest.Collector, extra ...string) []string {
 	return append([]string{
 		"OTEL_TRACES_EXPORTER=otlp", "OTEL_METRICS_EXPORTER=otlp",
-		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + c.grpcAddr,
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + c.GRPCAddr,
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 	}, extra...)
 }

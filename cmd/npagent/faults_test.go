@@ -30,6 +30,7 @@ import (
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
 
 const deliveries = "npagent_policy_deliveries_total"
@@ -102,7 +103,7 @@ func TestFault410RelistWithChangesInTheGap(t *testing.T) {
 	)
 	proxy, kubeconfig := proxiedKubeconfig(t, cp.Config)
 	sink := newSpanSink(t)
-	col := startOTelCollector(t, sink)
+	col := otlptest.StartCollector(t, sink.URL)
 	stateFile := filepath.Join(t.TempDir(), "state", "seen.state")
 	ctx := context.Background()
 	w := &writer{t: t, c: cp.Client}
@@ -374,7 +375,7 @@ func TestFaultSIGKILLMidChurn(t *testing.T) {
 	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
 	stateFile := filepath.Join(dir, "state", "seen.state")
 	sink := newSpanSink(t)
-	col := startOTelCollector(t, sink)
+	col := otlptest.StartCollector(t, sink.URL)
 	ctx := context.Background()
 
 	seed := uint64(time.Now().UnixNano())
@@ -551,7 +552,7 @@ func TestFaultCollectorOutage(t *testing.T) {
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
 	sink := newSpanSink(t)
-	col := startOTelCollector(t, sink)
+	col := otlptest.StartCollector(t, sink.URL)
 	ctx := context.Background()
 
 	// Metrics leave every 2s so export rounds fall in the outage; every timeout
@@ -587,7 +588,7 @@ func TestFaultCollectorOutage(t *testing.T) {
 	h1 := a.scrapeNative(t, latencyHist, kind)
 	rssBefore = max(rssBefore, vmRSS(t, pid))
 
-	col.kill()
+	col.Kill()
 	outageStart := time.Now()
 	var rssDuring int64
 	for time.Since(outageStart) < prof.outage {
@@ -598,7 +599,7 @@ func TestFaultCollectorOutage(t *testing.T) {
 	droppedDuring := a.metric(t, "npagent_telemetry_spans_dropped_total")
 	failedDuring := a.metric(t, "npagent_telemetry_metric_exports_failed_total")
 	spansAtReturn := sink.spanCount()
-	col.start()
+	col.Start()
 	returned := time.Now()
 	outage := returned.Sub(outageStart)
 	// How long until spans reach the collector again, and what is dropped meanwhile.
@@ -682,7 +683,7 @@ func TestFaultCollectorOutage(t *testing.T) {
 	// SIGTERM during an outage: the agent exits within its shutdown timeout
 	// (--shutdown-timeout, for the telemetry flush: 3s in the short profile, the
 	// default 10s in the full one) and 0.
-	col.kill()
+	col.Kill()
 	for range 10 { // changes whose spans wait for the dead collector
 		if _, err := ch.w.update(ctx, ch.live[0], 7); err != nil {
 			t.Fatal(err)

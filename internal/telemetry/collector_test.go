@@ -2,20 +2,12 @@ package telemetry
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/http"
-	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,16 +21,16 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
 
-// otlpSink is an OTLP/HTTP server inside the test: the real collector's otlp_http
-// exporter delivers to it, and it decodes what arrives with the OTLP protobuf types.
+// otlpSink keeps what a real collector delivered to an otlptest.Sink: every span,
+// the resource attributes of each ResourceSpans, and the latency histogram's points.
 type otlpSink struct {
-	srv *httptest.Server
+	*otlptest.Sink
 
 	mu      sync.Mutex
 	spans   []*tracepb.Span
@@ -48,28 +40,18 @@ type otlpSink struct {
 
 func newOTLPSink(t *testing.T) *otlpSink {
 	s := &otlpSink{}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
-		var req coltracepb.ExportTraceServiceRequest
-		if !decodeOTLP(t, w, r, &req) {
-			return
-		}
+	s.Sink = otlptest.NewSink(t, func(req *coltracepb.ExportTraceServiceRequest) {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		for _, rs := range req.GetResourceSpans() {
 			s.res = append(s.res, rs.GetResource().GetAttributes())
 			for _, ss := range rs.GetScopeSpans() {
 				s.spans = append(s.spans, ss.GetSpans()...)
 			}
 		}
-		s.mu.Unlock()
-		writeOTLP(w, &coltracepb.ExportTraceServiceResponse{})
-	})
-	metrics := func(w http.ResponseWriter, r *http.Request) {
-		var req colmetricspb.ExportMetricsServiceRequest
-		if !decodeOTLP(t, w, r, &req) {
-			return
-		}
+	}, func(req *colmetricspb.ExportMetricsServiceRequest) {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		for _, rm := range req.GetResourceMetrics() {
 			for _, sm := range rm.GetScopeMetrics() {
 				for _, m := range sm.GetMetrics() {
@@ -82,44 +64,8 @@ func newOTLPSink(t *testing.T) *otlpSink {
 				}
 			}
 		}
-		s.mu.Unlock()
-		writeOTLP(w, &colmetricspb.ExportMetricsServiceResponse{})
-	}
-	mux.HandleFunc("POST /v1/metrics", metrics)
-	// Where Prometheus's OTLP receiver listens, for otel-collector/backends.yaml.
-	mux.HandleFunc("POST /api/v1/otlp/v1/metrics", metrics)
-	s.srv = httptest.NewServer(mux)
-	t.Cleanup(s.srv.Close)
+	})
 	return s
-}
-
-func decodeOTLP(t *testing.T, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
-	var body io.Reader = r.Body
-	if r.Header.Get("Content-Encoding") == "gzip" {
-		zr, err := gzip.NewReader(r.Body)
-		if err != nil {
-			t.Errorf("sink: gzip: %v", err)
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return false
-		}
-		body = zr
-	}
-	raw, err := io.ReadAll(body)
-	if err == nil {
-		err = proto.Unmarshal(raw, msg)
-	}
-	if err != nil {
-		t.Errorf("sink: decoding %s: %v", r.URL.Path, err)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return false
-	}
-	return true
-}
-
-func writeOTLP(w http.ResponseWriter, msg proto.Message) {
-	raw, _ := proto.Marshal(msg)
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(raw)
 }
 
 func (s *otlpSink) snapshot() ([]*tracepb.Span, []*metricspb.ExponentialHistogramDataPoint) {
@@ -140,104 +86,10 @@ func (s *otlpSink) lastLatencyPoint() *metricspb.ExponentialHistogramDataPoint {
 	return last
 }
 
-// collector is a running otelcol-npagent process with a generated config:
-// OTLP/gRPC in on a loopback port, otlp_http out to the sink.
-type collector struct {
-	t        *testing.T
-	bin      string
-	config   string
-	env      []string // extra environment, KEY=VALUE
-	grpcAddr string
-	cmd      *exec.Cmd
-	logs     *lockedBuffer
-}
-
-func startCollector(t *testing.T, sinkURL string) *collector {
-	bin := testenv.ToolPath(t, "otelcol")
-	c := &collector{t: t, bin: bin, grpcAddr: freeLoopbackAddr(t)}
-	// sending_queue off: the receiver answers the agent only once the sink has the
-	// data, so "accepted by the collector" means "arrived", and a killed collector
-	// loses nothing it acknowledged.
-	cfg := fmt.Sprintf(`receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: %s
-exporters:
-  otlp_http:
-    endpoint: %s
-    sending_queue:
-      enabled: false
-service:
-  pipelines:
-    traces:
-      receivers: [otlp]
-      exporters: [otlp_http]
-    metrics:
-      receivers: [otlp]
-      exporters: [otlp_http]
-  telemetry:
-    metrics:
-      level: none
-    logs:
-      level: warn
-`, c.grpcAddr, sinkURL)
-	c.config = filepath.Join(t.TempDir(), "otelcol.yaml")
-	if err := os.WriteFile(c.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c.start()
-	t.Cleanup(c.stop)
-	return c
-}
-
-func (c *collector) start() {
-	c.t.Helper()
-	c.logs = &lockedBuffer{}
-	c.cmd = exec.Command(c.bin, "--config", c.config)
-	c.cmd.Env = append(os.Environ(), c.env...)
-	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
-	if err := c.cmd.Start(); err != nil {
-		c.t.Fatalf("starting collector: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := net.DialTimeout("tcp", c.grpcAddr, 200*time.Millisecond)
-		if err == nil {
-			conn.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			c.stop()
-			c.t.Fatalf("collector did not listen on %s within 30s; its output:\n%s", c.grpcAddr, c.logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stop kills the collector (SIGKILL: the outage a crash causes, no graceful drain).
-func (c *collector) stop() {
-	if c.cmd == nil || c.cmd.Process == nil {
-		return
-	}
-	_ = c.cmd.Process.Kill()
-	_ = c.cmd.Wait()
-	c.cmd = nil
-}
-
-func freeLoopbackAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // newCollectorTelemetry points a Telemetry at the collector through the standard
 // environment variables, as the agent would be configured in a pod.
-func newCollectorTelemetry(t *testing.T, c *collector, opts ...Option) *Telemetry {
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+c.grpcAddr)
+func newCollectorTelemetry(t *testing.T, c *otlptest.Collector, opts ...Option) *Telemetry {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+c.GRPCAddr)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	opts = append([]Option{WithNodeName("node-e2e"), WithMeterExportInterval(200 * time.Millisecond)}, opts...)
 	tel, err := New(context.Background(), opts...)
@@ -249,7 +101,7 @@ func newCollectorTelemetry(t *testing.T, c *collector, opts ...Option) *Telemetr
 
 func TestThroughRealCollector(t *testing.T) {
 	sink := newOTLPSink(t)
-	col := startCollector(t, sink.srv.URL)
+	col := otlptest.StartCollector(t, sink.URL)
 	tel := newCollectorTelemetry(t, col)
 
 	const n = 120
@@ -450,11 +302,11 @@ func bucketIndex(v float64, scale int32) int32 {
 
 func TestCollectorDownThenUp(t *testing.T) {
 	sink := newOTLPSink(t)
-	col := startCollector(t, sink.srv.URL)
+	col := otlptest.StartCollector(t, sink.URL)
 	// A short export timeout so a batch sent into the outage fails (and is counted)
 	// within the test, rather than after the default 10 s.
 	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "500")
-	logs := &lockedBuffer{}
+	logs := &testenv.LogBuffer{}
 	tel := newCollectorTelemetry(t, col, WithSpanQueueSize(256), WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	defer tel.Shutdown(context.Background())
 	const spansPerRecord = 5
@@ -488,7 +340,7 @@ func TestCollectorDownThenUp(t *testing.T) {
 	report("before", before, time.Millisecond)
 	testenv.Eventually(t, 20*time.Second, "spans sent before the outage", func() bool { return arrived("before-") == before })
 
-	col.stop()
+	col.Kill()
 	took := report("during", during, time.Millisecond)
 	slices.Sort(took)
 	p50, p99, worst := took[len(took)/2], took[len(took)*99/100], took[len(took)-1]
@@ -504,7 +356,7 @@ func TestCollectorDownThenUp(t *testing.T) {
 	// Back up. The queue may still hold spans from the outage, and gRPC reconnects
 	// with backoff, so keep reporting one record every 100 ms until those sent
 	// after the restart arrive.
-	col.start()
+	col.Start()
 	after := 0
 	testenv.Eventually(t, 60*time.Second, "spans sent after the collector came back", func() bool {
 		report(fmt.Sprintf("after%d", after), 1, 100*time.Millisecond)
@@ -553,21 +405,4 @@ func TestCollectorDownThenUp(t *testing.T) {
 	if !strings.Contains(out, "telemetry export recovered\" signal=traces") {
 		t.Errorf("no 'recovered' log line for traces:\n%s", out)
 	}
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

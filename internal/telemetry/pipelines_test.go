@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
 
 // These tests run the pipeline configs shipped in otel-collector/ unchanged, with
@@ -52,17 +53,10 @@ func (s *otlpGRPCTraceSink) count(name string) int {
 	return n
 }
 
-func startShippedCollector(t *testing.T, config string, env ...string) *collector {
-	c := &collector{
-		t:        t,
-		bin:      testenv.ToolPath(t, "otelcol"),
-		config:   filepath.Join(testenv.RepoRoot(), "otel-collector", config),
-		grpcAddr: freeLoopbackAddr(t),
-	}
-	c.env = append(env, "OTLP_GRPC_ENDPOINT="+c.grpcAddr, "OTLP_HTTP_ENDPOINT="+freeLoopbackAddr(t))
-	c.start()
-	t.Cleanup(c.stop)
-	return c
+func startShippedCollector(t *testing.T, config string, env ...string) *otlptest.Collector {
+	addr := otlptest.FreeLoopbackAddr(t)
+	env = append(env, "OTLP_GRPC_ENDPOINT="+addr, "OTLP_HTTP_ENDPOINT="+otlptest.FreeLoopbackAddr(t))
+	return otlptest.RunCollector(t, filepath.Join(testenv.RepoRoot(), "otel-collector", config), addr, env...)
 }
 
 func reportAndFlush(t *testing.T, tel *Telemetry, n int) {
@@ -92,7 +86,7 @@ func TestBackendsPipeline(t *testing.T) {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 
-	promURL, _ := url.Parse(prom.srv.URL)
+	promURL, _ := url.Parse(prom.URL)
 	col := startShippedCollector(t, "backends.yaml",
 		"PROMETHEUS_HOST="+promURL.Host, "JAEGER_OTLP_GRPC_ENDPOINT="+lis.Addr().String())
 	tel := newCollectorTelemetry(t, col)
@@ -116,7 +110,7 @@ func TestDebugPipeline(t *testing.T) {
 	tel := newCollectorTelemetry(t, col)
 	reportAndFlush(t, tel, 3)
 	testenv.Eventually(t, 20*time.Second, "the debug exporter to print the span and the histogram", func() bool {
-		out := col.logs.String()
+		out := col.Logs()
 		return strings.Contains(out, SpanProgram) && strings.Contains(out, LatencyName)
 	})
 }
