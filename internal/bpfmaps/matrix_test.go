@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -19,8 +21,9 @@ import (
 
 // The verdict matrix (in the spirit of cyclonus's truth tables): every scenario's
 // policies are committed to three pods of a real node, and one crafted packet per
-// (pod, peer, direction, protocol, port) crosses the programs attached to the pods'
-// host-side veths; whether it reached the other side is compared with Verdict.
+// (pod, peer, direction, family, protocol, port, shape) crosses the programs attached
+// to the pods' host-side veths; whether it reached the other side is compared with
+// Verdict.
 //
 // The lab: namespace "node" routes between three pod namespaces and a "peer"
 // namespace standing for the rest of the network; the node's own addresses are on
@@ -65,8 +68,9 @@ var (
 	}
 	matrixNodeSet = []netip.Prefix{netip.PrefixFrom(matrixNode.v4, 32), netip.PrefixFrom(matrixNode.v6, 128)}
 	// The boundaries of the scenarios' ports and ranges ([1,53], 80, [8000,8080],
-	// [8081,65535]) and their neighbours. Source ports come from matrixFirstSport up,
-	// above every one of these but 65535, so no probe is ever the reply of another.
+	// [8081,65535]) and their neighbours. A scenario's source ports come from
+	// matrixFirstSport up, above every one of these but 65535, so none of its TCP,
+	// UDP or SCTP probes is ever the reply of another.
 	matrixPorts      = []uint16{1, 53, 54, 79, 80, 81, 7999, 8000, 8080, 8081, 65535}
 	matrixProtocols  = []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
 	matrixFirstSport = uint16(10000)
@@ -215,9 +219,7 @@ const (
 	// with its ports.
 	matrixFirstFragment
 	// A later fragment (offset 64 bytes) whose payload looks like the L4 header: judged
-	// with port 0, its ports never read. Not sent to the node's own addresses: the
-	// node reassembles before its raw sockets see anything, so a lone fragment never
-	// shows there.
+	// with port 0, its ports never read.
 	matrixLaterFragment
 )
 
@@ -225,7 +227,9 @@ func (v matrixVariant) String() string {
 	return [...]string{"plain", "2 dest opts", "first fragment", "later fragment"}[v]
 }
 
-// matrixVariants are the shapes of a family's probes.
+// matrixVariants are the shapes of a family's probes. Fragments are not sent to the
+// node's own addresses: the node reassembles before its raw sockets see anything, so
+// a lone fragment never shows there.
 func matrixVariants(v6, toNode bool) []matrixVariant {
 	switch {
 	case v6 && toNode:
@@ -416,9 +420,10 @@ func (l *matrixLab) drain(t *testing.T, got map[matrixKey]bool) {
 	}
 }
 
-// clearConntrack empties the connection table. An ICMP echo's entry has no ports
-// (echo identifiers are not tracked): a probe the other way between the same pod and
-// peer would pass as its reply.
+// clearConntrack empties the connection table, so that no probe passes as the reply
+// of an earlier batch's: the entries of ICMP echoes and later fragments have no ports
+// (echo identifiers are not tracked), so any such probe the other way between the
+// same pod and peer would.
 func clearConntrack(t *testing.T, e *EBPF) {
 	t.Helper()
 	var (
@@ -447,7 +452,7 @@ type matrixScenario struct {
 	pods []*PodPolicy
 }
 
-// want is the reference for a packet judged by pol in direction d: Verdict, and
+// matrixWant is the reference for a packet judged by pol in direction d: Verdict, and
 // the node exemption; a pod without state is open.
 func matrixWant(pol *PodPolicy, d Direction, peer netip.Addr, proto Protocol, port uint16) bool {
 	if pol == nil {
@@ -653,8 +658,9 @@ func TestVerdictMatrix(t *testing.T) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%v\t%v\t%d\t%s\t%s\n", p.scenario, p.pod, p.peer, p.dir, family, p.variant, p.key.proto, p.key.dport, verdict[p.want], verdict[!p.want])
 	}
 	_ = w.Flush()
-	for name, sc := range failed {
-		for i, pol := range sc.pods {
+	b.WriteString("(pod-to-pod: pod sends to peer, judged by pod's egress and peer's ingress)\n")
+	for _, name := range slices.Sorted(maps.Keys(failed)) {
+		for i, pol := range failed[name].pods {
 			if pol != nil {
 				fmt.Fprintf(&b, "%s %s: %+v\n", name, matrixPods[i].name, *pol)
 			}
