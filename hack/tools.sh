@@ -57,31 +57,19 @@ build_etcd() {
 	(cd "$ROOT/tools/etcd" && go build -trimpath -o "$OUT" go.etcd.io/etcd/server/v3)
 }
 
-build_otelcol() {
-	local work
+# build_collector VERSION DIR BINARY: the OpenTelemetry Collector builder at
+# VERSION (it must match its components' release) builds the distribution whose
+# manifest is otel-collector/DIR/builder-config.yaml, named BINARY.
+build_collector() {
+	local version=$1 dir=$2 binary=$3 work
 	work="$(mktemp -d)"
-	GOBIN="$work/bin" go install "go.opentelemetry.io/collector/cmd/builder@$OTELCOL_VERSION"
-	cp "$ROOT/otel-collector/builder-config.yaml" "$work/"
+	GOBIN="$work/bin" go install "go.opentelemetry.io/collector/cmd/builder@$version"
+	cp "$ROOT/otel-collector/$dir/builder-config.yaml" "$work/"
 	(cd "$work" && ./bin/builder --config builder-config.yaml >"$work/builder.log" 2>&1) || {
 		cat "$work/builder.log" >&2
 		return 1
 	}
-	cp "$work/_build/otelcol-npagent" "$OUT"
-	rm -rf "$work"
-}
-
-# The same steps as build_otelcol, from otel-collector/gateway/builder-config.yaml with
-# the builder at the gateway's release (the builder must match its components').
-build_otelcol_gateway() {
-	local work
-	work="$(mktemp -d)"
-	GOBIN="$work/bin" go install "go.opentelemetry.io/collector/cmd/builder@$OTELCOL_GATEWAY_VERSION"
-	cp "$ROOT/otel-collector/gateway/builder-config.yaml" "$work/"
-	(cd "$work" && ./bin/builder --config builder-config.yaml >"$work/builder.log" 2>&1) || {
-		cat "$work/builder.log" >&2
-		return 1
-	}
-	cp "$work/_build/otelcol-gateway" "$OUT"
+	cp "$work/_build/$binary" "$OUT"
 	rm -rf "$work"
 }
 
@@ -113,8 +101,8 @@ for n in "${names[@]}"; do
 	case $n in
 	kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" kube-apiserver build_kube_apiserver ;;
 	etcd) ensure etcd "$ETCD_VERSION" etcd build_etcd ;;
-	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_otelcol ;;
-	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_KEY" otelcol-gateway build_otelcol_gateway ;;
+	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_collector "$OTELCOL_VERSION" . otelcol-npagent ;;
+	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_KEY" otelcol-gateway build_collector "$OTELCOL_GATEWAY_VERSION" gateway otelcol-gateway ;;
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
 	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
