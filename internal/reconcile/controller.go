@@ -64,6 +64,10 @@ type Config struct {
 	// node, so that after a restart an object whose current version is invalid keeps
 	// its last valid version in force (see lastvalid.go). Default "": not kept.
 	LastValidDir string
+	// EnforcingMode is what a local pod gets before a policy selects it: standard
+	// (open) or strict (denied, node traffic excepted; needs NodeName, and RBAC to
+	// list and watch pods). Default EnforcingStandard.
+	EnforcingMode EnforcingMode
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -88,6 +92,10 @@ type Controller struct {
 	// deleted holds the uids delete events removed, until the worker forgets them
 	// in the seen-set (see sync.go).
 	deleted deletedUIDs
+
+	// podWatch is strict mode's watch of this node's pods (nil in standard mode;
+	// see pods.go).
+	podWatch *podWatch
 
 	// pods is which objects select which local pods, and what the dataplane holds
 	// for each: merge and commit happen behind its one lock (see podtable.go).
@@ -146,6 +154,14 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.WatchStallTimeout <= 0 {
 		cfg.WatchStallTimeout = time.Minute
 	}
+	mode, err := ParseEnforcingMode(string(cfg.EnforcingMode))
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: config: %w", err)
+	}
+	cfg.EnforcingMode = mode
+	if mode == EnforcingStrict && cfg.NodeName == "" {
+		return nil, errors.New("reconcile: config: strict enforcing mode needs NodeName (its pods are watched by spec.nodeName)")
+	}
 	c := &Controller{
 		cfg: cfg,
 		log: cfg.Logger.With("node", cfg.NodeName),
@@ -154,11 +170,17 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			workqueue.TypedRateLimitingQueueConfig[objectKey]{}),
 	}
 	c.progress.init(cfg.Workers)
-	var err error
 	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
-	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log)
+	var strict *localPodSet
+	if mode == EnforcingStrict {
+		strict = newLocalPodSet()
+		if c.podWatch, err = newPodWatch(restConfig, &c.cfg, strict); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log, strict)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
 	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
 
@@ -204,7 +226,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	for _, inf := range c.informers {
 		wg.Go(func() { inf.RunWithContext(ctx) })
 	}
-	c.log.Info("waiting for informer caches", "nodeIP", c.cfg.NodeIP)
+	if c.podWatch != nil {
+		defer c.podWatch.queue.ShutDown()
+		wg.Go(func() { c.podWatch.informer.RunWithContext(ctx) })
+	}
+	c.log.Info("waiting for informer caches", "nodeIP", c.cfg.NodeIP, "enforcingMode", c.cfg.EnforcingMode)
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
 	}
@@ -229,6 +255,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.initial.begin(keys)
 	c.initialSynced(objectKey{})
 	c.progress.started(time.Now())
+	if c.podWatch != nil {
+		c.startPodWorker(ctx, &wg)
+	}
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for c.processNext(ctx) {
@@ -240,15 +269,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// HasSynced reports whether both informer caches have synced and their initial
-// objects have reached the event handlers (for /readyz).
+// HasSynced reports whether the informer caches (both kinds, and this node's pods in
+// strict mode) have synced and their initial objects have reached the event handlers
+// (for /readyz).
 func (c *Controller) HasSynced() bool {
 	for _, r := range c.registrations {
 		if r == nil || !r.HasSynced() {
 			return false
 		}
 	}
-	return true
+	return c.podWatch == nil || c.podWatch.reg.HasSynced()
 }
 
 // processNext syncs one key. It returns false when the loop stops.

@@ -140,10 +140,14 @@ func TestEBPFEnforcement(t *testing.T) {
 }
 
 // exchangeFrom dials addr from the caller's namespace with source address src, sends
-// one message and waits for its echo.
+// one message and waits for its echo. An IPv6 src dials over IPv6.
 func exchangeFrom(src, addr string) error {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 400 * time.Millisecond}
-	c, err := d.Dial("tcp4", addr)
+	network := "tcp4"
+	if strings.Contains(src, ":") {
+		network = "tcp6"
+	}
+	c, err := d.Dial(network, addr)
 	if err != nil {
 		return err
 	}

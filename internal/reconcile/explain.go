@@ -532,6 +532,9 @@ type PodExplain struct {
 	// Programmed: Synced, OnNode, and every object Programmed (true when no
 	// object applies to the pod: nothing to enforce).
 	Programmed bool `json:"programmed"`
+	// StrictDenied: strict mode denies the pod (node traffic excepted) until a
+	// policy selecting it is committed.
+	StrictDenied bool `json:"strictDenied,omitempty"`
 }
 
 // ExplainPod returns the objects whose rules apply to a pod on this node, and
@@ -579,8 +582,17 @@ func (c *Controller) ExplainPod(q PodQuery) PodExplain {
 			}
 		}
 	}
+	if !ip.IsValid() && c.podWatch != nil && q.Name != "" {
+		// Strict mode: a pod no object lists yet is known from the pod watch.
+		if obj, ok, _ := c.podWatch.informer.GetStore().GetByKey(q.Namespace + "/" + q.Name); ok {
+			if _, addrs, ok := podAddrs(obj); ok && len(addrs) > 0 {
+				ip = addrs[0]
+			}
+		}
+	}
 	if ip.IsValid() {
 		out.IP = ip.String()
+		out.StrictDenied = c.pods.strictlyDenied(ip)
 	}
 	out.OnNode = len(hosts) == 0
 	for _, h := range hosts {

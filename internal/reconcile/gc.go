@@ -50,6 +50,9 @@ func (c *Controller) initialSynced(key objectKey) {
 	if c.initial.synced(key) {
 		removed := c.pods.removeLeftovers()
 		c.log.Info("initial sync done", "leftoverPodsRemoved", removed)
+		if c.podWatch != nil {
+			c.requeuePods()
+		}
 	}
 }
 

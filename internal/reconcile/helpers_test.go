@@ -146,6 +146,7 @@ type agentOptions struct {
 	// watchStall is Config.WatchStallTimeout; 0 for the default.
 	watchStall time.Duration
 	lastValid  string // LastValidDir; "" for none
+	mode       EnforcingMode
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -186,6 +187,7 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		Logger:        o.logger,
 		Compile:       o.compile,
 		LastValidDir:  o.lastValid,
+		EnforcingMode: o.mode,
 
 		WatchStallTimeout: o.watchStall,
 	})

@@ -41,6 +41,13 @@ type podTable struct {
 	chunks     map[policyKey]map[objectKey]struct{}  // policy → its objects' keys
 	programmed map[netip.Addr]int                    // local pod → ifindex holding its committed state
 	heldIndex  map[netip.Addr]map[objectKey]struct{} // pod → the objects holding it (see objectState.held)
+
+	// strict is this node's pods in strict mode (nil: standard): one no object
+	// selects is denied (denyStrict), not removed. strictDenied is the pods so
+	// denied now; initialDone is set once the initial sync collected the leftovers.
+	strict       *localPodSet
+	strictDenied map[netip.Addr]struct{}
+	initialDone  bool
 }
 
 // objectState is what the table remembers of one object key.
@@ -61,14 +68,16 @@ type objectState struct {
 	rejectedRV, waitingRV string
 }
 
-func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger) *podTable {
+func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger, strict *localPodSet) *podTable {
 	return &podTable{
 		dp: dp, resolver: resolver, stats: stats, log: log,
-		objects:    map[objectKey]*objectState{},
-		podIndex:   map[netip.Addr]map[objectKey]struct{}{},
-		chunks:     map[policyKey]map[objectKey]struct{}{},
-		programmed: map[netip.Addr]int{},
-		heldIndex:  map[netip.Addr]map[objectKey]struct{}{},
+		objects:      map[objectKey]*objectState{},
+		podIndex:     map[netip.Addr]map[objectKey]struct{}{},
+		chunks:       map[policyKey]map[objectKey]struct{}{},
+		programmed:   map[netip.Addr]int{},
+		heldIndex:    map[netip.Addr]map[objectKey]struct{}{},
+		strict:       strict,
+		strictDenied: map[netip.Addr]struct{}{},
 	}
 }
 
@@ -342,16 +351,14 @@ func (t *podTable) noteWaiting(key objectKey, rv string) bool {
 }
 
 // commitLocked merges and commits the policy of each pod: every object that selects
-// it now. A pod no object selects any more is removed from the dataplane. Called with
-// mu held, on a result opened by lock.
+// it now. A pod no object selects any more is removed from the dataplane, or in
+// strict mode denied (denyStrict). Called with mu held, on a result opened by lock.
 func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 	objs := make([]*compiledObject, 0, 4)
 	for _, pod := range pods {
 		objs = t.objectsFor(pod, objs[:0])
 		if len(objs) == 0 {
-			if _, held := t.heldIndex[pod]; !held {
-				t.removePod(res, pod)
-			}
+			t.unselected(res, pod)
 			continue
 		}
 		mergeStart := time.Now()
@@ -359,7 +366,10 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 		res.attempt.Phases.Merge += time.Since(mergeStart)
 		// A policy the dataplane can never take is not isolated: the caller drops
 		// the version that made it so (see commitVersion).
-		if err := t.commitPod(res, pod, &policy); err != nil && !errors.Is(err, bpfmaps.ErrInvalidPolicy) {
+		switch err := t.commitPod(res, pod, &policy); {
+		case err == nil:
+			t.strictReleased(pod) // its policy replaced a strict denial
+		case !errors.Is(err, bpfmaps.ErrInvalidPolicy):
 			t.isolateUncommitted(res, pod, &policy, objs)
 		}
 	}
@@ -387,6 +397,7 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	}
 	addPhases(&res.attempt, cr)
 	delete(t.programmed, pod)
+	delete(t.strictDenied, pod)
 	t.stats.removes.Add(1)
 	res.pods++
 }
@@ -446,24 +457,37 @@ func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy 
 	if err != nil || slices.Contains(t.dp.Pods(), ifindex) {
 		return // pinned by a previous process: its enforcement stays
 	}
-	deny := bpfmaps.PodPolicy{
-		Ingress: bpfmaps.DirectionPolicy{Isolated: constrains(&policy.Ingress)},
-		Egress:  bpfmaps.DirectionPolicy{Isolated: constrains(&policy.Egress)},
-	}
+	ingress, egress := constrains(&policy.Ingress), constrains(&policy.Egress)
 	names := make([]string, len(objs))
 	for i, o := range objs {
 		names[i] = o.key.String()
 	}
-	res.calls++
-	if _, err := t.dp.Commit(ifindex, deny); err != nil {
-		t.stats.commitFailures.Add(1)
+	if _, err := t.commitDeny(res, pod, ifindex, ingress, egress); err != nil {
 		t.log.Error("pod left open: neither its policy nor an isolation could be committed", "pod", pod, "ifindex", ifindex, "objects", names, "err", err)
 		return
 	}
-	t.programmed[pod] = ifindex
 	t.stats.podsIsolated.Add(1)
 	t.log.Error("pod isolated: its policy could not be committed", "pod", pod, "ifindex", ifindex, "objects", names,
-		"ingressDenied", deny.Ingress.Isolated, "egressDenied", deny.Egress.Isolated, "err", res.err)
+		"ingressDenied", ingress, "egressDenied", egress, "err", res.err)
+}
+
+// commitDeny commits to the pod's interface a policy that denies the directions
+// given, and nothing else: the node exemption still applies (the datapath checks it
+// first). The isolation of a pod whose policy could not be committed, and strict
+// mode's default deny, are both this.
+func (t *podTable) commitDeny(res *commitResult, pod netip.Addr, ifindex int, ingress, egress bool) (bpfmaps.CommitResult, error) {
+	deny := bpfmaps.PodPolicy{
+		Ingress: bpfmaps.DirectionPolicy{Isolated: ingress},
+		Egress:  bpfmaps.DirectionPolicy{Isolated: egress},
+	}
+	res.calls++
+	cr, err := t.dp.Commit(ifindex, deny)
+	if err != nil {
+		t.stats.commitFailures.Add(1)
+		return cr, err
+	}
+	t.programmed[pod] = ifindex
+	return cr, nil
 }
 
 // constrains reports whether a direction's policy restricts anything: without it
@@ -502,7 +526,8 @@ func addPhases(a *report.Attempt, cr bpfmaps.CommitResult) {
 // made it, or if it is what a pod some object still selects resolves to (its commit
 // may have failed and be retried: its old enforcement stays meanwhile), or a pod an
 // object whose current version is invalid names (its pinned state is the last valid
-// enforcement, which no version known to this process can rebuild).
+// enforcement, which no version known to this process can rebuild), or in strict
+// mode any pod of this node.
 func (t *podTable) removeLeftovers() (removed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -517,6 +542,17 @@ func (t *podTable) removeLeftovers() (removed int) {
 			}
 		}
 	}
+	if t.strict != nil {
+		// Strict mode: a pod of this node is never opened; what a previous process
+		// left on it (its strict denial, or a policy since deleted) stays until
+		// denyStrict replaces it.
+		for _, pod := range t.strict.all() {
+			if ifindex, err := t.resolver.Resolve(pod); err == nil {
+				wanted[ifindex] = true
+			}
+		}
+	}
+	t.initialDone = true
 	for _, ifindex := range t.dp.Pods() {
 		if wanted[ifindex] {
 			continue
@@ -532,12 +568,12 @@ func (t *podTable) removeLeftovers() (removed int) {
 	return removed
 }
 
-// size returns how many object keys the table tracks and how many local pods hold
-// committed state.
-func (t *podTable) size() (objects, pods int) {
+// size returns how many object keys the table tracks, how many local pods hold
+// committed state, and how many of those strict mode denies.
+func (t *podTable) size() (objects, pods, strictDenied int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.objects), len(t.programmed)
+	return len(t.objects), len(t.programmed), len(t.strictDenied)
 }
 
 // invalidPolicy reports whether a commit failed on input the dataplane can never take

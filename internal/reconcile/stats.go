@@ -33,13 +33,17 @@ type Stats struct {
 	// PodsIsolated counts pods denied (node traffic excepted) because their policy
 	// could not be committed and they held no state: never left open.
 	PodsIsolated uint64
+	// StrictDenials counts pods strict mode denied (node traffic excepted) because no
+	// policy selecting them was committed: new pods, and pods whose last policy went.
+	StrictDenials uint64
 	// InterfaceWaits counts syncs that found a local pod's interface missing.
 	InterfaceWaits uint64
 	// Reports counts records handed to the Sink.
 	Reports uint64
 	// Objects is how many object keys the loop tracks; Pods how many local pods hold
-	// committed state.
-	Objects, Pods int
+	// committed state; PodsStrictDenied how many of those strict mode denies now,
+	// until a policy selects them.
+	Objects, Pods, PodsStrictDenied int
 }
 
 // DataplaneWrites is the number of dataplane calls that changed state: commits that
@@ -61,6 +65,7 @@ type counters struct {
 	invalidObjects atomic.Uint64
 	interfaceWaits atomic.Uint64
 	podsIsolated   atomic.Uint64
+	strictDenials  atomic.Uint64
 	reports        atomic.Uint64
 
 	// invalidByField splits invalidObjects by kind and field, for Counts.
@@ -111,7 +116,8 @@ func (c *Controller) Stats() Stats {
 	s.InvalidObjects = c.stats.invalidObjects.Load()
 	s.InterfaceWaits = c.stats.interfaceWaits.Load()
 	s.PodsIsolated = c.stats.podsIsolated.Load()
+	s.StrictDenials = c.stats.strictDenials.Load()
 	s.Reports = c.stats.reports.Load()
-	s.Objects, s.Pods = c.pods.size()
+	s.Objects, s.Pods, s.PodsStrictDenied = c.pods.size()
 	return s
 }
