@@ -61,6 +61,7 @@ type config struct {
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
+	EnforcingMode         reconcile.EnforcingMode
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -95,6 +96,7 @@ var flagEnv = map[string]string{
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
+	"enforcing-mode":         "NPAGENT_ENFORCING_MODE",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -108,7 +110,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, nodeCIDRs, podIfPrefixes, logLevel, parenting string
+	var nodeIP, nodeCIDRs, podIfPrefixes, logLevel, parenting, enforcingMode string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
@@ -138,6 +140,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", reconcile.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
+	fs.StringVar(&enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -212,6 +215,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		if f = strings.TrimSpace(f); f != "" {
 			c.PodInterfacePrefixes = append(c.PodInterfacePrefixes, f)
 		}
+	}
+	if m, err := reconcile.ParseEnforcingMode(enforcingMode); err != nil || enforcingMode == "" {
+		errs = append(errs, fmt.Errorf("--enforcing-mode: %q is not standard or strict", enforcingMode))
+	} else {
+		c.EnforcingMode = m
 	}
 	if c.NodeName == "" {
 		host, err := os.Hostname()

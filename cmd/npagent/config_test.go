@@ -15,6 +15,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/telemetry"
 	"k8s.io/klog/v2"
 )
@@ -54,6 +55,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		MaxTriggerSkew:        5 * time.Second,
 		WatermarkMaxAge:       time.Hour,
 		DebugSocket:           "/run/npagent/debug.sock",
+		EnforcingMode:         reconcile.EnforcingStandard, // as the AWS agent: open until programmed
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -91,6 +93,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_DEBUG_SOCKET":           "/run/other/debug.sock",
 		"NPAGENT_NODE_CIDRS":             "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
 		"NPAGENT_POD_INTERFACE_PREFIXES": "eni, vlan,",
+		"NPAGENT_ENFORCING_MODE":         "strict",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -134,6 +137,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::/64"),
 			netip.MustParsePrefix("10.9.8.0/24")}, // masked
 		PodInterfacePrefixes: []string{"eni", "vlan"},
+		EnforcingMode:        reconcile.EnforcingStrict,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
@@ -188,6 +192,9 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"bad env int", nil, map[string]string{"NPAGENT_WORKERS": "x"}, []string{"--workers", "$NPAGENT_WORKERS"}},
 		{"bad env ip", nil, map[string]string{"NODE_IP": "nope"}, []string{"--node-ip", `"nope"`}},
 		{"bad node cidr", []string{"--node-cidrs=10.0.0.0/8,10.1.2.3"}, nil, []string{"--node-cidrs", `"10.1.2.3"`}},
+		{"bad enforcing mode", []string{"--enforcing-mode=Strict"}, nil, []string{"--enforcing-mode", `"Strict"`, "standard or strict"}},
+		{"empty enforcing mode", []string{"--enforcing-mode="}, nil, []string{"--enforcing-mode", `""`}},
+		{"bad env enforcing mode", nil, map[string]string{"NPAGENT_ENFORCING_MODE": "deny"}, []string{"--enforcing-mode", `"deny"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -439,5 +446,33 @@ func TestClientGoLogsRoutedIntoTheAgentLog(t *testing.T) {
 		if !strings.Contains(line, want) {
 			t.Errorf("agent log %q lacks %s", line, want)
 		}
+	}
+}
+
+// TestParseConfigEnforcingMode: --enforcing-mode reaches the config from the flag or
+// $NPAGENT_ENFORCING_MODE, the flag winning.
+func TestParseConfigEnforcingMode(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  string
+		want reconcile.EnforcingMode
+	}{
+		{"default", nil, "", reconcile.EnforcingStandard},
+		{"flag strict", []string{"--enforcing-mode=strict"}, "", reconcile.EnforcingStrict},
+		{"env strict", nil, "strict", reconcile.EnforcingStrict},
+		{"flag over env", []string{"--enforcing-mode=standard"}, "strict", reconcile.EnforcingStandard},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"NODE_IP": "10.0.0.5", "NODE_NAME": "n", "NPAGENT_ENFORCING_MODE": tt.env}
+			c, err := parseConfig(tt.args, envMap(env), &bytes.Buffer{})
+			if err != nil {
+				t.Fatalf("parseConfig: %v", err)
+			}
+			if c.EnforcingMode != tt.want {
+				t.Errorf("enforcing mode = %q, want %q", c.EnforcingMode, tt.want)
+			}
+		})
 	}
 }

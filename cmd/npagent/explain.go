@@ -358,6 +358,8 @@ func printPod(w io.Writer, p *reconcile.PodExplain) {
 		fmt.Fprintln(w, "  the agent's informer caches have not synced yet")
 	case !p.OnNode:
 		fmt.Fprintf(w, "  the objects place this pod on host %s, not this node: ask the agent there\n", p.HostIP)
+	case p.StrictDenied:
+		fmt.Fprintln(w, "  denied by strict mode until a policy selects it (node traffic allowed)")
 	case len(p.Objects) == 0:
 		fmt.Fprintln(w, "  no policy object selects this pod: nothing to enforce")
 	}

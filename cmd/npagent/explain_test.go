@@ -336,3 +336,19 @@ func TestPrintObjectFailedAttempts(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintPodStrictDenied: the human form of a pod strict mode denies says so.
+func TestPrintPodStrictDenied(t *testing.T) {
+	ex := reconcile.PodExplain{Node: "n1", Namespace: "shop", Name: "web", IP: "10.0.0.7", OnNode: true, Synced: true,
+		Ifindex: 9, Programmed: true, StrictDenied: true, Objects: []reconcile.PodObject{}}
+	var b bytes.Buffer
+	printPod(&b, &ex)
+	for _, want := range []string{"pod shop/web (10.0.0.7) on node n1", "denied by strict mode until a policy selects it", "ifindex 9"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output does not show %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "nothing to enforce") {
+		t.Errorf("a strict-denied pod shown as having nothing to enforce:\n%s", b.String())
+	}
+}

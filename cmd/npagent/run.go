@@ -204,6 +204,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		WatchStallTimeout: cfg.WatchStallTimeout,
 		Logger:            log.With("component", "reconcile"),
 		LastValidDir:      lastValidDir,
+		EnforcingMode:     cfg.EnforcingMode,
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -218,7 +219,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			if trigger, _, ok := seenSet.OldestPending(); ok {
 				c.SeenOldestPendingAge = time.Since(trigger)
 			}
-			c.PodsIsolated = ctrl.Stats().PodsIsolated
+			loop := ctrl.Stats()
+			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
 			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
 				c.Maps = mapUsage(ur)
 			}

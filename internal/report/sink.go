@@ -41,6 +41,9 @@ type Counts struct {
 	// PodsIsolated counts pods denied (node traffic excepted) because their
 	// policy could not be committed: never left open (reconcile).
 	PodsIsolated uint64
+	// PodsStrictDenied is how many pods strict mode denies now (node traffic
+	// excepted) because no policy selecting them is committed (reconcile).
+	PodsStrictDenied int64
 	// Maps is the dataplane's map use (bpfmaps), read at each collection.
 	Maps DataplaneMaps
 }

@@ -49,6 +49,26 @@ func TestPodsIsolatedExported(t *testing.T) {
 	}
 }
 
+// Strict mode's denied-pod count is a gauge (pods leave it when a policy selects
+// them), over OTLP and on /metrics.
+func TestPodsStrictDeniedExported(t *testing.T) {
+	tel := newInMemory(t)
+	var denied int64 = 4
+	tel.ObserveCounts(func(c *report.Counts) { c.PodsStrictDenied = denied })
+	m, ok := findMetric(tel.collect(t), PodsStrictDeniedName)
+	if !ok {
+		t.Fatalf("no %s metric", PodsStrictDeniedName)
+	}
+	g, ok := m.Data.(metricdata.Gauge[int64])
+	if !ok || len(g.DataPoints) != 1 || g.DataPoints[0].Value != 4 {
+		t.Fatalf("%s = %+v, want one gauge point 4", PodsStrictDeniedName, m.Data)
+	}
+	denied = 1
+	if body := scrape(t, tel); !containsSample(body, "npagent_dataplane_pods_strict_denied", "1") {
+		t.Errorf("/metrics has no npagent_dataplane_pods_strict_denied sample of 1:\n%s", body)
+	}
+}
+
 // containsSample reports whether the exposition has a sample whose line starts
 // with name (a family name, or one with its first labels) and whose value is value.
 func containsSample(body, name, value string) bool {

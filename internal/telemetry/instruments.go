@@ -275,6 +275,9 @@ const (
 	// because their policy could not be committed: the fail-closed path, each
 	// also logged naming the pod and the object.
 	PodsIsolatedName = "npagent.dataplane.pods_isolated"
+	// PodsStrictDeniedName is how many pods strict mode denies now (node traffic
+	// excepted) until a policy selecting them is committed (--enforcing-mode=strict).
+	PodsStrictDeniedName = "npagent.dataplane.pods_strict_denied"
 	// MapEntriesName and MapCapacityName are each dataplane map's entries held
 	// and capacity, by map (MapKey): a commit that does not fit fails, so their
 	// ratio is the alert. Policy maps are shared by every pod of the node.
@@ -297,10 +300,11 @@ func dataplaneMaps(c *report.DataplaneMaps) [6]report.MapUse {
 
 // dataplaneInstruments exports the dataplane's part of report.Counts.
 type dataplaneInstruments struct {
-	podsIsolated metric.Int64ObservableCounter
-	mapEntries   metric.Int64ObservableGauge
-	mapCapacity  metric.Int64ObservableGauge
-	mapSets      [len(mapNames)]*measureOptions
+	podsIsolated     metric.Int64ObservableCounter
+	podsStrictDenied metric.Int64ObservableGauge
+	mapEntries       metric.Int64ObservableGauge
+	mapCapacity      metric.Int64ObservableGauge
+	mapSets          [len(mapNames)]*measureOptions
 }
 
 // build creates the instruments and returns them for the meter's callback.
@@ -308,6 +312,9 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	var err error
 	d.podsIsolated, err = m.Int64ObservableCounter(PodsIsolatedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed."))
+	check(err)
+	d.podsStrictDenied, err = m.Int64ObservableGauge(PodsStrictDeniedName, metric.WithUnit("{pod}"),
+		metric.WithDescription("Pods strict mode denies (node traffic excepted) until a policy selecting them is committed."))
 	check(err)
 	d.mapEntries, err = m.Int64ObservableGauge(MapEntriesName, metric.WithUnit("{entry}"),
 		metric.WithDescription("Entries a dataplane map holds, by map; policy maps are shared by every pod of the node."))
@@ -318,11 +325,12 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	for i, name := range mapNames {
 		d.mapSets[i] = newMeasureOptions(MapKey.String(name))
 	}
-	return []metric.Observable{d.podsIsolated, d.mapEntries, d.mapCapacity}
+	return []metric.Observable{d.podsIsolated, d.podsStrictDenied, d.mapEntries, d.mapCapacity}
 }
 
 func (d *dataplaneInstruments) observe(o metric.Observer, c *report.Counts) {
 	o.ObserveInt64(d.podsIsolated, int64(c.PodsIsolated))
+	o.ObserveInt64(d.podsStrictDenied, c.PodsStrictDenied)
 	for i, u := range dataplaneMaps(&c.Maps) {
 		if u.Max > 0 { // a map the backend has
 			o.ObserveInt64(d.mapEntries, u.Used, d.mapSets[i].observe...)
