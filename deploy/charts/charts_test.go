@@ -51,6 +51,7 @@ var cases = []testCase{
 		"extraEnv":             []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
 		"dropFQDNAllowRules":   true,
 		"podInterfacePrefixes": []any{"eni", "vlan"},
+		"enforcingMode":        "strict",
 		"metrics":              map[string]any{"port": 9555},
 		"serviceAccount":       map[string]any{"name": "agent"},
 	}},
@@ -164,6 +165,7 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"pod security", map[string]any{"namespace": map[string]any{"podSecurity": map[string]any{"enforce": "baseline"}}}, "privileged"},
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
+		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
 	} {
 		_, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -329,6 +331,9 @@ func TestDaemonSet(t *testing.T) {
 			switch c.name {
 			case "defaults":
 				wantImage = "npagent:0.1.0"
+				if !slices.Contains(ctr.Args, "--enforcing-mode=standard") {
+					t.Errorf("defaults: args %v, want --enforcing-mode=standard", ctr.Args)
+				}
 				if hasEnv(ctr, "OTEL_EXPORTER_OTLP_CERTIFICATE") || envByName(t, ctr, "OTEL_EXPORTER_OTLP_INSECURE").Value != "true" {
 					t.Error("defaults: want plaintext OTLP without a CA")
 				}
@@ -337,7 +342,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}
@@ -406,6 +411,26 @@ func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string,
 		}
 	}
 	t.Errorf("the volume %s is not otlp-ca from the expected source", mount.Name)
+}
+
+// TestClusterRoleByEnforcingMode: only strict mode, which watches the node's pods,
+// may read pods; standard reads the policy endpoint objects alone.
+func TestClusterRoleByEnforcingMode(t *testing.T) {
+	endpoints := rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}
+	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
+	for mode, want := range map[string][]rbacv1.PolicyRule{
+		"standard": {endpoints},
+		"strict":   {endpoints, pods},
+	} {
+		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode})
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		cr := typed[rbacv1.ClusterRole](t, objects(t, r), "ClusterRole")
+		if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
+			t.Errorf("%s: ClusterRole rules %+v, want %+v", mode, cr.Rules, want)
+		}
+	}
 }
 
 // TestInAPIServer runs one kube-apiserver (with the controller's own CRDs, as a

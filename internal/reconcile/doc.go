@@ -87,6 +87,8 @@
 //   - gc.go: after the caches sync, restore of last valid versions; after the initial
 //     sync, leftovers of the previous process.
 //   - lastvalid.go: each object's last valid version, saved for the next process.
+//   - pods.go: strict enforcing mode: a watch of this node's pods (only in that
+//     mode), whose worker denies a pod no object selects until one does.
 //   - policy.go: object → rules (compile) and the per-pod merge.
 //   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
 //     the caches, the pod table and the seen-set hold now, plus a bounded history per
