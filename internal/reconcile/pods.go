@@ -197,8 +197,8 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 }
 
 // stripPod keeps of a pod what enforcement needs: its name, namespace and uid, its
-// addresses and whether it is on the host network. A node's pods are many and
-// change often (status): the cache holds no spec or status beyond that.
+// addresses, its phase and whether it is on the host network. A node's pods are many
+// and change often (status): the cache holds no spec or status beyond that.
 func stripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -207,19 +207,21 @@ func stripPod(obj any) (any, error) {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
 		Spec:       corev1.PodSpec{HostNetwork: p.Spec.HostNetwork, NodeName: p.Spec.NodeName},
-		Status:     corev1.PodStatus{PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
 	}, nil
 }
 
 // podAddrs returns a pod's key and its addresses, sorted: none for a pod on the host
-// network (its traffic is the node's: never enforced) or without an IP yet.
+// network (its traffic is the node's: never enforced), without an IP yet, or done
+// (Succeeded or Failed: its sandbox and interface are gone, and its IP may be another
+// pod's by now, while the pod object can stay for long, a Job's say).
 func podAddrs(obj any) (key string, addrs []netip.Addr, ok bool) {
 	p, isPod := obj.(*corev1.Pod)
 	if !isPod {
 		return "", nil, false
 	}
 	key = p.Namespace + "/" + p.Name
-	if p.Spec.HostNetwork {
+	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return key, nil, true
 	}
 	ips := p.Status.PodIPs
@@ -261,6 +263,9 @@ func (c *Controller) processPod(ctx context.Context) bool {
 		c.log.Error("strict mode: commit failed", "pod", key, "err", res.err)
 	}
 	if len(res.notDone) > 0 {
+		if res.err == nil && w.queue.NumRequeues(key) == 0 {
+			c.log.Info("strict mode: waiting for pod interfaces", "pod", key, "addrs", fmt.Sprint(res.notDone), "err", res.resolveErr)
+		}
 		w.set.putBack(key, res.notDone)
 		w.queue.AddRateLimited(key)
 		return true
@@ -306,7 +311,26 @@ func (t *podTable) unselected(res *commitResult, pod netip.Addr) {
 		t.denyStrict(res, pod)
 		return
 	}
+	if ifindex, ok := t.programmed[pod]; ok && t.otherAddrSelected(pod, ifindex) {
+		// The interface's state is the policy of the pod's other address (dual
+		// stack): this address lets go of it, nothing is removed.
+		delete(t.programmed, pod)
+		delete(t.strictDenied, pod)
+		return
+	}
 	t.removePod(res, pod)
+}
+
+// otherAddrSelected reports whether another address committed on ifindex (the same
+// pod, dual stack) is selected by an object: the interface holds its policy. Called
+// with mu held.
+func (t *podTable) otherAddrSelected(pod netip.Addr, ifindex int) bool {
+	for other, i := range t.programmed {
+		if i == ifindex && other != pod && len(t.podIndex[other]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // denyStrict denies a pod of this node both ways (node traffic excepted) until a
@@ -329,10 +353,8 @@ func (t *podTable) denyStrict(res *commitResult, pod netip.Addr) {
 		// pod is queued again (requeuePods).
 		return
 	}
-	for other, i := range t.programmed {
-		if i == ifindex && other != pod && len(t.podIndex[other]) > 0 {
-			return // the pod's other address (dual stack) holds the policy selecting it
-		}
+	if t.otherAddrSelected(pod, ifindex) {
+		return // the pod's other address (dual stack) holds the policy selecting it
 	}
 	if old, ok := t.programmed[pod]; ok && old != ifindex {
 		// A recreated pod with the same IP: the old interface's state is stale.
