@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -170,6 +172,18 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 		set: set,
 	}
 	if err := w.informer.SetTransform(stripPod); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
+	var forbiddenLogged atomic.Bool
+	if err := w.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) && !forbiddenLogged.Swap(true) {
+			// The usual misconfiguration, said once and plainly: the reflector's own
+			// message repeats at every retry.
+			cfg.Logger.Error("strict mode: listing this node's pods is forbidden: grant get, list and watch on pods (the chart does with enforcingMode: strict); until then the agent is not ready and denies no pod before its policy",
+				"node", cfg.NodeName, "err", err)
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	record := func(obj any) {

@@ -2,17 +2,21 @@ package reconcile
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
@@ -173,5 +177,49 @@ func TestStrictModePods(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if !slices.Contains(dp.Pods(), 11) {
 		t.Error("web's state removed while its PolicyEndpoint still selects it")
+	}
+}
+
+// TestStrictModeWithoutPodRBAC: a strict agent that may not list pods says so once,
+// plainly, and is not ready (its pod cache cannot sync).
+func TestStrictModeWithoutPodRBAC(t *testing.T) {
+	cp := testenv.Start(t)
+	ctx := context.Background()
+	const user = "strict-agent-without-pods"
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{{
+		APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}}}
+	for _, o := range []client.Object{role, binding} {
+		if err := cp.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restConfig := rest.CopyConfig(cp.Config)
+	restConfig.Impersonate = rest.ImpersonationConfig{UserName: user}
+	set, err := seen.New(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	c, err := New(restConfig, Config{NodeName: "node-192.0.2.42", NodeIP: netip.MustParseAddr("192.0.2.42"), Dataplane: bpfmaps.NewMemory(),
+		Seen: set, EnforcingMode: EnforcingStrict, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, 20*time.Second, "forbidden logged", func() bool {
+		return len(logs.lines("listing this node's pods is forbidden", "grant get, list and watch on pods")) > 0
+	})
+	time.Sleep(2 * time.Second) // a retry or two of the reflector
+	if n := len(logs.lines("listing this node's pods is forbidden")); n != 1 {
+		t.Errorf("logged %d times, want once", n)
+	}
+	if c.HasSynced() {
+		t.Error("ready without its pod cache")
 	}
 }
