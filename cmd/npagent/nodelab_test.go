@@ -83,9 +83,10 @@ func newNodeLab(t *testing.T, prefix string, net int) *nodeLab {
 
 // startAgent starts a real control plane and the agent binary in the node,
 // reaching the apiserver through a TCP proxy on the uplink's host end, with its
-// debug socket at l.debugSocket, and waits until it serves HTTP. It returns the
-// control plane and the agent, which is killed at cleanup if still running.
-func (l *nodeLab) startAgent(t *testing.T) (*testenv.ControlPlane, *agentProcess) {
+// debug socket at l.debugSocket, and waits until it serves HTTP. extra flags follow
+// the lab's. It returns the control plane and the agent, which is killed at cleanup
+// if still running.
+func (l *nodeLab) startAgent(t *testing.T, extra ...string) (*testenv.ControlPlane, *agentProcess) {
 	t.Helper()
 	cp, _, _ := startControlPlane(t)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
@@ -94,11 +95,12 @@ func (l *nodeLab) startAgent(t *testing.T) (*testenv.ControlPlane, *agentProcess
 	pinPath := fmt.Sprintf("/sys/fs/bpf/npagent-%s-%d", l.node, os.Getpid())
 	t.Cleanup(func() { _ = os.RemoveAll(pinPath) })
 	l.debugSocket = filepath.Join(shortTempDir(t), "debug.sock") // not the host's /run
-	cmd := exec.Command("nsenter", "--net=/var/run/netns/"+l.node, "--",
+	args := append([]string{"--net=/var/run/netns/" + l.node, "--",
 		"setpriv", "--bounding-set=-all,+bpf,+net_admin", "--inh-caps=-all", "--no-new-privs", "--",
-		buildAgent(t), "--kubeconfig="+kubeconfig, "--node-name="+testNodeName, "--node-ip="+l.nodeIP,
-		"--dataplane=ebpf", "--bpffs-path="+pinPath, "--state-file=", "--metrics-addr=127.0.0.1:0",
-		"--log-format=json", "--pod-interface-prefixes=eni", "--debug-socket="+l.debugSocket)
+		buildAgent(t), "--kubeconfig=" + kubeconfig, "--node-name=" + testNodeName, "--node-ip=" + l.nodeIP,
+		"--dataplane=ebpf", "--bpffs-path=" + pinPath, "--state-file=", "--metrics-addr=127.0.0.1:0",
+		"--log-format=json", "--pod-interface-prefixes=eni", "--debug-socket=" + l.debugSocket}, extra...)
+	cmd := exec.Command("nsenter", args...)
 	a := &agentProcess{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
 	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none")
 	stderr, err := cmd.StderrPipe()
