@@ -68,8 +68,8 @@ func newLocalPodSet() *localPodSet {
 	return &localPodSet{byKey: map[string][]netip.Addr{}, addrs: map[netip.Addr]int{}, gone: map[string][]netip.Addr{}}
 }
 
-// set records key's addresses (nil: the pod is gone, on the host network or has no
-// IP); it reports whether they changed.
+// set records key's addresses (none: the pod is gone, done, on the host network or
+// has no IP); it reports whether they changed.
 func (s *localPodSet) set(key string, addrs []netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -88,7 +88,7 @@ func (s *localPodSet) set(key string, addrs []netip.Addr) bool {
 	for _, a := range addrs {
 		s.addrs[a]++
 	}
-	if addrs == nil {
+	if len(addrs) == 0 {
 		delete(s.byKey, key)
 	} else {
 		s.byKey[key] = addrs
@@ -242,6 +242,7 @@ func podAddrs(obj any) (key string, addrs []netip.Addr, ok bool) {
 	if len(ips) == 0 && p.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: p.Status.PodIP}}
 	}
+	addrs = make([]netip.Addr, 0, len(ips))
 	for _, ip := range ips {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			addrs = append(addrs, a.Unmap())
