@@ -247,3 +247,28 @@ func BenchmarkPodEvent(b *testing.B) {
 		}
 	}
 }
+
+// TestStrictModeIsolatesBothWays: in strict mode a pod whose policy cannot be
+// committed is isolated both ways, not only in the directions its policy constrains,
+// even when its PolicyEndpoint comes before the pod watch reports it (the pod then
+// belongs to the object's retries, not to the pod worker).
+func TestStrictModeIsolatesBothWays(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.43"
+	createNamespace(t, cp, "iso")
+	dp := bpfmaps.NewMemoryWithLimits(bpfmaps.Limits{EntriesV4: 8})
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp, resolver: newLookupTableResolver("10.8.0.1", 21), mode: EnforcingStrict})
+	pe := ingressPE("iso", "wide", []v1alpha1.PodEndpoint{pod(node, "10.8.0.1")}, "10.99.0.1/32", 80)
+	for i := range 15 { // 16 entries do not fit a trie of 8
+		pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.77.%d.0/24", i))})
+	}
+	create(t, cp, pe)
+	testenv.Eventually(t, 10*time.Second, "pod isolated", func() bool { return a.c.Stats().PodsIsolated == 1 })
+	createPod(t, cp, "iso", "wide-0", "node-"+node, "10.8.0.1")
+	time.Sleep(300 * time.Millisecond) // the pod worker had its turn
+	peer := netip.MustParseAddr("10.99.0.1")
+	if dp.Verdict(21, bpfmaps.Ingress, peer, bpfmaps.ProtocolTCP, 80) || dp.Verdict(21, bpfmaps.Egress, peer, bpfmaps.ProtocolTCP, 80) {
+		t.Errorf("ingress allowed %v, egress allowed %v: want both denied until the policy is committed",
+			dp.Verdict(21, bpfmaps.Ingress, peer, bpfmaps.ProtocolTCP, 80), dp.Verdict(21, bpfmaps.Egress, peer, bpfmaps.ProtocolTCP, 80))
+	}
+}

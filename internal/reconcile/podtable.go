@@ -367,8 +367,9 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 		// A policy the dataplane can never take is not isolated: the caller drops
 		// the version that made it so (see commitVersion).
 		switch err := t.commitPod(res, pod, &policy); {
-		case err == nil:
+		case err == nil && (len(res.notDone) == 0 || res.notDone[len(res.notDone)-1] != pod):
 			t.strictReleased(pod) // its policy replaced a strict denial
+		case err == nil: // its interface is not there: nothing committed
 		case !errors.Is(err, bpfmaps.ErrInvalidPolicy):
 			t.isolateUncommitted(res, pod, &policy, objs)
 		}
@@ -443,9 +444,10 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	return nil
 }
 
-// isolateUncommitted denies the pod every direction its policy would constrain, when
-// that policy could not be committed and the pod's interface holds no state at all: it
-// would otherwise stay open while the commit is retried (capacity, a kernel error).
+// isolateUncommitted denies the pod every direction its policy would constrain (in
+// strict mode both), when that policy could not be committed and the pod's interface
+// holds no state at all: it would otherwise stay open while the commit is retried
+// (capacity, a kernel error).
 // The node exemption still applies (the datapath checks it first). A pod with state
 // keeps it: that is its last committed policy. The key is retried as for any failed
 // commit; the next successful commit replaces the isolation.
@@ -458,6 +460,11 @@ func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy 
 		return // pinned by a previous process: its enforcement stays
 	}
 	ingress, egress := constrains(&policy.Ingress), constrains(&policy.Egress)
+	if t.strict != nil {
+		// Strict mode: a local pod is denied both ways until programmed, whether or
+		// not the pod watch has reported it yet.
+		ingress, egress = true, true
+	}
 	names := make([]string, len(objs))
 	for i, o := range objs {
 		names[i] = o.key.String()
