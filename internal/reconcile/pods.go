@@ -154,7 +154,7 @@ type podWatch struct {
 	set      *localPodSet
 }
 
-// newPodWatch builds the informer of this node's pods. Nothing runs until run.
+// newPodWatch builds the informer of this node's pods. Nothing runs until Run.
 func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWatch, error) {
 	cs, err := corev1client.NewForConfig(restConfig)
 	if err != nil {
@@ -220,7 +220,7 @@ func stripPod(obj any) (any, error) {
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
-		Spec:       corev1.PodSpec{HostNetwork: p.Spec.HostNetwork, NodeName: p.Spec.NodeName},
+		Spec:       corev1.PodSpec{HostNetwork: p.Spec.HostNetwork},
 		Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
 	}, nil
 }

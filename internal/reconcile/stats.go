@@ -42,7 +42,7 @@ type Stats struct {
 	Reports uint64
 	// Objects is how many object keys the loop tracks; Pods how many local pods hold
 	// committed state; PodsStrictDenied how many of those strict mode denies now,
-	// until a policy selects them.
+	// until a policy selects them. Both count addresses: a dual-stack pod is two.
 	Objects, Pods, PodsStrictDenied int
 }
 
