@@ -165,6 +165,16 @@ func TestStrictModePods(t *testing.T) {
 	if n := a.c.Stats().PodsStrictDenied; n != 1 {
 		t.Errorf("pods strict-denied = %d, want 1 (later)", n)
 	}
+	// Its PolicyEndpoint stops selecting it: denied again, not opened; then back.
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.PodSelectorEndpoints = nil })
+	testenv.Eventually(t, 10*time.Second, "web denied again once no policy selects it", func() bool { return denied(11) })
+	update(t, cp, pe, func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Spec.PodSelectorEndpoints = []v1alpha1.PodEndpoint{pod(node, "10.9.0.1")}
+		pe.Spec.PodSelectorEndpoints[0].Namespace = "sp"
+	})
+	testenv.Eventually(t, 10*time.Second, "web's policy back", func() bool {
+		return dp.Verdict(11, bpfmaps.Ingress, netip.MustParseAddr("10.99.0.1"), bpfmaps.ProtocolTCP, 80)
+	})
 
 	// The pod finishes: its interface is gone and its IP may be reused; let it go.
 	later.Status.Phase = corev1.PodSucceeded
