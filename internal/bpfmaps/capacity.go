@@ -17,7 +17,7 @@ const (
 	DefaultPods             = 4096
 	DefaultEntriesV4        = 65536
 	DefaultEntriesV6        = 16384
-	DefaultConntrackEntries = 65536
+	DefaultConntrackEntries = 4096 // per pod
 )
 
 // ErrPinnedCapacity is wrapped by OpenEBPF when a pinned map was created with
@@ -67,7 +67,7 @@ var mapSetting = map[string]string{
 	policyMapNpaEgV4:      "Limits.EntriesV4",
 	policyMapNpaInV6:      "Limits.EntriesV6",
 	policyMapNpaEgV6:      "Limits.EntriesV6",
-	policyMapNpaCt:        "ConntrackEntries",
+	policyMapNpaCtPods:    "Limits.Pods",
 }
 
 // checkPinnedCapacities compares the capacity of each map already pinned under dir

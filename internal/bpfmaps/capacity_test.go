@@ -31,7 +31,7 @@ func TestOpenRefusesPinnedMapsOfAnotherSize(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	e, err := OpenEBPF(EBPFOptions{PinPath: pin, Limits: Limits{EntriesV4: 1024}, ConntrackEntries: 4096})
+	e, err := OpenEBPF(EBPFOptions{PinPath: pin, Limits: Limits{EntriesV4: 1024}, ConntrackEntries: 2048})
 	if err == nil {
 		_ = e.Close()
 		t.Fatal("OpenEBPF adopted pinned maps of 2048 IPv4 entries when asked for 1024")
@@ -41,9 +41,9 @@ func TestOpenRefusesPinnedMapsOfAnotherSize(t *testing.T) {
 		t.Fatalf("OpenEBPF with other sizes: %v; want a *PinnedCapacityError", err)
 	}
 	want := []CapacityMismatch{
-		{Map: "npa_ct", Setting: "ConntrackEntries", Pinned: DefaultConntrackEntries, Wanted: 4096},
 		{Map: "npa_eg_v4", Setting: "Limits.EntriesV4", Pinned: 2048, Wanted: 1024},
 		{Map: "npa_in_v4", Setting: "Limits.EntriesV4", Pinned: 2048, Wanted: 1024},
+		{Map: "ct (per-pod connection tables)", Setting: "ConntrackEntries", Pinned: DefaultConntrackEntries, Wanted: 2048},
 	}
 	if ce.PinPath != pin || len(ce.Mismatches) != len(want) {
 		t.Fatalf("mismatches under %s: %+v, want %+v under %s", ce.PinPath, ce.Mismatches, want, pin)

@@ -26,7 +26,7 @@ import (
 // builds for those architectures only. include/ stands in for the host's
 // asm/ headers, so no multiarch include path is needed and every host generates the
 // same bytes (include/README.md).
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type ct_key -type node_key4 -type node_key6 policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type node_key4 -type node_key6 policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -41,12 +41,23 @@ type EBPFOptions struct {
 	// must have the same capacity: OpenEBPF fails with a *PinnedCapacityError
 	// (ErrPinnedCapacity) naming each map and both sizes otherwise.
 	Limits Limits
-	// ConntrackEntries is the capacity of the LRU connection table. Default
-	// DefaultConntrackEntries. Like Limits, fixed for a pinned map (ErrPinnedCapacity).
+	// ConntrackEntries is the capacity of each pod's LRU connection table (a pod
+	// opening more flows evicts its own oldest entries, never another pod's). Default
+	// DefaultConntrackEntries. Like Limits, fixed for pinned tables (ErrPinnedCapacity).
 	ConntrackEntries int
-	// ConntrackTimeout is how long replies of a connection pass after its last packet.
-	// Default 5 minutes.
+	// ConntrackTimeout is how long replies of a connection pass after its last packet:
+	// an open TCP connection, UDP, ICMP and other protocols. Default
+	// DefaultConntrackTimeout.
 	ConntrackTimeout time.Duration
+	// ConntrackClosingTimeout replaces it once a TCP connection saw a FIN from each
+	// side. Default DefaultConntrackClosingTimeout.
+	ConntrackClosingTimeout time.Duration
+	// ConntrackResetTimeout replaces it once a TCP connection saw a RST. Default
+	// DefaultConntrackResetTimeout.
+	ConntrackResetTimeout time.Duration
+	// ConntrackFragmentTimeout is how long the later fragments of a datagram whose
+	// first fragment passed still pass. Default DefaultConntrackFragmentTimeout.
+	ConntrackFragmentTimeout time.Duration
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -64,6 +75,12 @@ type EBPF struct {
 	pinLock *os.File // the pin directory, flock'ed for as long as this process uses it
 	// adoption is what adopt found and repaired (Adoption).
 	adoption Adoption
+	// Connection tracking (conntrack.go): each pod's table, guarded by core.mu;
+	// the spec tables are made from, their capacity, the timeouts loaded.
+	ctTables   map[uint32]*ebpf.Map
+	ctSpec     *ebpf.MapSpec
+	ctEntries  int
+	ctTimeouts ctTimeouts
 }
 
 // podLinks are a pod's two tcx attachments.
@@ -90,9 +107,6 @@ func openEBPF(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error)) (*EBP
 	}
 	if opts.ConntrackEntries <= 0 {
 		opts.ConntrackEntries = DefaultConntrackEntries
-	}
-	if opts.ConntrackTimeout <= 0 {
-		opts.ConntrackTimeout = 5 * time.Minute
 	}
 	limits := opts.Limits.withDefaults()
 	if err := ensureBPFFS(opts.PinPath); err != nil {
@@ -139,7 +153,7 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}
 	sizes := map[string]int{
-		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCt: opts.ConntrackEntries,
+		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCtPods: limits.Pods,
 		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
 	}
@@ -148,13 +162,28 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	// Capacities first, by name and size: the load's own error would say neither
 	// which setting sizes the map nor how to resize.
+	spec.Maps[policyMapNpaCtPods].InnerMap.MaxEntries = uint32(opts.ConntrackEntries)
 	if err := checkPinnedCapacities(opts.PinPath, sizes); err != nil {
+		var pe *PinnedCapacityError
+		if errors.As(err, &pe) {
+			if mm := checkPinnedConntrack(opts.PinPath, opts.ConntrackEntries); mm != nil {
+				pe.Mismatches = append(pe.Mismatches, *mm)
+			}
+		}
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
-	if err := spec.Variables["ct_timeout_ns"].Set(uint64(opts.ConntrackTimeout.Nanoseconds())); err != nil {
-		return nil, fmt.Errorf("open ebpf dataplane: set conntrack timeout: %w", err)
+	if mm := checkPinnedConntrack(opts.PinPath, opts.ConntrackEntries); mm != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", &PinnedCapacityError{PinPath: opts.PinPath, Mismatches: []CapacityMismatch{*mm}})
 	}
-	e := &EBPF{pinPath: opts.PinPath, links: map[uint32]*podLinks{}}
+	timeouts, err := setConntrackVariables(spec, &opts)
+	if err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	if err := os.Remove(filepath.Join(opts.PinPath, legacyConntrackPin)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open ebpf dataplane: remove the shared connection table of an older build: %w", err)
+	}
+	e := &EBPF{pinPath: opts.PinPath, links: map[uint32]*podLinks{}, ctTables: map[uint32]*ebpf.Map{},
+		ctSpec: spec.Maps[policyMapNpaCtPods].InnerMap.Copy(), ctEntries: opts.ConntrackEntries, ctTimeouts: timeouts}
 	err = spec.LoadAndAssign(&e.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -170,6 +199,7 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	e.core = newCore(limits, &ebpfMaps{policyObjects: &e.objs, states: e.states})
 	if err := e.adopt(); err != nil {
 		e.closeLinks()
+		e.closeConntrack()
 		e.states.close()
 		e.objs.Close()
 		return nil, fmt.Errorf("open ebpf dataplane: adopt pinned state: %w", err)
@@ -251,7 +281,7 @@ func (e *EBPF) Close() error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	errs := []error{e.closeLinks()}
+	errs := []error{e.closeLinks(), e.closeConntrack()}
 	e.states.close()
 	errs = append(errs, e.objs.Close())
 	if e.pinLock != nil {
@@ -279,20 +309,34 @@ func (e *EBPF) linkPath(ifindex uint32, prog string) string {
 	return filepath.Join(e.pinPath, "links", fmt.Sprintf("%d-%s", ifindex, prog))
 }
 
-// attach attaches the programs the pod's interface lacks (both, for a new pod; the
-// missing one, for an adopted pod whose link was removed) and pins their links.
-// undo detaches what this call attached. Called with core.mu held.
+// attach gives the pod its connection table if it has none, attaches the programs
+// the pod's interface lacks (both, for a new pod; the missing one, for an adopted
+// pod whose link was removed) and pins their links. undo detaches what this call
+// attached and deletes the table it made. Called with core.mu held.
 func (e *EBPF) attach(ifindex int) (func(), error) {
 	idx := uint32(ifindex)
+	newTable, err := e.ensureConntrack(idx)
+	if err != nil {
+		return nil, err
+	}
+	dropTable := func() {
+		if newTable {
+			_ = e.dropConntrack(idx)
+		}
+	}
 	l := e.links[idx]
 	if l == nil {
 		l = &podLinks{}
 	}
 	if l.fromPod != nil && l.toPod != nil {
+		if newTable {
+			return dropTable, nil
+		}
 		return nil, nil
 	}
 	had := *l
 	undo := func() {
+		dropTable()
 		for _, x := range [][2]link.Link{{l.fromPod, had.fromPod}, {l.toPod, had.toPod}} {
 			if x[0] != nil && x[1] == nil {
 				_ = x[0].Unpin()
@@ -304,7 +348,6 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 			delete(e.links, idx)
 		}
 	}
-	var err error
 	if l.fromPod == nil {
 		l.fromPod, err = e.attachOne(idx, "from_pod", e.objs.FromPod, ebpf.AttachTCXIngress)
 	}
@@ -352,6 +395,7 @@ func (e *EBPF) detach(ifindex int) error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, e.dropConntrack(idx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach interface %d: %w", ifindex, err)
 	}
@@ -537,6 +581,9 @@ func (e *EBPF) adopt() error {
 		}
 	}
 	e.collectGarbage()
+	if err := e.adoptConntrack(); err != nil {
+		return fmt.Errorf("connection tables: %w", err)
+	}
 	return nil
 }
 

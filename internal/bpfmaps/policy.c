@@ -92,7 +92,7 @@ struct pod_state {
 
 struct ct_key {
 	__u32 ifindex;
-	__u8 dir; // the direction whose policy allowed the connection
+	__u8 dir; // the direction whose policy allowed the connection; | CT_FRAGMENT for a datagram's fragments
 	__u8 proto;
 	__u16 family;
 	__u16 sport;
@@ -103,7 +103,22 @@ struct ct_key {
 
 struct ct_value {
 	__u64 last_seen_ns;
+	__u32 state; // CT_*: which timeout applies
+	__u32 pad;
 };
+
+// ct_value.state. TCP: a FIN seen from each side, a RST from either; a new SYN clears
+// them (the ports were reused). CT_FRAGMENT marks a fragmented datagram's entry (key
+// dir | CT_FRAGMENT, the IP ID in sport and dport), whose later fragments pass.
+#define CT_FIN_FWD (1u << 0)
+#define CT_FIN_REV (1u << 1)
+#define CT_RST (1u << 2)
+#define CT_FRAGMENT (1u << 3)
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
 
 // Capacities are set by the loader; these are placeholders.
 
@@ -180,13 +195,24 @@ TRIE(npa_in_v6, lpm_key6);
 TRIE(npa_eg_v4, lpm_key4);
 TRIE(npa_eg_v6, lpm_key6);
 
+// Connection tracking: one LRU table per pod (the inner maps of npa_ct_pods, keyed by
+// the pod's ifindex; user space creates a pod's table before its programs are
+// attached, and sizes it), so a pod opening many flows evicts only its own entries,
+// never another pod's. A pod without a table (none yet, or removed) tracks nothing.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct ct_key);
-	__type(value, struct ct_value);
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32); // ifindex
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} npa_ct SEC(".maps");
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);
+		// Sizes, not types: clang 14 emits the types of an inner map's key and value
+		// as forward declarations, which loaders cannot size.
+		__uint(key_size, sizeof(struct ct_key));
+		__uint(value_size, sizeof(struct ct_value));
+		__uint(max_entries, 1);
+	});
+} npa_ct_pods SEC(".maps");
 
 // The node's own addresses (every address of the node's interfaces, and configured
 // CIDRs), one LPM trie per family keyed by prefix. Traffic between a pod and its node
@@ -217,8 +243,34 @@ struct node_key6 {
 NODE_TRIE(npa_node_v4, node_key4);
 NODE_TRIE(npa_node_v6, node_key6);
 
-// How long a connection's replies pass without seeing traffic. Set by the loader.
+// Never read: they put the connection table's key and value types into BTF for
+// bpf2go (the inner map is declared by sizes).
+const volatile struct ct_key ct_key_type;
+const volatile struct ct_value ct_value_type;
+
+// How long an entry lives without traffic (set by the loader; EBPFOptions documents
+// the defaults): an open TCP connection, UDP, ICMP and other protocols; a TCP
+// connection after a FIN from each side; after a RST; a fragmented datagram's entry.
 volatile const __u64 ct_timeout_ns = 300ull * 1000 * 1000 * 1000;
+volatile const __u64 ct_closing_timeout_ns = 10ull * 1000 * 1000 * 1000;
+volatile const __u64 ct_reset_timeout_ns = 2ull * 1000 * 1000 * 1000;
+volatile const __u64 ct_fragment_timeout_ns = 10ull * 1000 * 1000 * 1000;
+
+static __always_inline __u64 ct_timeout(__u32 state)
+{
+	if (state & CT_RST)
+		return ct_reset_timeout_ns;
+	if ((state & (CT_FIN_FWD | CT_FIN_REV)) == (CT_FIN_FWD | CT_FIN_REV))
+		return ct_closing_timeout_ns;
+	if (state & CT_FRAGMENT)
+		return ct_fragment_timeout_ns;
+	return ct_timeout_ns;
+}
+
+static __always_inline int ct_live(const struct ct_value *v, __u64 now)
+{
+	return v && now - v->last_seen_ns < ct_timeout(v->state);
+}
 
 struct packet {
 	__u16 family; // 4 or 6
@@ -228,6 +280,11 @@ struct packet {
 	__u16 dport; // 0 for port-less protocols
 	__u8 saddr[16];
 	__u8 daddr[16];
+	__u8 tcp_flags;
+	__u8 frag; // FRAG_FIRST, FRAG_LATER or 0 (not a fragment)
+	__u8 frag_proto; // the protocol after the fragment header (IPv6), or the protocol
+	__u8 pad;
+	__u32 frag_id; // the IP ID of a fragment (IPv4: 16 bits)
 	// An ICMP or ICMPv6 error (destination unreachable, including IPv4 frag-needed;
 	// ICMPv6 packet too big; time exceeded; parameter problem): the offset of the
 	// packet it quotes. 0 otherwise.
@@ -240,6 +297,9 @@ struct packet {
 // known, but not the protocol or ports: the L4 header is truncated, or an IPv6
 // extension-header chain is truncated or longer than MAX_EXT_HEADERS.
 enum parse_result { PARSE_OK, PARSE_NOT_IP, PARSE_BAD, PARSE_INCOMPLETE };
+
+#define FRAG_FIRST 1
+#define FRAG_LATER 2
 
 // IPv6 extension headers walked before the protocol: a longer chain is not judged
 // (PARSE_INCOMPLETE) rather than judged as "protocol 60, port 0", which a Deny rule
@@ -256,7 +316,18 @@ static __always_inline int has_ports(__u8 proto)
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct packet *p)
 {
-	if (has_ports(p->proto)) {
+	if (p->proto == IPPROTO_TCP) {
+		// Ports and flags (byte 13) in one load. A first fragment may end before the
+		// flags: its ports still count, its flags are taken as none.
+		__u8 h[14];
+		if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) == 0) {
+			p->tcp_flags = h[13];
+		} else if (bpf_skb_load_bytes(skb, off, h, 4) < 0) {
+			return PARSE_INCOMPLETE;
+		}
+		p->sport = h[0] << 8 | h[1];
+		p->dport = h[2] << 8 | h[3];
+	} else if (has_ports(p->proto)) {
 		__u16 ports[2];
 		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
 			return PARSE_INCOMPLETE;
@@ -294,7 +365,10 @@ static __always_inline int is_ext(__u8 next)
 struct ext_walk {
 	__u32 off;
 	__u8 next;
-	__u8 pad[3];
+	__u8 frag; // FRAG_FIRST or FRAG_LATER once a fragment header was passed
+	__u8 frag_next; // the fragment header's next header
+	__u8 pad;
+	__u32 frag_id;
 };
 
 enum { STEP_NEXT, STEP_LATER_FRAGMENT, STEP_TRUNCATED };
@@ -309,14 +383,22 @@ __attribute__((noinline)) int ext_step(struct __sk_buff *skb, struct ext_walk *w
 {
 	if (!w)
 		return STEP_TRUNCATED;
-	__u8 hdr[4];
+	// Every extension header is at least 8 bytes long; the fragment header's
+	// identification is in bytes 4-7.
+	__u8 hdr[8];
 	if (bpf_skb_load_bytes(skb, w->off, hdr, sizeof(hdr)) < 0)
 		return STEP_TRUNCATED;
 	__u8 type = w->next;
 	w->next = hdr[0];
 	if (type == NEXTHDR_FRAGMENT) {
 		w->off += 8;
-		return (hdr[2] << 8 | hdr[3]) & 0xfff8 ? STEP_LATER_FRAGMENT : STEP_NEXT;
+		__u16 fo = hdr[2] << 8 | hdr[3];
+		if (!(fo & 0xfff8) && !(fo & 1))
+			return STEP_NEXT; // an atomic fragment (offset 0, no more): a whole datagram
+		w->frag_id = (__u32)hdr[4] << 24 | (__u32)hdr[5] << 16 | (__u32)hdr[6] << 8 | hdr[7];
+		w->frag = fo & 0xfff8 ? FRAG_LATER : FRAG_FIRST;
+		w->frag_next = hdr[0];
+		return w->frag == FRAG_LATER ? STEP_LATER_FRAGMENT : STEP_NEXT;
 	}
 	// AH counts its length in 4-byte units minus 2, the others (RFC 6564) in 8-byte
 	// units minus 1.
@@ -328,11 +410,9 @@ __attribute__((noinline)) int ext_step(struct __sk_buff *skb, struct ext_walk *w
 // no call; only a packet with IPv6 extension headers calls ext_step.
 //
 // Fragments: only a first fragment carries the L4 header, and it is judged with its
-// ports (dropped as PARSE_INCOMPLETE where they are not in it). A non-first fragment
-// is judged by its peer and protocol with port 0, as a port-less packet: a rule for
-// all ports of its protocol (or all traffic) allows it, a rule with ports does not,
-// and a Deny rule with ports does not drop it. That lets no connection through: the
-// receiver cannot reassemble a datagram without its first fragment, which was judged.
+// ports (dropped as PARSE_INCOMPLETE where they are not in it). A later fragment
+// (p->frag FRAG_LATER, no ports) is not judged by the policy: it follows its first
+// fragment (enforce, later_fragment).
 static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 {
 	__u16 proto = skb->protocol;
@@ -345,9 +425,13 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 		p->proto = ip.protocol;
 		__builtin_memcpy(p->saddr, &ip.saddr, 4);
 		__builtin_memcpy(p->daddr, &ip.daddr, 4);
-		// Non-first fragments carry no ports: they are decided as port 0.
-		if (ip.frag_off & bpf_htons(0x1fff))
-			return PARSE_OK;
+		if (ip.frag_off & bpf_htons(0x3fff)) { // more fragments, or an offset
+			p->frag_id = bpf_ntohs(ip.id);
+			p->frag_proto = ip.protocol;
+			p->frag = ip.frag_off & bpf_htons(0x1fff) ? FRAG_LATER : FRAG_FIRST;
+			if (p->frag == FRAG_LATER)
+				return PARSE_OK; // no L4 header: decided by its first fragment
+		}
 		return parse_l4(skb, off + ip.ihl * 4, p);
 	}
 	if (proto == bpf_htons(ETH_P_IPV6)) {
@@ -368,6 +452,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 			int s = ext_step(skb, &w);
 			if (s == STEP_TRUNCATED)
 				return PARSE_INCOMPLETE;
+			p->frag = w.frag;
+			p->frag_id = w.frag_id;
+			p->frag_proto = w.frag_next;
 			if (s == STEP_LATER_FRAGMENT) {
 				p->proto = w.next;
 				return PARSE_OK;
@@ -532,17 +619,28 @@ static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int d
 	}
 }
 
+// ct_table returns the pod's connection table, NULL if it has none.
+static __always_inline void *ct_table(__u32 ifindex)
+{
+	return bpf_map_lookup_elem(&npa_ct_pods, &ifindex);
+}
+
 // related reports whether an ICMP or ICMPv6 error (p->quoted set) quotes a packet of
 // a connection in the table that has not timed out: RELATED traffic, which passes as
 // a reply would (path-MTU discovery: IPv4 frag-needed, ICMPv6 packet too big; time
 // exceeded; unreachable). Its own source is usually a router the policy never names.
 // The quoted packet is one the pod sent or received in the other direction, so it is
 // the forward packet of a connection the other direction allowed, or a reply of one
-// this direction allowed. It does not refresh the entry. Global, so the verifier
-// checks it once; only a packet the policy denied gets here.
+// this direction allowed. A quoted IPv6 header's extension-header chain is walked as
+// a packet's is (up to MAX_EXT_HEADERS; a later fragment quotes no ports and is not
+// matched). It does not refresh the entry. Global, so the verifier checks it once;
+// only a packet the policy denied gets here.
 __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int dir, const struct packet *p)
 {
 	if (!p || !p->quoted)
+		return 0;
+	void *ct = ct_table(ifindex);
+	if (!ct)
 		return 0;
 	struct packet q = {.family = p->family};
 	__u32 off = p->quoted;
@@ -560,12 +658,17 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 		struct ipv6hdr ip6;
 		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
 			return 0;
-		// A quoted packet with extension headers is not matched (its connection's
-		// entry has the protocol after them): it is decided by the policy alone.
-		q.proto = ip6.nexthdr;
 		__builtin_memcpy(q.saddr, &ip6.saddr, 16);
 		__builtin_memcpy(q.daddr, &ip6.daddr, 16);
-		off += sizeof(ip6);
+		struct ext_walk w = {.off = off + sizeof(ip6), .next = ip6.nexthdr};
+		for (int i = 0; i < MAX_EXT_HEADERS && is_ext(w.next); i++) {
+			if (ext_step(skb, &w) != STEP_NEXT)
+				return 0; // truncated, or a later fragment
+		}
+		if (is_ext(w.next))
+			return 0; // longer than the datapath walks
+		q.proto = w.next;
+		off = w.off;
 	}
 	if (has_ports(q.proto)) {
 		__u16 ports[2];
@@ -577,12 +680,62 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key k = {};
 	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &q, 0);
-	struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
-	if (ct && now - ct->last_seen_ns < ct_timeout_ns)
+	if (ct_live(bpf_map_lookup_elem(ct, &k), now))
 		return 1;
 	ct_fill(&k, ifindex, dir, &q, 1);
-	ct = bpf_map_lookup_elem(&npa_ct, &k);
-	return ct && now - ct->last_seen_ns < ct_timeout_ns;
+	return ct_live(bpf_map_lookup_elem(ct, &k), now);
+}
+
+// frag_key is the entry of a fragmented datagram: its addresses, protocol and IP ID,
+// in the direction it passed.
+static __always_inline void frag_key(struct ct_key *k, __u32 ifindex, const int dir, const struct packet *p)
+{
+	k->ifindex = ifindex;
+	k->dir = dir | CT_FRAGMENT;
+	k->proto = p->frag_proto; // the same in every fragment (not so p->proto in IPv6)
+	k->family = p->family;
+	k->sport = p->frag_id >> 16;
+	k->dport = p->frag_id;
+	__builtin_memcpy(k->saddr, p->saddr, 16);
+	__builtin_memcpy(k->daddr, p->daddr, 16);
+}
+
+// passed is the verdict for a packet that passes. A first fragment passing a
+// direction with any policy leaves an entry, so the datagram's later fragments (no
+// ports: the policy cannot judge them) pass too.
+static __always_inline int passed(void *ct, __u32 ifindex, const int dir, __u64 word, const struct packet *p)
+{
+	if (p->frag == FRAG_FIRST && ct && WORD_FLAGS(word)) {
+		struct ct_key k = {};
+		frag_key(&k, ifindex, dir, p);
+		struct ct_value v = {.last_seen_ns = bpf_ktime_get_ns(), .state = CT_FRAGMENT};
+		bpf_map_update_elem(ct, &k, &v, BPF_ANY);
+	}
+	return VERDICT_NEXT;
+}
+
+// tcp_state is an entry's state after a TCP packet with flags, seen from the
+// connection's opener (fwd) or its peer.
+static __always_inline __u32 tcp_state(__u32 state, __u8 flags, int fwd)
+{
+	if ((flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+		return 0; // a new connection on these ports
+	if (flags & TCP_RST)
+		state |= CT_RST;
+	if (flags & TCP_FIN)
+		state |= fwd ? CT_FIN_FWD : CT_FIN_REV;
+	return state;
+}
+
+// ct_seen refreshes an entry for a packet of its connection.
+static __always_inline void ct_seen(struct ct_value *v, const struct packet *p, __u64 now, int fwd)
+{
+	v->last_seen_ns = now;
+	if (p->proto == IPPROTO_TCP && p->tcp_flags & (TCP_SYN | TCP_RST | TCP_FIN)) {
+		__u32 st = tcp_state(v->state, p->tcp_flags, fwd);
+		if (st != v->state)
+			v->state = st;
+	}
 }
 
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
@@ -616,34 +769,64 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	if (p.ndp)
 		return VERDICT_NEXT;
 
+	__u64 now;
+	struct ct_key k = {};
+	if (p.frag == FRAG_LATER) {
+		// A later fragment carries no ports, so the policy cannot judge it: in a
+		// direction with any policy it passes only if its datagram's first fragment
+		// passed (the entry passed() made), or between the pod and its node. One whose
+		// first fragment was denied, not seen yet (reordered) or seen more than
+		// ct_fragment_timeout_ns ago is dropped.
+		if (!WORD_FLAGS(word))
+			return VERDICT_NEXT;
+		void *ct = ct_table(ifindex);
+		if (ct) {
+			frag_key(&k, ifindex, dir, &p);
+			if (ct_live(bpf_map_lookup_elem(ct, &k), bpf_ktime_get_ns()))
+				return VERDICT_NEXT;
+		}
+		return is_node(&p, peer) ? VERDICT_NEXT : VERDICT_DROP;
+	}
+
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
 	int verdict = DENY;
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
 		verdict = evaluate(dir, ifindex, word, &p, port);
-		__u64 now = load_word(wp);
-		if (now == word)
+		__u64 w = load_word(wp);
+		if (w == word)
 			break;
 		// A switch happened while deciding: the set used may have changed under the
 		// lookups. Decide again by the new word.
-		if (WORD_OWNER(now) != ifindex)
+		if (WORD_OWNER(w) != ifindex)
 			return VERDICT_NEXT; // the pod was removed meanwhile
-		word = now;
+		word = w;
 		verdict = DENY; // fail closed if the word keeps changing
 	}
 
-	__u64 now = bpf_ktime_get_ns();
-	struct ct_key k = {};
+	void *ct = ct_table(ifindex);
 	if (verdict == ALLOW) {
-		// Remember the connection so its replies pass the other direction.
+		// Remember the connection so its replies pass the other direction — only if
+		// that direction has a policy (isolated, or admin or baseline rules) that could
+		// deny them: a reply through an open direction needs no entry. Every allowed
+		// packet (not only a connection's first) makes a missing entry, so a
+		// connection opened while the other direction was open is tracked from its
+		// next packet after that direction gets a policy. The other direction's word
+		// is read without ordering: it only says whether to track.
+		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
+		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other))
+			return passed(ct, ifindex, dir, word, &p);
+		now = bpf_ktime_get_ns();
 		ct_fill(&k, ifindex, dir, &p, 0);
-		struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
-		if (ct) {
-			ct->last_seen_ns = now;
+		struct ct_value *v = bpf_map_lookup_elem(ct, &k);
+		if (v) {
+			ct_seen(v, &p, now, 1);
 		} else {
-			struct ct_value v = {.last_seen_ns = now};
-			bpf_map_update_elem(&npa_ct, &k, &v, BPF_ANY);
+			struct ct_value nv = {.last_seen_ns = now};
+			if (p.proto == IPPROTO_TCP)
+				nv.state = tcp_state(0, p.tcp_flags, 1);
+			bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
 		}
-		return VERDICT_NEXT;
+		return passed(ct, ifindex, dir, word, &p);
 	}
 	// Denied by this direction's policy: pass a reply of a connection the other
 	// direction allowed, traffic between the pod and its own node, and an ICMP error
@@ -652,14 +835,17 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	// order does not change it, and a packet the policy allows (the common path) pays
 	// no extra lookup. Node traffic passing here makes no connection entry: its replies
 	// have the node as peer too and pass the same way.
-	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
-	struct ct_value *ct = bpf_map_lookup_elem(&npa_ct, &k);
-	if (ct && now - ct->last_seen_ns < ct_timeout_ns) {
-		ct->last_seen_ns = now;
-		return VERDICT_NEXT;
+	if (ct) {
+		now = bpf_ktime_get_ns();
+		ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
+		struct ct_value *v = bpf_map_lookup_elem(ct, &k);
+		if (ct_live(v, now)) {
+			ct_seen(v, &p, now, 0);
+			return passed(ct, ifindex, dir, word, &p);
+		}
 	}
 	if (is_node(&p, peer))
-		return VERDICT_NEXT;
+		return passed(ct, ifindex, dir, word, &p);
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))

@@ -28,6 +28,8 @@ type policyCtKey struct {
 type policyCtValue struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
+	State      uint32
+	Pad        uint32
 }
 
 type policyLpmKey4 struct {
@@ -84,18 +86,23 @@ type policyRuleValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapNpaCt        = "npa_ct"
-	policyMapNpaEgV4      = "npa_eg_v4"
-	policyMapNpaEgV6      = "npa_eg_v6"
-	policyMapNpaInV4      = "npa_in_v4"
-	policyMapNpaInV6      = "npa_in_v6"
-	policyMapNpaNodeV4    = "npa_node_v4"
-	policyMapNpaNodeV6    = "npa_node_v6"
-	policyMapNpaPodSlot   = "npa_pod_slot"
-	policyMapNpaSlotState = "npa_slot_state"
-	policyProgFromPod     = "from_pod"
-	policyProgToPod       = "to_pod"
-	policyVarCtTimeoutNs  = "ct_timeout_ns"
+	policyMapNpaCtPods           = "npa_ct_pods"
+	policyMapNpaEgV4             = "npa_eg_v4"
+	policyMapNpaEgV6             = "npa_eg_v6"
+	policyMapNpaInV4             = "npa_in_v4"
+	policyMapNpaInV6             = "npa_in_v6"
+	policyMapNpaNodeV4           = "npa_node_v4"
+	policyMapNpaNodeV6           = "npa_node_v6"
+	policyMapNpaPodSlot          = "npa_pod_slot"
+	policyMapNpaSlotState        = "npa_slot_state"
+	policyProgFromPod            = "from_pod"
+	policyProgToPod              = "to_pod"
+	policyVarCtClosingTimeoutNs  = "ct_closing_timeout_ns"
+	policyVarCtFragmentTimeoutNs = "ct_fragment_timeout_ns"
+	policyVarCtKeyType           = "ct_key_type"
+	policyVarCtResetTimeoutNs    = "ct_reset_timeout_ns"
+	policyVarCtTimeoutNs         = "ct_timeout_ns"
+	policyVarCtValueType         = "ct_value_type"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -148,7 +155,7 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaCt        *ebpf.MapSpec `ebpf:"npa_ct"`
+	NpaCtPods    *ebpf.MapSpec `ebpf:"npa_ct_pods"`
 	NpaEgV4      *ebpf.MapSpec `ebpf:"npa_eg_v4"`
 	NpaEgV6      *ebpf.MapSpec `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.MapSpec `ebpf:"npa_in_v4"`
@@ -163,7 +170,12 @@ type policyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyVariableSpecs struct {
-	CtTimeoutNs *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
+	CtClosingTimeoutNs  *ebpf.VariableSpec `ebpf:"ct_closing_timeout_ns"`
+	CtFragmentTimeoutNs *ebpf.VariableSpec `ebpf:"ct_fragment_timeout_ns"`
+	CtKeyType           *ebpf.VariableSpec `ebpf:"ct_key_type"`
+	CtResetTimeoutNs    *ebpf.VariableSpec `ebpf:"ct_reset_timeout_ns"`
+	CtTimeoutNs         *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
+	CtValueType         *ebpf.VariableSpec `ebpf:"ct_value_type"`
 }
 
 // policyObjects contains all objects after they have been loaded into the kernel.
@@ -186,7 +198,7 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaCt        *ebpf.Map `ebpf:"npa_ct"`
+	NpaCtPods    *ebpf.Map `ebpf:"npa_ct_pods"`
 	NpaEgV4      *ebpf.Map `ebpf:"npa_eg_v4"`
 	NpaEgV6      *ebpf.Map `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.Map `ebpf:"npa_in_v4"`
@@ -199,7 +211,7 @@ type policyMaps struct {
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
-		m.NpaCt,
+		m.NpaCtPods,
 		m.NpaEgV4,
 		m.NpaEgV6,
 		m.NpaInV4,
@@ -215,7 +227,12 @@ func (m *policyMaps) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyVariables struct {
-	CtTimeoutNs *ebpf.Variable `ebpf:"ct_timeout_ns"`
+	CtClosingTimeoutNs  *ebpf.Variable `ebpf:"ct_closing_timeout_ns"`
+	CtFragmentTimeoutNs *ebpf.Variable `ebpf:"ct_fragment_timeout_ns"`
+	CtKeyType           *ebpf.Variable `ebpf:"ct_key_type"`
+	CtResetTimeoutNs    *ebpf.Variable `ebpf:"ct_reset_timeout_ns"`
+	CtTimeoutNs         *ebpf.Variable `ebpf:"ct_timeout_ns"`
+	CtValueType         *ebpf.Variable `ebpf:"ct_value_type"`
 }
 
 // policyPrograms contains all programs after they have been loaded into the kernel.

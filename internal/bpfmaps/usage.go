@@ -3,8 +3,6 @@ package bpfmaps
 import (
 	"errors"
 	"fmt"
-
-	"github.com/cilium/ebpf"
 )
 
 // MapUse is one map's use: entries held, and its capacity.
@@ -19,8 +17,9 @@ type Usage struct {
 	Entries [2][2]MapUse
 	// Pods are the pods holding state, against Limits.Pods.
 	Pods MapUse
-	// Conntrack is the LRU connection table (EBPF only; zero for Memory):
-	// entries present, idle ones included until the LRU evicts them.
+	// Conntrack is the connection tables (EBPF only; zero for Memory): live entries
+	// (not timed out) in all pods' tables, against their total capacity
+	// (ConntrackEntries per pod with a table).
 	Conntrack MapUse
 }
 
@@ -51,40 +50,18 @@ func (c *core) usage() Usage {
 // Usage implements UsageReporter.
 func (m *Memory) Usage() (Usage, error) { return m.usage(), nil }
 
-// Usage implements UsageReporter. The connection table is counted by reading it
-// (batches of ctBatch entries; a few milliseconds for 64k entries), since the
-// datapath inserts without counting.
+// Usage implements UsageReporter. The connection tables are counted at the call
+// (conntrackUse: each pod's table read in batches; a few milliseconds per 64k
+// entries), since the datapath inserts and the LRU evicts without counting.
 func (e *EBPF) Usage() (Usage, error) {
 	if e.closed.Load() {
 		return Usage{}, errors.New("ebpf dataplane: closed")
 	}
 	u := e.usage()
-	n, err := countConntrack(e.objs.NpaCt)
+	ct, err := e.conntrackUse()
 	if err != nil {
 		return u, fmt.Errorf("count connection table entries: %w", err)
 	}
-	u.Conntrack = MapUse{Used: n, Max: int(e.objs.NpaCt.MaxEntries())}
+	u.Conntrack = ct
 	return u, nil
-}
-
-// ctBatch is how many connection table entries one batch lookup reads. A hash
-// map's batch holds at least one whole bucket; buckets hold a handful.
-const ctBatch = 1024
-
-// countConntrack counts the entries of the connection table.
-func countConntrack(m *ebpf.Map) (int, error) {
-	keys := make([]policyCtKey, ctBatch)
-	vals := make([]policyCtValue, ctBatch)
-	var cursor ebpf.MapBatchCursor
-	total := 0
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		total += n
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
 }

@@ -24,7 +24,7 @@ func countKeys(t testing.TB, m *ebpf.Map) int {
 
 // TestEBPFUsageCountsWhatTheMapsHold: Usage reports, per direction and family,
 // the entries the kernel tries hold against the sizes asked for, the pods holding
-// state, and the connection table's entries against its size. The counts are
+// state, and the connection tables' entries against their sizes. The counts are
 // checked against the kernel maps walked key by key, after commits, after
 // connections were tracked, and after a removal.
 func TestEBPFUsageCountsWhatTheMapsHold(t *testing.T) {
@@ -62,7 +62,11 @@ func TestEBPFUsageCountsWhatTheMapsHold(t *testing.T) {
 		if want := (MapUse{Used: pods, Max: 8}); u.Pods != want {
 			t.Errorf("%s: pods %+v, want %+v", stage, u.Pods, want)
 		}
-		if want := (MapUse{Used: countKeys(t, e.objs.NpaCt), Max: 2048}); u.Conntrack != want || want.Used == 0 {
+		want := MapUse{Max: 2048 * pods} // a table per pod
+		for _, m := range e.ctTables {
+			want.Used += countKeys(t, m)
+		}
+		if u.Conntrack != want || want.Used == 0 {
 			t.Errorf("%s: connection table %+v, want %+v and some tracked", stage, u.Conntrack, want)
 		}
 	}
