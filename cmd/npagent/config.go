@@ -58,6 +58,7 @@ type config struct {
 	MaxEntriesPerObject   int  // an object needing more map entries is rejected as bad input
 	MapEntriesV4          int  // capacity of each direction's IPv4 trie, shared by all pods
 	MapEntriesV6          int  // the same for IPv6
+	ConntrackEntries      int  // --conntrack-entries: each pod's connection table
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -93,6 +94,7 @@ var flagEnv = map[string]string{
 	"max-entries-per-object": "NPAGENT_MAX_ENTRIES_PER_OBJECT",
 	"max-entries-ipv4":       "NPAGENT_MAX_ENTRIES_IPV4",
 	"max-entries-ipv6":       "NPAGENT_MAX_ENTRIES_IPV6",
+	"conntrack-entries":      "NPAGENT_CONNTRACK_ENTRIES",
 	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
@@ -141,6 +143,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.StringVar(&enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
+	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each pod's connection table (connections whose replies pass an isolated direction; a pod opening more evicts its own oldest, never another pod's; about 110 bytes of kernel memory per entry). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -260,6 +263,9 @@ func (c *config) validate() []error {
 	}
 	if c.MapEntriesV6 < 1 {
 		errs = append(errs, fmt.Errorf("--max-entries-ipv6: %d, need at least 1", c.MapEntriesV6))
+	}
+	if c.ConntrackEntries < 1 {
+		errs = append(errs, fmt.Errorf("--conntrack-entries: %d, need at least 1", c.ConntrackEntries))
 	}
 	if c.StallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout: %v, need a positive duration", c.StallTimeout))

@@ -42,11 +42,11 @@ func openDataplaneLab(t *testing.T) (pin string, ifindex int) {
 }
 
 // A start that finds a pod's pinned state but not its links re-attaches them and
-// logs it naming the interface; a start asking for other map sizes than the pinned
-// ones fails naming the flags and the pin directory.
+// logs it naming the interface; a start asking for other map or connection table
+// sizes than the pinned ones fails naming the flags and the pin directory.
 func TestOpenDataplaneLogsReattachAndNamesSizeFlags(t *testing.T) {
 	pin, ifindex := openDataplaneLab(t)
-	cfg := config{Dataplane: dataplaneEBPF, BPFFSPath: pin, MapEntriesV4: 4096, MapEntriesV6: 1024}
+	cfg := config{Dataplane: dataplaneEBPF, BPFFSPath: pin, MapEntriesV4: 4096, MapEntriesV6: 1024, ConntrackEntries: 512}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	dp, err := openDataplane(cfg, log)
@@ -88,6 +88,19 @@ func TestOpenDataplaneLogsReattachAndNamesSizeFlags(t *testing.T) {
 		t.Fatalf("open with other sizes: %v, want ErrPinnedCapacity", err)
 	} else {
 		for _, s := range []string{"--max-entries-ipv4", pin, "4096", "2048", "Resizing the maps"} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("error %q does not say %q", err, s)
+			}
+		}
+	}
+	cfg.MapEntriesV4, cfg.ConntrackEntries = 4096, 1024
+	if dp, err := openDataplane(cfg, log); err == nil {
+		_ = dp.Close()
+		t.Fatal("opened pinned connection tables of 512 entries with --conntrack-entries=1024")
+	} else if !errors.Is(err, bpfmaps.ErrPinnedCapacity) {
+		t.Fatalf("open with another connection table size: %v, want ErrPinnedCapacity", err)
+	} else {
+		for _, s := range []string{"--conntrack-entries", "connection tables", pin, "512", "1024", "Resizing the maps"} {
 			if !strings.Contains(err.Error(), s) {
 				t.Errorf("error %q does not say %q", err, s)
 			}

@@ -52,6 +52,7 @@ var cases = []testCase{
 		"dropFQDNAllowRules":   true,
 		"podInterfacePrefixes": []any{"eni", "vlan"},
 		"enforcingMode":        "strict",
+		"conntrackEntries":     8192,
 		"metrics":              map[string]any{"port": 9555},
 		"serviceAccount":       map[string]any{"name": "agent"},
 	}},
@@ -342,7 +343,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict", "--conntrack-entries=8192"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}
