@@ -1,6 +1,7 @@
 package bpfmaps
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -128,5 +129,68 @@ func TestCommitAtomicUnderTraffic(t *testing.T) {
 	t.Logf("%d commits, %d packets (%d probes, %d where the policies differ)", flips, runs.Load(), len(probes), differ)
 	if flips < 10 || runs.Load() < int64(len(probes)) {
 		t.Fatalf("too little overlap to say anything: %d commits, %d packets", flips, runs.Load())
+	}
+}
+
+// TestFragmentsFollowTheirFirst: in an isolated direction a later fragment (no
+// ports) passes only if the first fragment of its datagram (same addresses,
+// protocol and IP ID) passed, within the fragment timeout; IPv4 and IPv6. A
+// direction without any policy passes it. Before, a later fragment was judged as
+// port 0 by the policy alone.
+func TestFragmentsFollowTheirFirst(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{ConntrackFragmentTimeout: 300 * time.Millisecond})
+	ifindex := dummyInterface(t)
+	pod4, peer4 := netip.MustParseAddr("10.255.7.1"), netip.MustParseAddr("10.1.0.5")
+	pod6, peer6 := netip.MustParseAddr("fd00:ff::7:1"), netip.MustParseAddr("fd00:1::5")
+	udp := func(port int32) []PortRule { return []PortRule{{Protocol: ProtocolUDP, Port: port}} }
+	pol := PodPolicy{Egress: DirectionPolicy{Isolated: true, Allow: []Rule{
+		{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Ports: udp(5353)}, {CIDR: netip.MustParsePrefix("fd00:1::/32"), Ports: udp(5353)},
+	}}}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	v4 := func(id uint16, offset uint16, more bool, port uint16) []byte {
+		p := ipv4Fragment(pod4, peer4, ProtocolUDP, offset, more, l4Bytes(ProtocolUDP, 40000, port))
+		binary.BigEndian.PutUint16(p[4:], id)
+		return withEthernet(p)
+	}
+	v6 := func(id uint32, offset uint16, more bool, port uint16) []byte {
+		p := ipv6Chain(pod6, peer6, nil, ProtocolUDP, nil)
+		p[6] = extFragment
+		h := extHeader(extFragment, byte(ProtocolUDP), offset, more)
+		binary.BigEndian.PutUint32(h[4:], id)
+		p = append(append(p, h...), l4Bytes(ProtocolUDP, 40000, port)...)
+		binary.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
+		return withEthernet(p)
+	}
+	steps := []struct {
+		name string
+		pkt  []byte
+		want bool
+	}{
+		{"IPv4 later fragment before its first", v4(7, 3, false, 0), false},
+		{"IPv4 first fragment to the allowed port", v4(7, 0, true, 5353), true},
+		{"IPv4 its later fragment", v4(7, 3, true, 0), true},
+		{"IPv4 its last fragment", v4(7, 6, false, 0), true},
+		{"IPv4 later fragment of another datagram", v4(8, 3, false, 0), false},
+		{"IPv4 first fragment to a denied port", v4(9, 0, true, 5354), false},
+		{"IPv4 its later fragment", v4(9, 3, false, 0), false},
+		{"IPv6 first fragment to the allowed port", v6(70000, 0, true, 5353), true},
+		{"IPv6 its later fragment", v6(70000, 3, false, 0), true},
+		{"IPv6 later fragment of another datagram", v6(70001, 3, false, 0), false},
+		{"IPv6 first fragment to a denied port", v6(70002, 0, true, 5354), false},
+		{"IPv6 its later fragment", v6(70002, 3, false, 0), false},
+	}
+	for _, s := range steps {
+		if got := run(t, e.objs.FromPod, ifindex, s.pkt); got != s.want {
+			t.Errorf("%s: passed=%v, want %v", s.name, got, s.want)
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
+	if run(t, e.objs.FromPod, ifindex, v4(7, 3, false, 0)) {
+		t.Error("IPv4 later fragment passed after the fragment timeout")
+	}
+	if !run(t, e.objs.ToPod, ifindex, withEthernet(ipv4Fragment(peer4, pod4, ProtocolUDP, 3, false, make([]byte, 8)))) {
+		t.Error("later fragment into the open ingress: dropped, want passed")
 	}
 }

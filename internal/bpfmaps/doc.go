@@ -78,13 +78,18 @@
 //     the policy and the connection table deny: the verdict is "node or policy", so a
 //     packet the policy allows pays nothing for it. A replace writes the new prefixes
 //     before deleting the stale ones: an address in both sets is never missing.
-//   - Return traffic: an LRU connection table lets replies of an allowed connection
-//     through the other direction; a connection the policy denies cannot be opened
-//     from the other side. ICMP errors quoting a tracked connection pass too
-//     (RELATED: path-MTU discovery works whoever sends them).
+//   - Return traffic: each pod's LRU connection table lets replies of an allowed
+//     connection through the other direction, when that direction has a policy that
+//     could deny them (no entry otherwise); a connection the policy denies cannot be
+//     opened from the other side. TCP entries expire soon after a RST or a FIN from
+//     each side. A pod's table is its own: a pod opening many flows evicts only its
+//     own entries. ICMP errors quoting a tracked connection pass too (RELATED:
+//     path-MTU discovery works whoever sends them), IPv6 extension headers in the
+//     quote included.
 //   - Never misjudged: a packet whose headers cannot be fully parsed (truncated, or
 //     more than 8 IPv6 extension headers) is dropped in a direction with any policy,
-//     never judged as something it is not; later fragments are judged with port 0.
+//     never judged as something it is not; later fragments follow their first
+//     fragment's verdict.
 //     DirectionPolicy.Verdict's doc is the reference for these cases.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into

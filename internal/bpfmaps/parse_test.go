@@ -122,10 +122,10 @@ func policed(d DirectionPolicy) bool {
 // its TCP header: 0 to 8 destination options headers (judged by their ports, as
 // Verdict), a mixed chain with hop-by-hop, routing and AH, and chains longer than the
 // walk (9, 12: not judged, dropped as the direction has a policy). Fragments: the
-// first one is judged by its ports; a later one, carrying none, as port 0 (so the
-// Deny naming a port does not drop it: the datagram cannot be reassembled without
-// its first fragment); a first fragment cut before its ports, and a truncated chain,
-// are dropped. The old parser walked 4 headers and judged the rest as "protocol 60,
+// first one is judged by its ports; a later one, carrying none, follows its first
+// (TestFragmentsFollowTheirFirst): the one here shares its IP ID with the first
+// fragment to 8081, which passed; a first fragment cut before its ports, and a
+// truncated chain, are dropped. The old parser walked 4 headers and judged the rest as "protocol 60,
 // port 0": 5, 6 and 8 destination options headers passed the Deny.
 func TestParseNeverMisjudges(t *testing.T) {
 	e := openTestEBPF(t, EBPFOptions{})
@@ -181,12 +181,12 @@ func TestParseNeverMisjudges(t *testing.T) {
 	steps = append(steps,
 		step{"IPv6 first fragment of TCP 8080", frag(0, true, syn(8080)), false},
 		step{"IPv6 first fragment of TCP 8081", frag(0, true, syn(8081)), true},
-		step{"IPv6 later fragment (port 0: the Deny names a port)", frag(2, false, make([]byte, 16)), pol.Egress.Verdict(peer6, ProtocolTCP, 0)},
+		step{"IPv6 later fragment of the datagram to 8081", frag(2, false, make([]byte, 16)), true},
 		step{"IPv6 first fragment cut before its ports", frag(0, true, syn(8080)[:2]), false},
 		step{"IPv6 chain cut inside a header", ipv6Chain(pod6, peer6, dests(3), ProtocolTCP, nil)[:40+20], false},
 		step{"IPv4 first fragment of TCP 8080", ipv4Fragment(pod4, peer4, ProtocolTCP, 0, true, syn(8080)), false},
 		step{"IPv4 first fragment of TCP 8081", ipv4Fragment(pod4, peer4, ProtocolTCP, 0, true, syn(8081)), true},
-		step{"IPv4 later fragment (port 0)", ipv4Fragment(pod4, peer4, ProtocolTCP, 3, false, make([]byte, 16)), pol.Egress.Verdict(peer4, ProtocolTCP, 0)},
+		step{"IPv4 later fragment of the datagram to 8081", ipv4Fragment(pod4, peer4, ProtocolTCP, 3, false, make([]byte, 16)), true},
 		step{"IPv4 first fragment cut before its ports", ipv4Fragment(pod4, peer4, ProtocolTCP, 0, true, syn(8080)[:2]), false},
 	)
 	for _, s := range steps {

@@ -172,8 +172,11 @@ type PodPolicy struct {
 //     ICMPv6, port 0.
 //   - Node traffic: a packet whose peer is one of the node's addresses passes.
 //   - Fragments: a first fragment is judged with its ports; a later one carries none
-//     and is judged with port 0 (a rule with ports neither allows nor denies it; the
-//     receiver cannot reassemble it without the first fragment).
+//     and is not judged by the policy: in a direction with any policy it passes only
+//     if its datagram's first fragment (same addresses, protocol and IP ID) passed
+//     within the last 10 s (EBPFOptions.ConntrackFragmentTimeout), and is dropped
+//     otherwise (denied, reordered before its first, or too late); a direction
+//     without any policy passes it.
 //   - Packets whose headers cannot be fully parsed (an IP header that cannot be read,
 //     an L4 header cut before its ports, an IPv6 extension-header chain truncated or
 //     longer than 8 headers) are not judged: a Deny rule naming their protocol or
