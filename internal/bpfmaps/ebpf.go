@@ -319,24 +319,21 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	dropTable := func() {
-		if newTable {
-			_ = e.dropConntrack(idx)
-		}
-	}
 	l := e.links[idx]
 	if l == nil {
 		l = &podLinks{}
 	}
-	if l.fromPod != nil && l.toPod != nil {
+	if l.fromPod != nil && l.toPod != nil { // every commit after the first: allocates nothing
 		if newTable {
-			return dropTable, nil
+			return func() { _ = e.dropConntrack(idx) }, nil
 		}
 		return nil, nil
 	}
 	had := *l
 	undo := func() {
-		dropTable()
+		if newTable {
+			_ = e.dropConntrack(idx)
+		}
 		for _, x := range [][2]link.Link{{l.fromPod, had.fromPod}, {l.toPod, had.toPod}} {
 			if x[0] != nil && x[1] == nil {
 				_ = x[0].Unpin()
