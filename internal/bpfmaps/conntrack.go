@@ -111,43 +111,74 @@ func checkPinnedConntrack(pinPath string, want int) *CapacityMismatch {
 	return nil
 }
 
-// ensureConntrack gives a pod its connection table: the pinned one, or a new one.
-// It reports whether it made a new one. Called with core.mu held.
-func (e *EBPF) ensureConntrack(ifindex uint32) (bool, error) {
+// ctInstall is a pod's connection table on its way into npa_ct_pods. The update
+// of a map of maps returns only after an RCU grace period (the kernel waits for the
+// programs that may still use the element it replaced): milliseconds, tens of them on
+// a loaded node. So it runs in the background while attach attaches the programs,
+// whose tcx attachments wait for grace periods of their own.
+type ctInstall struct {
+	e       *EBPF
+	ifindex uint32
+	m       *ebpf.Map
+	created bool // a new table (pinned by this call), not the pinned one
+	done    chan error
+}
+
+// installConntrack starts giving a pod its connection table: the pinned one, or a
+// new one. nil if the pod has its table. Called with core.mu held; so is wait.
+func (e *EBPF) installConntrack(ifindex uint32) (*ctInstall, error) {
 	if e.ctTables[ifindex] != nil {
-		return false, nil
+		return nil, nil
 	}
 	path := filepath.Join(ctPinDir(e.pinPath), strconv.FormatUint(uint64(ifindex), 10))
-	created := false
-	m, err := ebpf.LoadPinnedMap(path, nil)
+	c := &ctInstall{e: e, ifindex: ifindex, done: make(chan error, 1)}
+	var err error
+	c.m, err = ebpf.LoadPinnedMap(path, nil)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			return false, fmt.Errorf("load connection table of interface %d: %w", ifindex, err)
+			return nil, fmt.Errorf("load connection table of interface %d: %w", ifindex, err)
 		}
 		spec := e.ctSpec.Copy()
 		spec.Name = "npa_ct"
-		if m, err = ebpf.NewMap(spec); err != nil {
-			return false, fmt.Errorf("create connection table of interface %d: %w", ifindex, permissionHint(err, "CAP_BPF"))
+		if c.m, err = ebpf.NewMap(spec); err != nil {
+			return nil, fmt.Errorf("create connection table of interface %d: %w", ifindex, permissionHint(err, "CAP_BPF"))
 		}
 		if err := os.MkdirAll(ctPinDir(e.pinPath), 0o700); err != nil {
-			_ = m.Close()
-			return false, fmt.Errorf("create connection table pin directory: %w", err)
+			_ = c.m.Close()
+			return nil, fmt.Errorf("create connection table pin directory: %w", err)
 		}
-		if err := m.Pin(path); err != nil {
-			_ = m.Close()
-			return false, fmt.Errorf("pin connection table of interface %d: %w", ifindex, err)
+		if err := c.m.Pin(path); err != nil {
+			_ = c.m.Close()
+			return nil, fmt.Errorf("pin connection table of interface %d: %w", ifindex, err)
 		}
-		created = true
+		c.created = true
 	}
-	if err := e.objs.NpaCtPods.Put(ifindex, m); err != nil {
-		if created {
-			_ = m.Unpin()
+	outer, m := e.objs.NpaCtPods, c.m
+	go func() { c.done <- outer.Put(ifindex, m) }()
+	return c, nil
+}
+
+// wait waits for the table to be in npa_ct_pods and records it; on failure it
+// unpins a table it created.
+func (c *ctInstall) wait() error {
+	if err := <-c.done; err != nil {
+		if c.created {
+			_ = c.m.Unpin()
 		}
-		_ = m.Close()
-		return false, fmt.Errorf("install connection table of interface %d: %w", ifindex, err)
+		_ = c.m.Close()
+		return fmt.Errorf("install connection table of interface %d: %w", c.ifindex, err)
 	}
-	e.ctTables[ifindex] = m
-	return created, nil
+	c.e.ctTables[c.ifindex] = c.m
+	return nil
+}
+
+// ensureConntrack gives a pod its connection table and waits for it.
+func (e *EBPF) ensureConntrack(ifindex uint32) error {
+	c, err := e.installConntrack(ifindex)
+	if err != nil || c == nil {
+		return err
+	}
+	return c.wait()
 }
 
 // dropConntrack deletes a pod's connection table. Called with core.mu held.
@@ -205,7 +236,7 @@ func (e *EBPF) adoptConntrack() error {
 		}
 	}
 	for idx := range e.pods {
-		if _, err := e.ensureConntrack(idx); err != nil {
+		if err := e.ensureConntrack(idx); err != nil {
 			return err
 		}
 	}

@@ -311,11 +311,12 @@ func (e *EBPF) linkPath(ifindex uint32, prog string) string {
 
 // attach gives the pod its connection table if it has none, attaches the programs
 // the pod's interface lacks (both, for a new pod; the missing one, for an adopted
-// pod whose link was removed) and pins their links. undo detaches what this call
-// attached and deletes the table it made. Called with core.mu held.
+// pod whose link was removed) and pins their links; the table goes in while the
+// programs are attached (ctInstall). undo detaches what this call attached and
+// deletes the table it made. Called with core.mu held.
 func (e *EBPF) attach(ifindex int) (func(), error) {
 	idx := uint32(ifindex)
-	newTable, err := e.ensureConntrack(idx)
+	table, err := e.installConntrack(idx)
 	if err != nil {
 		return nil, err
 	}
@@ -324,16 +325,17 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 		l = &podLinks{}
 	}
 	if l.fromPod != nil && l.toPod != nil { // every commit after the first: allocates nothing
-		if newTable {
-			return func() { _ = e.dropConntrack(idx) }, nil
+		if table == nil {
+			return nil, nil
 		}
-		return nil, nil
+		if err := table.wait(); err != nil {
+			return nil, err
+		}
+		return func() { e.dropNewConntrack(table) }, nil
 	}
 	had := *l
 	undo := func() {
-		if newTable {
-			_ = e.dropConntrack(idx)
-		}
+		e.dropNewConntrack(table)
 		for _, x := range [][2]link.Link{{l.fromPod, had.fromPod}, {l.toPod, had.toPod}} {
 			if x[0] != nil && x[1] == nil {
 				_ = x[0].Unpin()
@@ -351,12 +353,25 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 	if err == nil && l.toPod == nil {
 		l.toPod, err = e.attachOne(idx, "to_pod", e.objs.ToPod, ebpf.AttachTCXEgress)
 	}
+	if table != nil {
+		// Waited for even when a link failed: undo deletes the table once it is in.
+		if werr := table.wait(); err == nil {
+			err = werr
+		}
+	}
 	if err != nil {
 		undo()
 		return nil, err
 	}
 	e.links[idx] = l
 	return undo, nil
+}
+
+// dropNewConntrack deletes the table an attach made, if it made one and it went in.
+func (e *EBPF) dropNewConntrack(t *ctInstall) {
+	if t != nil && t.created && e.ctTables[t.ifindex] == t.m {
+		_ = e.dropConntrack(t.ifindex)
+	}
 }
 
 func (e *EBPF) attachOne(ifindex uint32, name string, prog *ebpf.Program, at ebpf.AttachType) (link.Link, error) {
