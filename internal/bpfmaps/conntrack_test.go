@@ -194,3 +194,62 @@ func TestFragmentsFollowTheirFirst(t *testing.T) {
 		t.Error("later fragment into the open ingress: dropped, want passed")
 	}
 }
+
+// TestConntrackTCPStates: an entry's timeout follows the TCP flags seen both ways.
+// After a RST (from either side) or a FIN from each side, replies stop passing once
+// the short timeout passed; a FIN from one side only (half-closed) keeps the idle
+// timeout; a new SYN on the same ports starts afresh. Before, every entry lived for
+// the idle timeout whatever the flags.
+func TestConntrackTCPStates(t *testing.T) {
+	const short = 200 * time.Millisecond
+	e := openTestEBPF(t, EBPFOptions{ConntrackClosingTimeout: short, ConntrackResetTimeout: short})
+	ifindex := dummyInterface(t)
+	pod, peer := netip.MustParseAddr("10.255.8.1"), netip.MustParseAddr("10.1.0.5")
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}}}}}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	const syn, ack, fin, rst = 0x02, 0x10, 0x01, 0x04
+	seg := func(out bool, sport uint16, flags byte) bool {
+		t.Helper()
+		if out {
+			p := packetBytes(pod, peer, ProtocolTCP, sport, 80)
+			p[14+20+13] = flags
+			return run(t, e.objs.FromPod, ifindex, p)
+		}
+		p := packetBytes(peer, pod, ProtocolTCP, 80, sport)
+		p[14+20+13] = flags
+		return run(t, e.objs.ToPod, ifindex, p)
+	}
+	// Four connections: reset by the peer, closed both ways, half-closed, reset then
+	// opened again on the same ports.
+	for _, sport := range []uint16{41000, 41001, 41002, 41003} {
+		if !seg(true, sport, syn) || !seg(false, sport, syn|ack) || !seg(true, sport, ack) {
+			t.Fatalf("port %d: handshake did not pass", sport)
+		}
+	}
+	seg(false, 41000, rst|ack)
+	seg(true, 41001, fin|ack)
+	seg(false, 41001, fin|ack)
+	seg(true, 41002, fin|ack)
+	seg(true, 41003, rst)
+	if !seg(true, 41003, syn) || !seg(false, 41003, syn|ack) {
+		t.Fatal("port 41003: the new handshake did not pass")
+	}
+	time.Sleep(short + 100*time.Millisecond)
+	for _, c := range []struct {
+		name  string
+		sport uint16
+		want  bool
+	}{
+		{"reset by the peer", 41000, false},
+		{"FIN from each side", 41001, false},
+		{"FIN from the pod only (half-closed)", 41002, true},
+		{"reset, then a new SYN on the same ports", 41003, true},
+	} {
+		if got := seg(false, c.sport, ack); got != c.want {
+			t.Errorf("%s: a reply %v later passed=%v, want %v", c.name, short+100*time.Millisecond, got, c.want)
+		}
+	}
+}
