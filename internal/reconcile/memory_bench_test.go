@@ -1,0 +1,200 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/testenv"
+)
+
+// memPE is a PolicyEndpoint shaped like the AWS controller's for a mid-size policy,
+// about 1.5 KB as JSON: the pods it selects (podSelectorEndpoints), and its peers as
+// bare /32 addresses with the policy's ports. local: its first pod runs on benchNode.
+func memPE(i int, local bool) *v1alpha1.PolicyEndpoint {
+	pe := &v1alpha1.PolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("np-%05d-x7k2q", i)},
+		Spec: v1alpha1.PolicyEndpointSpec{
+			PolicyRef:    v1alpha1.PolicyReference{Name: fmt.Sprintf("np-%05d", i), Namespace: "bench"},
+			PodSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i%50)}},
+			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+		},
+	}
+	for j := range 3 {
+		host := "192.0.2.99"
+		if local && j == 0 {
+			host = benchNode
+		}
+		pe.Spec.PodSelectorEndpoints = append(pe.Spec.PodSelectorEndpoints, v1alpha1.PodEndpoint{
+			HostIP: v1alpha1.NetworkAddress(host), PodIP: v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.%d", 60+j, i/250%250, i%250+1)),
+			Name: fmt.Sprintf("app-%d-7d9f8c6b5-%05d", i%50, j), Namespace: "bench",
+		})
+	}
+	ports := []v1alpha1.Port{{Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](8080)}}
+	for j := range 10 {
+		pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{
+			CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.%d", 100+j, i/250%250, i%250+1)), Ports: ports,
+		})
+	}
+	for j := range 3 {
+		pe.Spec.Egress = append(pe.Spec.Egress, v1alpha1.EndpointInfo{
+			CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.%d", 120+j, i/250%250, i%250+1)), Ports: ports,
+		})
+	}
+	return pe
+}
+
+// liveHeap is the heap in use by live objects, after two collections.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// rss is the process's resident set (VmRSS), after returning freed memory to the OS.
+func rss(b *testing.B) int64 {
+	debug.FreeOSMemory()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return int64(kb) << 10
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// BenchmarkNodeLocalMemory10k is the agent's memory with 10,000 PolicyEndpoints of
+// about 1.5 KB in the cluster (real apiserver), 1 % of them selecting a pod on this
+// node, against the informer cache's own: first a plain client-go informer holding
+// the same objects (client-go's ListWatch, the same managedFields-dropping transform)
+// is synced and measured, then dropped; then the whole agent (informers, pod table,
+// version table, seen-set with a state file, last valid versions, explain log) is
+// started, synced and measured. Both are live heap after GC, as a delta over the
+// process before; RSS deltas are reported too (after FreeOSMemory; coarser: the Go
+// runtime keeps some freed pages). The state file and last valid versions go to
+// $TMPDIR (ext4 here, a real disk).
+func BenchmarkNodeLocalMemory10k(b *testing.B) {
+	const objects, every = 10000, 100 // every 100th object has a local pod
+	cp := testenv.Start(b)
+	createNamespace(b, cp, "bench")
+	resolver := newLookupTableResolver()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < objects; i += 8 {
+				pe := memPE(i, i%every == 0)
+				if i%every == 0 {
+					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
+				}
+				if err := cp.Client.Create(context.Background(), pe); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	sample := memPE(1, false)
+	sample.TypeMeta = metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "PolicyEndpoint"}
+	sample.UID, sample.ResourceVersion, sample.Generation = "00000000-0000-4000-8000-000000000001", "123456", 1
+	sample.CreationTimestamp = metav1.Now()
+	encoded, err := json.Marshal(sample)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	for b.Loop() {
+		// (a) The informer cache's own size: a plain client-go informer.
+		cacheHeap, cacheRSS := plainInformerMemory(b, cp, objects)
+
+		// (b) The whole agent after its initial sync.
+		dir := b.TempDir()
+		heap1, rss1 := liveHeap(), rss(b)
+		a := startAgent(b, cp, agentOptions{nodeIP: benchNode, dp: bpfmaps.NewMemory(), resolver: resolver,
+			state: filepath.Join(dir, "seen.state"), lastValid: filepath.Join(dir, "lastvalid")})
+		testenv.Eventually(b, 5*time.Minute, "agent's initial sync of every object", func() bool {
+			s := a.c.Stats()
+			return s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) == objects && a.c.queue.Len() == 0 && s.Syncs >= objects
+		})
+		time.Sleep(time.Second) // retries and persists settle
+		agentHeap, agentRSS := liveHeap()-heap1, rss(b)-rss1
+		objs, pods, _ := a.c.pods.size()
+		if pods != objects/every {
+			b.Errorf("agent programmed %d pods, want %d", pods, objects/every)
+		}
+		b.Logf("object %d B as JSON; informer %d KB heap, %d KB RSS; agent %d KB heap, %d KB RSS (%d objects, %d pods)",
+			len(encoded), cacheHeap>>10, cacheRSS>>10, agentHeap>>10, agentRSS>>10, objs, pods)
+		b.ReportMetric(float64(len(encoded)), "object-B")
+		b.ReportMetric(float64(cacheHeap)/objects, "informer-heap-B/object")
+		b.ReportMetric(float64(agentHeap)/objects, "agent-heap-B/object")
+		b.ReportMetric(float64(agentHeap)/float64(cacheHeap), "heap-ratio")
+		b.ReportMetric(float64(cacheRSS)/objects, "informer-rss-B/object")
+		b.ReportMetric(float64(agentRSS)/objects, "agent-rss-B/object")
+		runtime.KeepAlive(a)
+		a.stop()
+	}
+}
+
+// plainInformerMemory syncs a plain client-go informer of PolicyEndpoints (client-go's
+// ListWatch; a transform dropping managedFields, as the agent's) and returns its live
+// heap and RSS once synced, over the process's before it started. It is stopped after.
+func plainInformerMemory(b *testing.B, cp *testenv.ControlPlane, objects int) (heap, resident int64) {
+	heap0, rss0 := liveHeap(), rss(b)
+	rc, err := newRESTClient(cp.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(rc, v1alpha1.ResourcePolicyEndpoints, metav1.NamespaceAll, fields.Everything()),
+		&v1alpha1.PolicyEndpoint{}, 0, cache.Indexers{})
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go inf.Run(ctx.Done())
+	testenv.Eventually(b, 5*time.Minute, "plain informer synced", func() bool {
+		return inf.HasSynced() && len(inf.GetStore().ListKeys()) == objects
+	})
+	heap, resident = liveHeap()-heap0, rss(b)-rss0
+	runtime.KeepAlive(inf)
+	return heap, resident
+}
