@@ -1,12 +1,10 @@
 package reconcile
 
 import (
-	"fmt"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
-	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -98,15 +96,14 @@ func (c *Controller) restoreLastValid() int {
 	return restored
 }
 
-// compile compiles a PolicyEndpoint or ClusterPolicyEndpoint.
+// compile compiles a PolicyEndpoint or ClusterPolicyEndpoint, in the form the pod
+// table keeps (see nodeLocal).
 func (c *Controller) compile(obj any) (*compiledObject, error) {
-	switch o := obj.(type) {
-	case *v1alpha1.PolicyEndpoint:
-		return c.cfg.Compile.policyEndpoint(o, c.cfg.NodeIP)
-	case *v1alpha1.ClusterPolicyEndpoint:
-		return c.cfg.Compile.clusterPolicyEndpoint(o, c.cfg.NodeIP)
+	compiled, err := c.cfg.Compile.compileObject(obj, c.cfg.NodeIP)
+	if compiled = c.cfg.Compile.nodeLocal(compiled, obj, c.cfg.NodeIP); compiled != nil {
+		compiled.settle()
 	}
-	return nil, fmt.Errorf("unexpected %T", obj)
+	return compiled, err
 }
 
 // pruneSeen drops seen-set entries of objects that are gone (deleted while the agent

@@ -71,6 +71,10 @@ type compiledObject struct {
 	// domainRulesDropped counts the domainName rules left out under
 	// CompileOptions.DropDomainAllowRules, for the caller to log and count.
 	domainRulesDropped int
+
+	// deferred is set on a version kept without its rules (no local pods, see
+	// nodeLocal); merges read them through rules().
+	deferred *deferredRules
 }
 
 // policyKey names the policy an object is a chunk of: a NetworkPolicy (namespaced, for
@@ -445,6 +449,7 @@ func mergePodPolicy(objs []*compiledObject) bpfmaps.PodPolicy {
 	slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
 	var dirs [2]bpfmaps.DirectionPolicy
 	for _, o := range objs {
+		o = o.rules()
 		for d := range dirs {
 			switch o.key.kind {
 			case report.KindPolicyEndpoint:

@@ -74,10 +74,12 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		return c.rejected(key, v, err, &res, log)
 	}
 
+	compiled = c.cfg.Compile.nodeLocal(compiled, obj, c.cfg.NodeIP) // validated in full, kept node-local
 	if compiled.domainRulesDropped > 0 {
 		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.domainRulesDropped)
 	}
 	res := c.pods.commitVersion(key, v.uid, compiled, nil)
+	compiled.settle()
 	c.explain.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	if res.rejected != nil {
