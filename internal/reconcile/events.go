@@ -1,13 +1,11 @@
 package reconcile
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/internal/report"
@@ -70,7 +68,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 				c.queue.Add(keyOf(kind, m))
 				return
 			}
-			if c.relists[kind].consume(m.GetUID(), m.GetResourceVersion()) {
+			if c.versions.consumeRelist(m.GetUID(), m.GetResourceVersion(), c.relists[kind].current()) {
 				return // a relist re-delivery, counted by transform
 			}
 			if c.observe(kind, m, report.CauseResync) {
@@ -102,8 +100,14 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 // observe counts a delivery and tells the seen-set about its trigger. It reports
 // whether the seen-set accepted a new trigger (false without annotation).
 func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cause) bool {
+	v, fresh, redelivers := c.versions.recordKnown(m)
+	return c.observeVersion(kind, m, cause, v, fresh, redelivers)
+}
+
+// observeVersion is observe of m's version v, recorded already (fresh: by this
+// delivery; redelivers: see versionEntry.redelivers).
+func (c *Controller) observeVersion(kind report.Kind, m metav1.Object, cause report.Cause, v objectVersion, fresh, redelivers bool) bool {
 	c.stats.deliveries[kind][cause].Add(1)
-	v, fresh := c.versions.record(m)
 	if !v.hasTrigger {
 		return false // nothing to measure
 	}
@@ -121,7 +125,15 @@ func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cau
 		}
 		return false
 	}
-	if c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now()) != report.Accepted {
+	if redelivers {
+		// The seen-set would answer redelivered and change nothing: count it so
+		// without the lookup.
+		c.cfg.Seen.CountRedelivered()
+		return false
+	}
+	answer := c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now())
+	c.versions.observed(v, answer)
+	if answer != report.Accepted {
 		return false
 	}
 	c.triggers.add(v)
@@ -131,6 +143,11 @@ func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cau
 // transform runs on every object a list, WatchList stream or watch event brings, before
 // the informer caches it (never on resync). It drops managedFields, which the agent
 // never reads, and detects relist re-deliveries (see the comment at the top).
+//
+// A re-delivery of the version the version table holds for its uid (the newest one
+// events recorded) is decided there, in one lookup that also marks it: the cached
+// object is that version, or one the handlers have not reached yet. Anything else
+// (a version the handlers have not recorded) asks the informer's store, as before.
 func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		m, err := meta.Accessor(obj)
@@ -138,7 +155,18 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 			return obj, nil
 		}
 		m.SetManagedFields(nil)
-		if !c.relists[kind].listing() {
+		list := c.relists[kind].current()
+		if list <= 1 {
+			return obj, nil // the initial list, or none yet
+		}
+		v, redelivers, mark := c.versions.markRelist(m, list)
+		switch mark {
+		case relistAgain:
+			return obj, nil // second transform of the same relist (WatchList mode)
+		case relistFirst:
+			if c.observeVersion(kind, m, report.CauseRelist, v, false, redelivers) {
+				c.queue.Add(keyOf(kind, m))
+			}
 			return obj, nil
 		}
 		cached, exists, err := c.informers[kind].GetStore().Get(obj)
@@ -149,76 +177,33 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 		if err != nil || cm.GetUID() != m.GetUID() || cm.GetResourceVersion() != m.GetResourceVersion() {
 			return obj, nil
 		}
-		if !c.relists[kind].mark(m.GetUID(), m.GetResourceVersion()) {
-			return obj, nil // second transform of the same relist (WatchList mode)
+		// The cached version, not recorded yet: record it, then mark it.
+		v, fresh, redelivers := c.versions.recordKnown(m)
+		if _, _, mark := c.versions.markRelist(m, list); mark != relistFirst {
+			return obj, nil
 		}
-		if c.observe(kind, m, report.CauseRelist) {
+		if c.observeVersion(kind, m, report.CauseRelist, v, fresh, redelivers) {
 			c.queue.Add(keyOf(kind, m))
 		}
 		return obj, nil
 	}
 }
 
-// relistTracker remembers, for the current list of one kind, which objects came again
-// unchanged. Its memory is O(objects) and is dropped at the next list.
+// relistTracker counts the lists of one kind; the marks of the current one are kept
+// in the version table (versionEntry.relist).
 type relistTracker struct {
 	lists atomic.Int64 // lists begun; the first is the initial list (read per object: no lock)
-
-	mu    sync.Mutex
-	marks map[types.UID]relistMark
-	// size is how many objects the last relist marked: the next one's map is made
-	// that big at once, not grown (and rehashed) object by object.
-	size int
 }
 
-type relistMark struct {
-	resourceVersion string
-	consumed        bool // the same-resourceVersion update reached the handler
-}
+// begin is called at the start of every list: earlier relists' marks lapse.
+func (t *relistTracker) begin() { t.lists.Add(1) }
 
-// begin is called at the start of every list.
-func (t *relistTracker) begin() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.lists.Add(1)
-	if len(t.marks) > 0 {
-		t.size = len(t.marks)
-	}
-	t.marks = nil
-}
+// current is the number of the list in progress: 1 for the initial list, more for a
+// relist, 0 before any.
+func (t *relistTracker) current() int64 { return t.lists.Load() }
 
 // listing reports whether a relist (not the initial list) has begun.
-func (t *relistTracker) listing() bool {
-	return t.lists.Load() > 1
-}
-
-// mark records a relist re-delivery; false if this relist marked it already.
-func (t *relistTracker) mark(uid types.UID, rv string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if m, ok := t.marks[uid]; ok && m.resourceVersion == rv {
-		return false
-	}
-	if t.marks == nil {
-		t.marks = make(map[types.UID]relistMark, t.size)
-	}
-	t.marks[uid] = relistMark{resourceVersion: rv}
-	return true
-}
-
-// consume reports whether a same-resourceVersion update is a marked relist re-delivery
-// not yet seen by the handler.
-func (t *relistTracker) consume(uid types.UID, rv string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m, ok := t.marks[uid]
-	if !ok || m.resourceVersion != rv || m.consumed {
-		return false
-	}
-	m.consumed = true
-	t.marks[uid] = m
-	return true
-}
+func (t *relistTracker) listing() bool { return t.current() > 1 }
 
 func keyOf(kind report.Kind, m metav1.Object) objectKey {
 	return objectKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 )
 
@@ -36,6 +37,27 @@ type objectVersion struct {
 	localWork bool
 }
 
+// versionEntry is the table's record of a uid: its newest version, and what the
+// event path learnt about that version since.
+type versionEntry struct {
+	v objectVersion
+	// redelivers: the seen-set answered this version's trigger accepted, redelivered
+	// or before_start, and no earlier version of the uid recorded here carried a newer
+	// trigger. The trigger is then pending or consumed, and stays so while this is the
+	// uid's newest version (the worker consumes only triggers of versions it read from
+	// the informer's store, and every one of those is recorded here, in order, before
+	// a later one): every re-delivery of the version answers redelivered, and is
+	// counted so without asking (seen.Set.CountRedelivered).
+	redelivers bool
+	// olderMax is the newest trigger of the uid's earlier versions recorded here.
+	olderMax time.Time
+	// relist is the relist (relistTracker.lists) that last re-delivered this
+	// version, 0 for none; relistConsumed: its same-resourceVersion update reached
+	// the handler.
+	relist         int64
+	relistConsumed bool
+}
+
 // removedOnly reports whether the version's only change on this node is removing
 // pods an earlier version of the object selected.
 func (v objectVersion) removedOnly() bool { return v.localWork && !v.local }
@@ -46,7 +68,7 @@ func (v objectVersion) removedOnly() bool { return v.localWork && !v.local }
 // version per uid: O(objects). The worker drops a uid when it forgets the object.
 type versionTable struct {
 	mu       sync.Mutex
-	byUID    map[types.UID]objectVersion
+	byUID    map[types.UID]*versionEntry
 	triggerK string      // the trigger annotation's key
 	traceK   string      // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
 	history  *explainLog // each new version is added to it; forget drops the uid's
@@ -59,7 +81,7 @@ type versionTable struct {
 }
 
 func (t *versionTable) init(triggerKey, traceParentKey string, nodeIP netip.Addr) {
-	t.byUID = map[types.UID]objectVersion{}
+	t.byUID = map[types.UID]*versionEntry{}
 	t.triggerK, t.traceK = triggerKey, traceParentKey
 	t.nodeIP = nodeIP
 }
@@ -69,8 +91,15 @@ func (t *versionTable) init(triggerKey, traceParentKey string, nodeIP netip.Addr
 // recording it. Handlers of one informer run one at a time and in order, so the
 // table holds each uid's newest version. A re-delivery allocates nothing.
 func (t *versionTable) record(m metav1.Object) (v objectVersion, fresh bool) {
-	if v, ok := t.lookup(m); ok {
-		return v, false
+	v, fresh, _ = t.recordKnown(m)
+	return v, fresh
+}
+
+// recordKnown is record, also reporting for a re-delivery whether its trigger is
+// known to answer redelivered (versionEntry.redelivers).
+func (t *versionTable) recordKnown(m metav1.Object) (v objectVersion, fresh, redelivers bool) {
+	if v, redelivers, ok := t.lookupEntry(m); ok {
+		return v, false, redelivers
 	}
 	v = t.parse(m)
 	t.mu.Lock()
@@ -78,11 +107,18 @@ func (t *versionTable) record(m metav1.Object) (v objectVersion, fresh bool) {
 	// An earlier version's pods, if any, are still in the dataplane until this one is
 	// committed: removing them is this version's work. Unknown (first seen in the
 	// initial list): the previous process may have programmed pods of it here.
-	v.localWork = v.local || (known && prev.local) || (!known && !t.synced.Load())
-	t.byUID[v.uid] = v
+	v.localWork = v.local || (known && prev.v.local) || (!known && !t.synced.Load())
+	e := &versionEntry{v: v}
+	if known {
+		e.olderMax = prev.olderMax
+		if prev.v.trigger.After(e.olderMax) {
+			e.olderMax = prev.v.trigger
+		}
+	}
+	t.byUID[v.uid] = e
 	t.mu.Unlock()
 	t.history.received(v, time.Now())
-	return v, true
+	return v, true, false
 }
 
 // checkout returns m's version for a worker: recorded by its event, or parsed here
@@ -96,11 +132,21 @@ func (t *versionTable) checkout(m metav1.Object) objectVersion {
 }
 
 func (t *versionTable) lookup(m metav1.Object) (objectVersion, bool) {
+	v, _, ok := t.lookupEntry(m)
+	return v, ok
+}
+
+// lookupEntry returns m's version if it is the uid's recorded one, and its
+// versionEntry.redelivers.
+func (t *versionTable) lookupEntry(m metav1.Object) (v objectVersion, redelivers, ok bool) {
 	uid := m.GetUID()
 	t.mu.Lock()
-	v, ok := t.byUID[uid]
-	t.mu.Unlock()
-	return v, ok && v.resourceVersion == m.GetResourceVersion()
+	defer t.mu.Unlock()
+	e, ok := t.byUID[uid]
+	if !ok || e.v.resourceVersion != m.GetResourceVersion() {
+		return objectVersion{}, false, false
+	}
+	return e.v, e.redelivers, true
 }
 
 func (t *versionTable) parse(m metav1.Object) objectVersion {
@@ -152,6 +198,59 @@ func (t *versionTable) forget(uid types.UID) {
 	delete(t.byUID, uid)
 	t.mu.Unlock()
 	t.history.forget(uid)
+}
+
+// observed records the seen-set's answer to the first observation of version v's
+// trigger in this process (see versionEntry.redelivers).
+func (t *versionTable) observed(v objectVersion, answer report.Reason) {
+	if answer != report.Accepted && answer != report.Redelivered && answer != report.BeforeStart {
+		return
+	}
+	t.mu.Lock()
+	if e, ok := t.byUID[v.uid]; ok && e.v.resourceVersion == v.resourceVersion && !e.olderMax.After(v.trigger) {
+		e.redelivers = true
+	}
+	t.mu.Unlock()
+}
+
+// relistAnswer is markRelist's answer.
+type relistAnswer uint8
+
+const (
+	relistUnknown relistAnswer = iota // not the uid's recorded version: ask the store
+	relistFirst                       // the recorded version, first re-delivered in this relist: marked
+	relistAgain                       // this relist marked it already (WatchList transforms twice)
+)
+
+// markRelist marks m, if it is the uid's recorded version, as re-delivered by relist
+// list, and returns the version and whether the seen-set's answer to its trigger is
+// known to be redelivered. One lookup: the relist path's only one when it hits.
+func (t *versionTable) markRelist(m metav1.Object, list int64) (v objectVersion, redelivers bool, mark relistAnswer) {
+	uid := m.GetUID()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byUID[uid]
+	if !ok || e.v.resourceVersion != m.GetResourceVersion() {
+		return objectVersion{}, false, relistUnknown
+	}
+	if e.relist == list {
+		return e.v, e.redelivers, relistAgain
+	}
+	e.relist, e.relistConsumed = list, false
+	return e.v, e.redelivers, relistFirst
+}
+
+// consumeRelist reports whether a same-resourceVersion update is a re-delivery relist
+// list marked and the handler has not seen yet.
+func (t *versionTable) consumeRelist(uid types.UID, rv string, list int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byUID[uid]
+	if !ok || e.v.resourceVersion != rv || e.relist != list || list == 0 || e.relistConsumed {
+		return false
+	}
+	e.relistConsumed = true
+	return true
 }
 
 // triggerVersion is what the loop keeps, from the moment the seen-set accepts a

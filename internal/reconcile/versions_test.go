@@ -3,10 +3,13 @@ package reconcile
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
 )
 
 // The traceparent a version carries: the KEP-5915 key first, then the
@@ -48,5 +51,78 @@ func TestVersionTraceParentPrecedence(t *testing.T) {
 				t.Errorf("re-delivery: traceParent %q (fresh %v), want %q from the table", again.traceParent, fresh, tc.want)
 			}
 		})
+	}
+}
+
+// TestRedeliveryCountedWithoutLookup: a re-delivered version whose trigger the
+// seen-set already answered is counted redelivered from the version table, as the
+// seen-set would count it, once per re-delivery (resync or relist), and accepts
+// nothing; a version whose trigger is older than an earlier version's (the writer's
+// clock stepped back) is still asked, and counted stale.
+func TestRedeliveryCountedWithoutLookup(t *testing.T) {
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver(), newRecordingSink())
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	transform := c.transform(report.KindPolicyEndpoint)
+	c.relists[report.KindPolicyEndpoint].begin() // the initial list
+	pe := ingressPE("bench", "np-r", []v1alpha1.PodEndpoint{pod("192.0.2.99", "10.61.0.1")}, "10.70.0.0/16", 8000)
+	pe.UID, pe.ResourceVersion = "uid-np-r", "1"
+	late := nextTrigger()
+	pe.Annotations = map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: late.Format(time.RFC3339Nano)}
+	if err := store.Add(pe); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(pe, false)
+	key := keyOf(report.KindPolicyEndpoint, pe)
+	c.sync(key, time.Now()) // no local pod: the trigger is consumed
+	st0 := c.cfg.Seen.Stats()
+	if st0.Accepted != 1 {
+		t.Fatalf("accepted %d, want 1", st0.Accepted)
+	}
+	for range 3 {
+		c.relists[report.KindPolicyEndpoint].begin()
+		again := pe.DeepCopy()
+		if _, err := transform(again); err != nil { // relist: counted here
+			t.Fatal(err)
+		}
+		h.OnUpdate(pe, again) // the relist's same-resourceVersion update: not again
+		h.OnUpdate(pe, pe)    // a resync
+	}
+	st := c.cfg.Seen.Stats()
+	if n := st.Suppressed[report.Redelivered] - st0.Suppressed[report.Redelivered]; n != 6 || st.Accepted != 1 {
+		t.Errorf("6 re-deliveries: %d counted redelivered, %d accepted; want 6 and 1", n, st.Accepted)
+	}
+
+	// A second object: version 1 (trigger late) and version 2 (trigger early: the
+	// writer's clock stepped back) are both accepted, then a worker that read
+	// version 1 from the store before version 2's event consumes late.
+	pe = pe.DeepCopy()
+	pe.Name, pe.UID, pe.ResourceVersion = "np-s", "uid-np-s", "10"
+	late, early := nextTrigger(), nextTrigger().Add(-time.Hour)
+	pe.Annotations = map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: late.Format(time.RFC3339Nano)}
+	if err := store.Add(pe); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(pe, false)
+	older := pe.DeepCopy()
+	older.ResourceVersion = "11"
+	older.Annotations = map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: early.Format(time.RFC3339Nano)}
+	if err := store.Update(older); err != nil {
+		t.Fatal(err)
+	}
+	h.OnUpdate(pe, older)
+	c.cfg.Seen.NoLocalWork(string(pe.UID), late)
+	st0 = c.cfg.Seen.Stats()
+	h.OnUpdate(older, older)
+	c.relists[report.KindPolicyEndpoint].begin()
+	if _, err := transform(older.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	h.OnUpdate(older, older) // the relist's update
+	if st := c.cfg.Seen.Stats(); st.Accepted != 3 {
+		t.Fatalf("accepted %d, want 3", st.Accepted)
+	}
+	st = c.cfg.Seen.Stats()
+	if stale, redelivered := st.Suppressed[report.Stale]-st0.Suppressed[report.Stale], st.Suppressed[report.Redelivered]-st0.Suppressed[report.Redelivered]; stale != 2 || redelivered != 0 {
+		t.Errorf("re-deliveries of a version older than the consumed trigger: %d stale, %d redelivered; want 2 and 0", stale, redelivered)
 	}
 }

@@ -194,6 +194,9 @@ type Set struct {
 	changeSeq     atomic.Uint64
 	persists      atomic.Uint64
 	persistErrors atomic.Uint64
+	// redelivered counts CountRedelivered's re-deliveries, added to
+	// Stats.Suppressed[report.Redelivered].
+	redelivered atomic.Uint64
 
 	writeMu    sync.Mutex
 	durableSeq uint64
@@ -446,6 +449,16 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 func (s *Set) future(t int64) bool {
 	limit, ok := unixNano(s.cfg.now().Add(s.cfg.maxSkew))
 	return ok && t > limit
+}
+
+// CountRedelivered counts a re-delivery whose answer the caller already knows
+// without asking: a trigger Observe answered Accepted, Redelivered or
+// BeforeStart for the uid, delivered again with the same object version, and
+// the uid not forgotten since. Such a trigger is pending or consumed, and Observe
+// would answer Redelivered again and change nothing; this counts it the same,
+// without the lookup (a relist re-delivers every object).
+func (s *Set) CountRedelivered() {
+	s.redelivered.Add(1)
 }
 
 // ObserveInvalid counts an event whose annotation could not be parsed
@@ -716,6 +729,7 @@ func (s *Set) Stats() Stats {
 		}
 		sh.mu.Unlock()
 	}
+	st.Suppressed[report.Redelivered] += s.redelivered.Load()
 	st.Persists = s.persists.Load()
 	st.PersistErrors = s.persistErrors.Load()
 	return st

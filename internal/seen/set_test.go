@@ -509,3 +509,28 @@ func TestFutureTriggerNotConsumed(t *testing.T) {
 		t.Errorf("future counted %d times, want 1", st.Suppressed[report.Future])
 	}
 }
+
+// CountRedelivered counts what Observe of a pending or consumed trigger would:
+// one redelivered, nothing else changed.
+func TestCountRedelivered(t *testing.T) {
+	s, err := New(time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trig := time.Now().Add(-time.Minute)
+	if r := s.Observe("u", trig, time.Now()); r != report.Accepted {
+		t.Fatalf("Observe = %v", r)
+	}
+	before := s.Stats()
+	if r := s.Observe("u", trig, time.Now()); r != report.Redelivered {
+		t.Fatalf("Observe again = %v", r)
+	}
+	s.CountRedelivered()
+	after := s.Stats()
+	if n := after.Suppressed[report.Redelivered] - before.Suppressed[report.Redelivered]; n != 2 {
+		t.Errorf("Observe's and CountRedelivered's re-deliveries counted %d, want 2", n)
+	}
+	if after.Accepted != before.Accepted || after.Pending != before.Pending || after.Objects != before.Objects {
+		t.Errorf("CountRedelivered changed more than the count: %+v → %+v", before, after)
+	}
+}
