@@ -546,7 +546,8 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 		default:
 			events = append(events, watch.Event{Type: watch.Modified, Object: obj})
 		}
-		l.track(watch.Added, obj)
+		// track's work, with the key and accessor at hand: one string per object.
+		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
 	}
 	for _, prev := range old {
 		events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj})
