@@ -3,11 +3,13 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +63,24 @@ func memPE(i int, local bool) *v1alpha1.PolicyEndpoint {
 		})
 	}
 	return pe
+}
+
+// agentHeapProfile, when set, is where BenchmarkNodeLocalMemory10k writes a heap
+// profile of the synced agent (go tool pprof -sample_index=inuse_space).
+var agentHeapProfile = flag.String("agentheapprofile", "", "write a heap profile of BenchmarkNodeLocalMemory10k's synced agent to this file")
+
+func writeAgentHeapProfile(b *testing.B) {
+	if *agentHeapProfile == "" {
+		return
+	}
+	f, err := os.Create(*agentHeapProfile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // liveHeap is the heap in use by live objects, after two collections.
@@ -152,6 +172,7 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 		})
 		time.Sleep(time.Second) // retries and persists settle
 		agentHeap, agentRSS := liveHeap()-heap1, rss(b)-rss1
+		writeAgentHeapProfile(b)
 		objs, pods, _ := a.c.pods.size()
 		if pods != objects/every {
 			b.Errorf("agent programmed %d pods, want %d", pods, objects/every)
