@@ -522,8 +522,9 @@ func (rw *resilientWatch) relist() bool {
 
 // diff returns the events that turn what was delivered into items, and records
 // items as delivered: each item added, or modified (unchanged ones too, as the
-// reflector's relist re-delivers them; a new uid under the same name is a delete
-// and an add), and every delivered object missing from items deleted.
+// reflector's relist re-delivers them, as the object delivered before; a new uid
+// under the same name is a delete and an add), and every delivered object missing
+// from items deleted.
 func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -538,6 +539,17 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 		key := m.GetNamespace() + "/" + m.GetName()
 		prev, ok := old[key]
 		delete(old, key)
+		if ok && prev.uid == m.GetUID() && prev.rv == m.GetResourceVersion() {
+			// Unchanged: re-deliver the object the reflector holds, not the new
+			// decode. The informer's cache then keeps its object (node-local
+			// versions in the pod table refer to it, see nodeLocal), and the new
+			// list, which every listed item points into, is not kept alive by it.
+			events = append(events, watch.Event{Type: watch.Modified, Object: prev.obj})
+			l.delivered[key] = prev
+			continue
+		}
+		// New or changed: a copy of its own, so the new list is not kept.
+		obj = obj.DeepCopyObject()
 		switch {
 		case !ok:
 			events = append(events, watch.Event{Type: watch.Added, Object: obj})
@@ -546,7 +558,6 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 		default:
 			events = append(events, watch.Event{Type: watch.Modified, Object: obj})
 		}
-		// track's work, with the key and accessor at hand: one string per object.
 		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
 	}
 	for _, prev := range old {

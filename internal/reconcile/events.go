@@ -154,7 +154,9 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 		if err != nil {
 			return obj, nil
 		}
-		m.SetManagedFields(nil)
+		if m.GetManagedFields() != nil {
+			m.SetManagedFields(nil) // not on an object already cached (a relist re-delivers it)
+		}
 		list := c.relists[kind].current()
 		if list <= 1 {
 			return obj, nil // the initial list, or none yet

@@ -59,8 +59,23 @@ func TestListWatchDiff(t *testing.T) {
 		return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(uid), ResourceVersion: rv}}
 	}
 	l := &listWatch{}
-	l.remember(true, []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "2"), pe("recreated", "u3", "3"), pe("gone", "u4", "4")})
-	events := l.diff([]runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "7"), pe("recreated", "u9", "8"), pe("new", "u5", "9")})
+	first := []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "2"), pe("recreated", "u3", "3"), pe("gone", "u4", "4")}
+	l.remember(true, first)
+	relisted := []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "7"), pe("recreated", "u9", "8"), pe("new", "u5", "9")}
+	events := l.diff(relisted)
+	// The unchanged object is re-delivered as the object delivered before (the
+	// informer's cache keeps it; node-local versions refer to it); the others as
+	// copies of their own, so that nothing keeps the new list alive.
+	if events[0].Object != first[0] {
+		t.Error("the unchanged object was re-delivered as the new decode, not as the object delivered before")
+	}
+	for i, e := range events[1:] {
+		for _, item := range relisted {
+			if e.Object == item {
+				t.Errorf("event %d delivers an item of the new list itself, not a copy", i+1)
+			}
+		}
+	}
 	type ev struct {
 		t        watch.EventType
 		name, rv string
