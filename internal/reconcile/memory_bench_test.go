@@ -118,7 +118,8 @@ func rss(b *testing.B) int64 {
 // the same objects (client-go's ListWatch, the same managedFields-dropping transform)
 // is synced and measured, then dropped; then the whole agent (informers, pod table,
 // version table, seen-set with a state file, last valid versions, explain log) is
-// started, synced and measured. Both are live heap after GC, as a delta over the
+// started, synced and measured, and measured again after an in-place relist. All are
+// live heap after GC, as a delta over the
 // process before; RSS deltas are reported too (after FreeOSMemory; coarser: the Go
 // runtime keeps some freed pages). The state file and last valid versions go to
 // $TMPDIR (ext4 here, a real disk).
@@ -185,6 +186,20 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 		b.ReportMetric(float64(agentHeap)/float64(cacheHeap), "heap-ratio")
 		b.ReportMetric(float64(cacheRSS)/objects, "informer-rss-B/object")
 		b.ReportMetric(float64(agentRSS)/objects, "agent-rss-B/object")
+
+		// (c) The same after an in-place relist of the unchanged objects (the apiserver
+		// restarts; the ListWatch lists again after 410): nothing the relist decoded
+		// may stay alive beside the cache.
+		before, relists := a.c.Stats(), relistsBegun(a.c)
+		cp.RestartAPIServer(b)
+		testenv.Eventually(b, 5*time.Minute, "relist of every object", func() bool {
+			return relistsBegun(a.c) > relists &&
+				a.c.Stats().Delivered(report.KindPolicyEndpoint, report.CauseRelist)-before.Delivered(report.KindPolicyEndpoint, report.CauseRelist) >= objects
+		})
+		time.Sleep(time.Second)
+		relistHeap := liveHeap() - heap1
+		b.Logf("after a relist: agent %d KB heap", relistHeap>>10)
+		b.ReportMetric(float64(relistHeap)/objects, "agent-heap-after-relist-B/object")
 		runtime.KeepAlive(a)
 		a.stop()
 	}
