@@ -15,7 +15,11 @@ import (
 // compiles again), but needs none of its rules until then. So the pod table keeps such
 // a version without its converted rules (nodeLocal): identity, policy, isolation and
 // tier only, plus a reference to the informer's cached object it was compiled from —
-// memory the informer cache holds anyway.
+// memory the informer cache holds anyway. That holds while the cache keeps that
+// object: an in-place relist re-delivers an unchanged object as the one cached
+// (listWatch.diff). A relist the reflector makes itself (rare: the ListWatch absorbs
+// watch ends and 410s) caches new decodes; the versions kept here then hold the old
+// objects, and the list they came from, until their objects' next write.
 //
 // Bad input in an object with no local pods is still rejected here, as on every node:
 // the worker compiles every version in full (validation is the conversion) and drops
