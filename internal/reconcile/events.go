@@ -28,8 +28,9 @@ import (
 //     never reaches a handler at all, and with resync on it looks like a resync. So the
 //     relist is caught one step earlier, in the informer's transform function, which
 //     client-go calls on every object a list (or WatchList stream) brings and never on
-//     resync: an incoming object whose uid and resourceVersion equal the cached one is
-//     a relist re-delivery. It is counted and observed there, once per relist (the
+//     resync: an incoming object whose uid and resourceVersion equal the version the
+//     version table recorded for the uid (or else the cached one) is a relist
+//     re-delivery. It is counted and observed there, once per relist (the
 //     ListWatch marks the start of each list, and WatchList mode transforms each object
 //     twice, so a per-relist mark dedupes), and the same-resourceVersion update that
 //     may follow is recognised by its mark and dropped.

@@ -49,7 +49,8 @@ func (p fieldPath) errorf(value, format string, args ...any) *FieldError {
 
 // compiledObject is one valid PolicyEndpoint or ClusterPolicyEndpoint version turned
 // into dataplane rules, plus the local pods it selects. It is immutable once built:
-// workers share it between merges.
+// workers share it between merges (a version kept without its rules, see nodeLocal,
+// fills them in once, behind its own lock).
 type compiledObject struct {
 	key             objectKey
 	uid             types.UID
