@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -81,9 +82,13 @@ type ruleLabel struct {
 	dir   Direction
 	tier  string // "" for namespaced rules
 	index int
+	set   string // the RuleSet's name, for its rules
 }
 
 func (l ruleLabel) String() string {
+	if l.set != "" {
+		return fmt.Sprintf("%s rule %d of %s", l.dir, l.index, l.set)
+	}
 	if l.tier == "" {
 		return fmt.Sprintf("%s rule %d", l.dir, l.index)
 	}
@@ -140,9 +145,14 @@ func validateRule(label ruleLabel, r *Rule, action Action, arena *[]policyPortRu
 	return src, nil
 }
 
-// validateDirection checks every rule of d; the error names the first bad rule.
+// validateDirection checks every rule of d; the error names the first bad rule. The
+// rules of d's AllowSets were checked when the sets were built: they follow Allow's.
 func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline []sourceRule, err error) {
-	ns = make([]sourceRule, 0, len(d.Allow))
+	nsLen := len(d.Allow)
+	for _, s := range d.AllowSets {
+		nsLen += len(s.src)
+	}
+	ns = make([]sourceRule, 0, nsLen)
 	n := 0
 	for i := range d.Allow {
 		n += max(1, len(d.Allow[i].Ports))
@@ -159,6 +169,9 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 			return nil, nil, nil, err
 		}
 		ns = append(ns, src)
+	}
+	for _, s := range d.AllowSets {
+		ns = append(ns, s.src...)
 	}
 	tierRules := func(name string, rules []TierRule) ([]sourceRule, error) {
 		order := make([]int, len(rules))
@@ -191,65 +204,104 @@ func validateDirection(dir Direction, d *DirectionPolicy) (ns, admin, baseline [
 	return ns, admin, baseline, nil
 }
 
-// hashDirection returns a content hash of a direction policy: equal hashes mean the
-// datapath would behave identically. Values are encoded as given (prefixes masked), so
-// an invalid value never hashes like a valid one.
+// hashDirection returns a content hash of a direction policy but its AllowSets
+// (directionHash adds them): equal hashes mean the datapath would behave identically.
+// Values are encoded as given (prefixes masked), so an invalid value never hashes like
+// a valid one.
 func hashDirection(d *DirectionPolicy) uint64 {
-	h := sha256.New()
-	buf := make([]byte, 0, 512)
-	flush := func() {
-		if len(buf) > 256 {
-			h.Write(buf)
-			buf = buf[:0]
-		}
-	}
-	prefix := func(p netip.Prefix) {
-		a := p.Masked().Addr().As16()
-		buf = append(buf, a[:]...)
-		buf = append(buf, byte(p.Bits()))
-		if p.Addr().Is4() {
-			buf = append(buf, 4)
-		} else {
-			buf = append(buf, 6)
-		}
-	}
-	rule := func(r *Rule) {
-		prefix(r.CIDR)
-		buf = binary.AppendUvarint(buf, uint64(len(r.Except)))
-		for _, e := range r.Except {
-			prefix(e)
-			flush()
-		}
-		buf = binary.AppendUvarint(buf, uint64(len(r.Ports)))
-		for _, p := range r.Ports {
-			buf = append(buf, byte(p.Protocol))
-			buf = binary.BigEndian.AppendUint32(buf, uint32(p.Port))
-			buf = binary.BigEndian.AppendUint32(buf, uint32(p.EndPort))
-			flush()
-		}
-		flush()
-	}
-	buf = append(buf, 1) // encoding version
+	var e contentEncoder
+	e.start()
+	e.buf = append(e.buf, 1) // encoding version
 	if d.Isolated {
-		buf = append(buf, 1)
+		e.buf = append(e.buf, 1)
 	} else {
-		buf = append(buf, 0)
+		e.buf = append(e.buf, 0)
 	}
-	buf = binary.AppendUvarint(buf, uint64(len(d.Allow)))
+	e.buf = binary.AppendUvarint(e.buf, uint64(len(d.Allow)))
 	for i := range d.Allow {
-		rule(&d.Allow[i])
+		e.rule(&d.Allow[i])
 	}
 	for _, tier := range [][]TierRule{d.Admin, d.Baseline} {
-		buf = binary.AppendUvarint(buf, uint64(len(tier)))
+		e.buf = binary.AppendUvarint(e.buf, uint64(len(tier)))
 		for i := range tier {
-			buf = binary.BigEndian.AppendUint32(buf, uint32(tier[i].Priority))
-			buf = append(buf, byte(tier[i].Action))
-			rule(&tier[i].Rule)
+			e.buf = binary.BigEndian.AppendUint32(e.buf, uint32(tier[i].Priority))
+			e.buf = append(e.buf, byte(tier[i].Action))
+			e.rule(&tier[i].Rule)
 		}
 	}
-	h.Write(buf)
+	return e.sum()
+}
+
+// directionHash returns the hash of d without its AllowSets (rest) and with them
+// (full): the sets count by their hashes, so it costs their number, not their rules.
+// Without sets both are hashDirection's.
+func directionHash(d *DirectionPolicy) (rest, full uint64) {
+	rest = hashDirection(d)
+	if len(d.AllowSets) == 0 {
+		return rest, rest
+	}
+	var e contentEncoder
+	e.start()
+	e.buf = append(e.buf, 2) // a distinct encoding: rest's hash, then the sets'
+	e.buf = binary.BigEndian.AppendUint64(e.buf, rest)
+	e.buf = binary.AppendUvarint(e.buf, uint64(len(d.AllowSets)))
+	for _, s := range d.AllowSets {
+		e.buf = binary.BigEndian.AppendUint64(e.buf, s.hash)
+		e.flush()
+	}
+	return rest, e.sum()
+}
+
+// contentEncoder hashes policy content (SHA-256, the first 8 bytes), buffered.
+type contentEncoder struct {
+	h   hash.Hash
+	buf []byte
+}
+
+func (e *contentEncoder) start() {
+	e.h = sha256.New()
+	e.buf = make([]byte, 0, 512)
+}
+
+func (e *contentEncoder) flush() {
+	if len(e.buf) > 256 {
+		e.h.Write(e.buf)
+		e.buf = e.buf[:0]
+	}
+}
+
+func (e *contentEncoder) prefix(p netip.Prefix) {
+	a := p.Masked().Addr().As16()
+	e.buf = append(e.buf, a[:]...)
+	e.buf = append(e.buf, byte(p.Bits()))
+	if p.Addr().Is4() {
+		e.buf = append(e.buf, 4)
+	} else {
+		e.buf = append(e.buf, 6)
+	}
+}
+
+func (e *contentEncoder) rule(r *Rule) {
+	e.prefix(r.CIDR)
+	e.buf = binary.AppendUvarint(e.buf, uint64(len(r.Except)))
+	for _, x := range r.Except {
+		e.prefix(x)
+		e.flush()
+	}
+	e.buf = binary.AppendUvarint(e.buf, uint64(len(r.Ports)))
+	for _, p := range r.Ports {
+		e.buf = append(e.buf, byte(p.Protocol))
+		e.buf = binary.BigEndian.AppendUint32(e.buf, uint32(p.Port))
+		e.buf = binary.BigEndian.AppendUint32(e.buf, uint32(p.EndPort))
+		e.flush()
+	}
+	e.flush()
+}
+
+func (e *contentEncoder) sum() uint64 {
+	e.h.Write(e.buf)
 	var sum [sha256.Size]byte
-	return binary.LittleEndian.Uint64(h.Sum(sum[:0]))
+	return binary.LittleEndian.Uint64(e.h.Sum(sum[:0]))
 }
 
 // compileDirection flattens a validated Direction into trie entries (of no pod yet:

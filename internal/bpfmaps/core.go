@@ -108,7 +108,14 @@ type dirRecord struct {
 type sharedDirection struct {
 	hash uint64
 	comp compiledDirection
-	refs int // directions of pods holding it
+	refs int       // directions of pods holding it
+	inc  *incState // nil: never compiled from incrementally
+	// from is the compile this one was derived from (deriveDirection), fromDelta the
+	// difference of their entries: pods holding from take it instead of comparing
+	// all entries. Cleared once this one is derived from in turn, so that a chain
+	// of derived compiles holds one predecessor, not all.
+	from      *sharedDirection
+	fromDelta *entryDelta
 }
 
 // dirKeys are tagged keys of one direction (garbage to delete).
@@ -174,8 +181,12 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	pols := [2]*DirectionPolicy{&p.Ingress, &p.Egress}
 	// Hash first: content equal to the committed content was validated when it was
 	// committed, so an unchanged re-commit (a relist) costs the hash alone. Invalid
-	// values hash differently from every valid one (they are encoded raw).
-	hashes := [2]uint64{hashDirection(pols[0]), hashDirection(pols[1])}
+	// values hash differently from every valid one (they are encoded raw). AllowSets
+	// count by their hashes: their rules were validated and hashed when built.
+	var hashes, rests [2]uint64
+	for d := range pols {
+		rests[d], hashes[d] = directionHash(pols[d])
+	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -201,6 +212,12 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if shared[d] = c.shared[hashes[d]]; shared[d] != nil {
 			continue
 		}
+		// Only host rules of its sets changed: compile just their entries.
+		if rec != nil && rec.dirs[d].shared != nil {
+			if shared[d] = deriveDirection(rec.dirs[d].shared, pols[d], rests[d], hashes[d]); shared[d] != nil {
+				continue
+			}
+		}
 		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
 		if err != nil {
 			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
@@ -216,7 +233,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		newState.Dir = rec.state.Dir
 	}
 	var plans [2]dirPlan
-	delta := true
+	delta, incremental := true, true
 	for d := range changed {
 		if !changed[d] {
 			continue
@@ -230,6 +247,11 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 				return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 			}
 			shared[d] = &sharedDirection{hash: hashes[d], comp: comp}
+			if len(pols[d].AllowSets) > 0 && pols[d].Isolated {
+				// A broad rule's value over its size fails the compile above
+				// already; if not, the state is just not kept.
+				shared[d].inc, _ = newIncState(pols[d], srcs[d][0][:len(pols[d].Allow)], rests[d])
+			}
 		}
 		comp := &shared[d].comp
 		var old dirRecord
@@ -244,7 +266,12 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		if c.hasGarbage(Direction(d), idx, pl.target) {
 			return res, fmt.Errorf("commit pod %d: %s entries of an earlier commit could not be deleted", ifindex, Direction(d))
 		}
-		pl.post = diffEntries(&old.entries, &pl.next)
+		if shared[d].from != nil && shared[d].from == old.shared {
+			pl.post = *shared[d].fromDelta
+		} else {
+			pl.post = diffEntries(&old.entries, &pl.next)
+			incremental = false
+		}
 		if old.level {
 			pl.pre = pl.post
 		} else {
@@ -326,7 +353,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	res.Switch = res.Switched.Sub(t)
 
 	t = time.Now()
-	res.Delta = delta
+	res.Delta, res.Incremental = delta, incremental
 	if rec == nil {
 		rec = &podRecord{}
 		c.pods[idx] = rec
@@ -342,6 +369,9 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		rec.dirs[d] = dirRecord{entries: pl.next, shared: shared[d]}
 		if shared[d].refs++; shared[d].refs == 1 {
 			c.shared[shared[d].hash] = shared[d]
+			if f := shared[d].from; f != nil {
+				f.from, f.fromDelta = nil, nil
+			}
 		}
 		other := pl.target ^ 1
 		held := [2]int{len(old.k4), len(old.k6)}

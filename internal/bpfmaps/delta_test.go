@@ -1,8 +1,11 @@
 package bpfmaps
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -306,7 +309,8 @@ func (r *racer) finish() {
 }
 
 // TestKernelDeltaCommitsRaceLookups: random sequences of delta and full commits to
-// the kernel. While each commit runs, another goroutine runs packets through the
+// the kernel, of policies made of rule sets changed mostly as the controller changes
+// them (so that many commits are incremental). While each commit runs, another goroutine runs packets through the
 // programs (BPF_PROG_TEST_RUN), and after each of the commit's map writes the test
 // runs them too: each verdict must be the old policy's or the new one's. After each commit every packet gets the new policy's verdict and the entry
 // sets hold what the record says.
@@ -320,12 +324,23 @@ func TestKernelDeltaCommitsRaceLookups(t *testing.T) {
 	}
 	var kinds commitKinds
 	var r racer
-	pol := g.widePod()
-	if _, err := e.Commit(ifindex, pol); err != nil {
+	incremental := 0
+	cur := g.setsPod(t)
+	pol := cur.flat()
+	if _, err := e.Commit(ifindex, cur.policy()); err != nil {
 		t.Fatal(err)
 	}
-	for step := range steps {
-		next := g.mutate(pol)
+	for step := 0; step < steps; step++ {
+		nextSets := g.mutateSets(t, cur)
+		next := nextSets.flat()
+		if _, err := fullCompile(next.Ingress); err != nil {
+			step-- // too many ports for one value: rejected anyway
+			continue
+		}
+		if _, err := fullCompile(next.Egress); err != nil {
+			step--
+			continue
+		}
 		var pkts []racePacket
 		var plain []packet
 		for range packets {
@@ -361,7 +376,7 @@ func TestKernelDeltaCommitsRaceLookups(t *testing.T) {
 			}
 		}
 		r.start(ifindex, pkts)
-		res, err := e.Commit(ifindex, next)
+		res, err := e.Commit(ifindex, nextSets.policy())
 		r.finish()
 		e.afterWrite = nil
 		if t.Failed() {
@@ -377,7 +392,10 @@ func TestKernelDeltaCommitsRaceLookups(t *testing.T) {
 			t.Fatalf("step %d (%+v): racing lookups saw neither the old nor the new verdict: %v", step, res, r.wrong)
 		}
 		kinds.add(res)
-		pol = next
+		if res.Incremental {
+			incremental++
+		}
+		pol, cur = next, nextSets
 		for _, pkt := range plain {
 			for _, d := range []Direction{Ingress, Egress} {
 				if got, want := e.kernelVerdict(t, ifindex, d, pkt), referenceVerdict(pol, d, pkt); got != want {
@@ -389,12 +407,364 @@ func TestKernelDeltaCommitsRaceLookups(t *testing.T) {
 			return e.kernelSetEntries(t, uint32(ifindex), d, set)
 		})
 	}
-	t.Logf("%d racing packet runs", r.runs)
+	t.Logf("%d racing packet runs, %d incremental commits", r.runs, incremental)
 	kinds.requireMix(t, steps)
+	if incremental < steps/8 {
+		t.Fatalf("only %d of %d commits incremental", incremental, steps)
+	}
 	if _, err := e.Remove(ifindex); err != nil {
 		t.Fatal(err)
 	}
 	if n := trieEntries(t, e); n != 0 {
 		t.Fatalf("%d trie entries left after removing the pod", n)
+	}
+}
+
+// setsPod is a pod policy as reconcile builds it: isolation, tiers and some Allow
+// rules (base), and per direction one RuleSet per object, each mostly host rules
+// (the controller's pod peers) and sometimes a broad rule.
+type setsPod struct {
+	base PodPolicy
+	objs [2][][]Rule
+	sets [2][]*RuleSet
+}
+
+func (g *policyGen) hostRule() Rule {
+	a := g.addr(g.family())
+	return Rule{CIDR: netip.PrefixFrom(a, a.BitLen()), Ports: g.ports()}
+}
+
+func (g *policyGen) objectRules() []Rule {
+	var rs []Rule
+	for range g.rnd.IntN(30) {
+		rs = append(rs, g.hostRule())
+	}
+	if g.rnd.IntN(3) == 0 {
+		rs = append(rs, g.rule(g.family()))
+	}
+	return rs
+}
+
+func (g *policyGen) setsPod(t testing.TB) *setsPod {
+	p := &setsPod{base: g.pod()}
+	for d := range p.objs {
+		for range g.rnd.IntN(4) {
+			p.objs[d] = append(p.objs[d], g.objectRules())
+		}
+	}
+	p.build(t, nil)
+	return p
+}
+
+// build makes the sets of p's objects, each from the set of the same place in prev
+// (the object's previous version) when there is one.
+func (p *setsPod) build(t testing.TB, prev *setsPod) {
+	t.Helper()
+	for d := range p.objs {
+		p.sets[d] = make([]*RuleSet, len(p.objs[d]))
+		for i, rules := range p.objs[d] {
+			var from *RuleSet
+			if prev != nil && i < len(prev.sets[d]) {
+				from = prev.sets[d][i]
+			}
+			s, err := NewRuleSet(fmt.Sprintf("object %d", i), Direction(d), rules, from)
+			if err != nil {
+				t.Fatalf("NewRuleSet: %v", err)
+			}
+			p.sets[d][i] = s
+		}
+	}
+}
+
+// policy is p as committed: the objects' rules as sets.
+func (p *setsPod) policy() PodPolicy {
+	q := p.base
+	q.Ingress.AllowSets, q.Egress.AllowSets = p.sets[0], p.sets[1]
+	return q
+}
+
+// flat is p's policy with every rule in Allow: what a full compile and Verdict take
+// as the reference.
+func (p *setsPod) flat() PodPolicy {
+	q := PodPolicy{Ingress: cloneDirection(p.base.Ingress), Egress: cloneDirection(p.base.Egress)}
+	for d, dp := range []*DirectionPolicy{&q.Ingress, &q.Egress} {
+		for _, rules := range p.objs[d] {
+			dp.Allow = append(dp.Allow, rules...)
+		}
+	}
+	return q
+}
+
+// mutateSets returns p with a change, mostly the controller's (one object's host
+// rules, one to three of them, added, removed or given other ports), else one that
+// needs a full compile: a broad rule, an object added or removed, the base changed,
+// or a new policy. p is not modified.
+func (g *policyGen) mutateSets(t testing.TB, p *setsPod) *setsPod {
+	if g.rnd.IntN(12) == 0 {
+		return g.setsPod(t)
+	}
+	q := &setsPod{base: p.base}
+	for d := range p.objs {
+		q.objs[d] = slices.Clone(p.objs[d])
+	}
+	d := g.rnd.IntN(2)
+	switch k := g.rnd.IntN(10); {
+	case k < 7 && len(q.objs[d]) > 0:
+		i := g.rnd.IntN(len(q.objs[d]))
+		rules := slices.Clone(q.objs[d][i])
+		for range 1 + g.rnd.IntN(3) {
+			switch g.rnd.IntN(3) {
+			case 0:
+				rules = append(rules, g.hostRule())
+			case 1:
+				if len(rules) > 0 {
+					j := g.rnd.IntN(len(rules))
+					rules = slices.Delete(rules, j, j+1)
+				}
+			default:
+				if len(rules) > 0 {
+					j := g.rnd.IntN(len(rules))
+					if rules[j].CIDR.Bits() == rules[j].CIDR.Addr().BitLen() && len(rules[j].Except) == 0 {
+						rules[j].Ports = g.ports()
+					}
+				}
+			}
+		}
+		q.objs[d][i] = rules
+	case k == 7 && len(q.objs[d]) > 0:
+		i := g.rnd.IntN(len(q.objs[d]))
+		q.objs[d][i] = append(slices.Clone(q.objs[d][i]), g.rule(g.family()))
+	case k == 8:
+		if len(q.objs[d]) > 0 && g.rnd.IntN(2) == 0 {
+			q.objs[d] = q.objs[d][:len(q.objs[d])-1]
+		} else {
+			q.objs[d] = append(q.objs[d], g.objectRules())
+		}
+	default:
+		q.base = g.mutate(p.base)
+	}
+	q.build(t, p)
+	return q
+}
+
+// fullCompile is the reference: a fresh compile of a direction, as a first commit does.
+func fullCompile(d DirectionPolicy) (compiledDirection, error) {
+	ns, admin, baseline, err := validateDirection(Ingress, &d)
+	if err != nil {
+		return compiledDirection{}, err
+	}
+	return compileDirection(ns, admin, baseline, d.Isolated)
+}
+
+// checkFullCompile checks that a pod's committed entries and flags are a fresh full
+// compile's of its policy.
+func checkFullCompile(t *testing.T, rec *podRecord, p PodPolicy) {
+	t.Helper()
+	for d, dp := range []DirectionPolicy{p.Ingress, p.Egress} {
+		want, err := fullCompile(dp)
+		if err != nil {
+			t.Fatalf("%s: full compile: %v", Direction(d), err)
+		}
+		if got := &rec.dirs[d].entries; !got.equal(&want.Entries) {
+			t.Fatalf("%s: committed %d entries, not the full compile's %d", Direction(d), got.len(), want.Entries.len())
+		}
+		if got := wordFlags(rec.state.Dir[d]); got != want.Flags {
+			t.Fatalf("%s: flags %#x, the full compile's %#x", Direction(d), got, want.Flags)
+		}
+	}
+}
+
+// TestIncrementalCommitsMatchFullCompile: random policies made of rule sets, changed
+// mostly as the controller changes them (a few host rules of one object, on every pod
+// the object selects) and sometimes otherwise, committed to the in-memory backend:
+// after every commit the committed entries (both entry sets) are a fresh full
+// compile's, every packet gets Verdict's answer (of the sets and of the same rules
+// as plain Allow rules), and both incremental and full compiles were exercised.
+func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
+	g := newPolicyGen(17)
+	m := NewMemory()
+	const pods, steps, packets = 3, 600, 30
+	pols := make([]*setsPod, pods)
+	for i := range pols {
+		pols[i] = g.setsPod(t)
+	}
+	var incremental, full, fromOther, refused int
+	for step := range steps {
+		i := g.rnd.IntN(pods)
+		if g.rnd.IntN(10) == 0 {
+			pols[i] = pols[(i+1)%pods] // the same objects as another pod
+		}
+		next := g.mutateSets(t, pols[i])
+		// The change reaches every pod holding the same objects, as reconcile commits it.
+		cur := pols[i]
+		for j := range pods {
+			if pols[j] != cur {
+				continue
+			}
+			ifindex := j + 1
+			res, err := m.Commit(ifindex, next.policy())
+			if err != nil {
+				if !errors.Is(err, ErrInvalidPolicy) {
+					t.Fatalf("step %d: commit: %v", step, err)
+				}
+				_, e0 := fullCompile(next.flat().Ingress)
+				_, e1 := fullCompile(next.flat().Egress)
+				if e0 == nil && e1 == nil {
+					t.Fatalf("step %d: commit refused a policy the full compile takes: %v", step, err)
+				}
+				refused++
+				continue // the pod keeps its policy
+			}
+			pols[j] = next
+			switch {
+			case res.Skipped:
+			case res.Incremental && j != i && slices.Contains(pols[:j], next):
+				fromOther++
+			case res.Incremental:
+				incremental++
+			default:
+				full++
+			}
+		}
+		for j := range pods {
+			ifindex := j + 1
+			rec := m.pods[uint32(ifindex)]
+			if rec == nil {
+				continue // every commit of it refused so far
+			}
+			flat := pols[j].flat()
+			checkFullCompile(t, rec, flat)
+			checkSets(t, rec, func(d Direction, set uint32) dirEntries { return m.maps.setEntries(uint32(ifindex), d, set) })
+			for range packets {
+				pkt := g.packet()
+				for _, d := range []Direction{Ingress, Egress} {
+					want := referenceVerdict(flat, d, pkt)
+					if got := referenceVerdict(pols[j].policy(), d, pkt); got != want {
+						t.Fatalf("step %d: Verdict of the sets %v, of the same rules in Allow %v", step, got, want)
+					}
+					if got := m.Verdict(ifindex, d, pkt.peer, pkt.proto, pkt.port); got != want {
+						t.Fatalf("step %d pod %d %s %v %v/%d: verdict %v, Verdict %v", step, ifindex, d, pkt.peer, pkt.proto, pkt.port, got, want)
+					}
+				}
+			}
+		}
+		for d := range 2 {
+			if n := m.entryCount(Direction(d)); n != m.used[d][0]+m.used[d][1] {
+				t.Fatalf("step %d: %s maps hold %d entries, accounted %d", step, Direction(d), n, m.used[d][0]+m.used[d][1])
+			}
+		}
+		checkShared(t, m.core)
+	}
+	t.Logf("%d steps: %d incremental commits, %d taking another pod's incremental compile, %d full, %d refused", steps, incremental, fromOther, full, refused)
+	if incremental < steps/8 || fromOther < steps/20 || full < steps/10 {
+		t.Fatalf("too few incremental (%d), shared incremental (%d) or full (%d) commits of %d steps to prove anything", incremental, fromOther, full, steps)
+	}
+}
+
+// hostRules are n /32 rules from 10.0.0.0 on, on TCP port.
+func hostRules(n int, port int32) []Rule {
+	rs := make([]Rule, n)
+	for i := range rs {
+		a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		rs[i] = Rule{CIDR: netip.PrefixFrom(a, 32), Ports: []PortRule{{Protocol: ProtocolTCP, Port: port}}}
+	}
+	return rs
+}
+
+// TestIncrementalFastPath: a change of a few host rules of a set built from the
+// committed one is compiled incrementally (and taken as is by a second pod with the
+// same policy); every other kind of change is compiled in full. Each result is
+// checked against a full compile.
+func TestIncrementalFastPath(t *testing.T) {
+	m := NewMemory()
+	set := func(rules []Rule, prev *RuleSet) *RuleSet {
+		t.Helper()
+		s, err := NewRuleSet("PolicyEndpoint ns/web", Ingress, rules, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	base := hostRules(1000, 80)
+	cur := set(base, nil)
+	pol := func(sets ...*RuleSet) PodPolicy {
+		return PodPolicy{Ingress: DirectionPolicy{Isolated: true, AllowSets: sets}}
+	}
+	flat := func(p PodPolicy) PodPolicy {
+		d := DirectionPolicy{Isolated: p.Ingress.Isolated, Allow: slices.Clone(p.Ingress.Allow), Admin: p.Ingress.Admin}
+		for _, s := range p.Ingress.AllowSets {
+			d.Allow = append(d.Allow, s.rules...)
+		}
+		return PodPolicy{Ingress: d}
+	}
+	commit := func(ifindex int, p PodPolicy, incremental bool, what string) CommitResult {
+		t.Helper()
+		res, err := m.Commit(ifindex, p)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if res.Incremental != incremental {
+			t.Fatalf("%s: incremental %v, want %v (%+v)", what, res.Incremental, incremental, res)
+		}
+		checkFullCompile(t, m.pods[uint32(ifindex)], flat(p))
+		return res
+	}
+	commit(1, pol(cur), false, "first commit")
+	commit(2, pol(cur), false, "first commit of a second pod")
+	commit(1, pol(cur), false, "the same set again") // skipped
+
+	// The controller's change: one pod peer more, then one fewer.
+	rules := append(slices.Clone(base), Rule{CIDR: netip.MustParsePrefix("11.0.0.1/32"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}})
+	next := set(rules, cur)
+	commit(1, pol(next), true, "one host rule added") // the second entry set is written in full
+	commit(2, pol(next), true, "the same change on a second pod")
+	cur, next = next, set(slices.Delete(slices.Clone(rules), 5, 6), next)
+	for ifindex := 1; ifindex <= 2; ifindex++ {
+		if res := commit(ifindex, pol(next), true, "one host rule removed"); !res.Delta || res.EntriesDeleted != 2 || res.EntriesWritten != 0 {
+			t.Fatalf("one host rule removed: %+v, want a delta of one entry per set", res)
+		}
+	}
+	cur, next = next, set(append(slices.Clone(next.rules), Rule{CIDR: netip.MustParsePrefix("10.0.0.7/32"), Ports: []PortRule{{Protocol: ProtocolUDP, Port: 53}}}), next)
+	commit(1, pol(next), true, "a second rule for a host")
+	cur = next
+
+	// Everything else compiles in full.
+	next = set(append(slices.Clone(cur.rules), Rule{CIDR: netip.MustParsePrefix("10.0.0.0/24"), Except: []netip.Prefix{netip.MustParsePrefix("10.0.0.9/32")}}), cur)
+	commit(1, pol(next), false, "a broad rule added")
+	cur = next
+	next = set(append(slices.Clone(cur.rules), Rule{CIDR: netip.MustParsePrefix("10.0.0.3/32"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 443}}}), cur)
+	commit(1, pol(next), true, "a host rule under a broad one, after a full compile")
+	cur = next
+	other := set(hostRules(3, 22), nil)
+	commit(1, pol(cur, other), false, "a set added")
+	next = set(cur.rules[:len(cur.rules)-1], cur)
+	commit(1, pol(next, other), true, "a host rule removed with two sets")
+	cur = next
+	p := pol(cur, other)
+	p.Ingress.Admin = []TierRule{{Priority: 1, Action: ActionDeny, Rule: Rule{CIDR: netip.MustParsePrefix("10.0.1.0/24")}}}
+	commit(1, p, false, "an admin rule added")
+	next = set(cur.rules[:len(cur.rules)-1], nil)
+	p.Ingress.AllowSets[0] = next
+	commit(1, p, false, "a set not built from the committed one")
+	cur = next
+	many := slices.Clone(cur.rules)
+	for i := range many[:maxSetChanges(len(many))+1] {
+		many[i].Ports = []PortRule{{Protocol: ProtocolTCP, Port: 81}}
+	}
+	next = set(many, cur)
+	p.Ingress.AllowSets[0] = next
+	commit(1, p, false, "too many host rules changed")
+	cur = next
+
+	// A host rule whose ports, with the others at its address, overflow a value: the
+	// incremental compile leaves it to the full one, whose error names the rule.
+	crowded := slices.Clone(cur.rules)
+	for i := range maxPortRules + 1 {
+		crowded = append(crowded, Rule{CIDR: netip.MustParsePrefix("10.0.0.1/32"), Ports: []PortRule{{Protocol: ProtocolUDP, Port: int32(1000 + 2*i)}}})
+	}
+	p.Ingress.AllowSets[0] = set(crowded, cur)
+	_, err := m.Commit(1, p)
+	if !errors.Is(err, ErrInvalidPolicy) || !strings.Contains(err.Error(), "of PolicyEndpoint ns/web") {
+		t.Fatalf("overflowing host rules: %v, want ErrInvalidPolicy naming the set's rule", err)
 	}
 }

@@ -131,10 +131,15 @@ type TierRule struct {
 
 // DirectionPolicy is everything that applies to one pod in one direction.
 type DirectionPolicy struct {
-	Isolated bool       // some namespaced policy selects the pod in this direction
-	Allow    []Rule     // union of namespaced allow rules; consulted only if Isolated
-	Admin    []TierRule // admin tier: lower Priority first; Accept/Deny decide, Pass → namespaced
-	Baseline []TierRule // baseline tier: applies only when !Isolated
+	Isolated bool   // some namespaced policy selects the pod in this direction
+	Allow    []Rule // union of namespaced allow rules; consulted only if Isolated
+	// AllowSets are more allow rules, validated beforehand (NewRuleSet), typically one
+	// per object: their rules count as Allow's. A commit reads their hashes instead
+	// of hashing their rules and, when only their host rules changed since the pod's
+	// last commit, computes only those rules' entries again.
+	AllowSets []*RuleSet
+	Admin     []TierRule // admin tier: lower Priority first; Accept/Deny decide, Pass → namespaced
+	Baseline  []TierRule // baseline tier: applies only when !Isolated
 }
 
 // PodPolicy is a pod's policy in both directions. Ingress is about packets the pod
@@ -205,6 +210,13 @@ func (d DirectionPolicy) Verdict(peer netip.Addr, proto Protocol, port uint16) b
 				return true
 			}
 		}
+		for _, s := range d.AllowSets {
+			for i := range s.rules {
+				if s.rules[i].matches(peer, proto, port) {
+					return true
+				}
+			}
+		}
 		return false
 	}
 	for _, r := range sortedTier(d.Baseline) {
@@ -270,7 +282,13 @@ type CommitResult struct {
 	// level). Otherwise the inactive set was written in full or the old active set
 	// deleted (a first commit, a change of more than half the entries, or no room
 	// for two sets).
-	Delta          bool
+	Delta bool
+	// Incremental: every changed direction was compiled from the pod's previous
+	// compile, computing again only the entries of the host rules that changed (or
+	// took another pod's such compile of the same change); its entries' difference
+	// came with it. Otherwise a direction was compiled in full (or taken from the
+	// shared compiles) and its entries compared with the committed ones.
+	Incremental    bool
 	EntriesWritten int // entries inserted or replaced, both sets together
 	EntriesDeleted int
 	// Per phase, for telemetry: Compile (validate, hash, flatten, difference), Attach
