@@ -591,14 +591,16 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 	var incremental, full, fromOther, refused int
 	for step := range steps {
 		i := g.rnd.IntN(pods)
-		if g.rnd.IntN(10) == 0 {
+		if g.rnd.IntN(5) == 0 {
 			pols[i] = pols[(i+1)%pods] // the same objects as another pod
 		}
 		next := g.mutateSets(t, pols[i])
-		// The change reaches every pod holding the same objects, as reconcile commits it.
-		cur := pols[i]
+		// The change reaches every pod holding the same objects, as reconcile commits
+		// it, or sometimes one of them only (another object changed, which selects it
+		// alone): the pods' compiles then diverge from a common one.
+		cur, alone := pols[i], g.rnd.IntN(6) == 0
 		for j := range pods {
-			if pols[j] != cur {
+			if pols[j] != cur || alone && j != i {
 				continue
 			}
 			ifindex := j + 1
@@ -656,7 +658,7 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 		checkShared(t, m.core)
 	}
 	t.Logf("%d steps: %d incremental commits, %d taking another pod's incremental compile, %d full, %d refused", steps, incremental, fromOther, full, refused)
-	if incremental < steps/8 || fromOther < steps/20 || full < steps/10 {
+	if incremental < steps/8 || fromOther < steps/60 || full < steps/10 {
 		t.Fatalf("too few incremental (%d), shared incremental (%d) or full (%d) commits of %d steps to prove anything", incremental, fromOther, full, steps)
 	}
 }

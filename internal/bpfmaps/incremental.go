@@ -224,9 +224,18 @@ func deriveDirection(s *sharedDirection, p *DirectionPolicy, rest, full uint64) 
 		}
 		ch6 = append(ch6, c)
 	}
+	// The compile s was derived from, if no pod holds it any more, is held by s
+	// alone (for pods moving from it, and none will): its arrays take the new
+	// entries, which saves allocating and clearing them.
+	var buf dirEntries
+	if f := s.from; f != nil && f.refs == 0 {
+		buf = f.comp.Entries
+		f.comp.Entries = dirEntries{}
+		s.from, s.fromDelta = nil, nil
+	}
 	d := entryDelta{old: old, next: n}
-	n.k4, n.i4, d.put4, d.del4, d.add4 = applyChanges(old.k4, old.i4, ch4)
-	n.k6, n.i6, d.put6, d.del6, d.add6 = applyChanges(old.k6, old.i6, ch6)
+	n.k4, n.i4, d.put4, d.del4, d.add4 = applyChanges(old.k4, old.i4, ch4, buf.k4, buf.i4)
+	n.k6, n.i6, d.put6, d.del6, d.add6 = applyChanges(old.k6, old.i6, ch6, buf.k6, buf.i6)
 	// Isolated: the namespaced entries are the last (no baseline entries).
 	ns := len(n.k4) - sort.Search(len(n.k4), func(i int) bool { return tierRank(n.k4[i].Tag) >= tierRank(uint32(tierNamespaced)) }) +
 		len(n.k6) - sort.Search(len(n.k6), func(i int) bool { return tierRank(n.k6[i].Tag) >= tierRank(uint32(tierNamespaced)) })
@@ -242,14 +251,20 @@ func deriveDirection(s *sharedDirection, p *DirectionPolicy, rest, full uint64) 
 }
 
 // applyChanges returns the entries keys and values with the changes (sorted by key)
-// applied, and the delta's puts (into the result) and deletes (into keys), and how
-// many puts are of new keys. Copying the unchanged runs is the only work that grows
-// with the entries.
-func applyChanges[K any](keys []K, vals []uint32, ch []keyChange[K]) (nk []K, nv []uint32, put, del []int32, adds int) {
-	if len(ch) == 0 {
-		return keys, vals, nil, nil, 0
+// applied, in bufK and bufV if they are large enough, and the delta's puts (into the
+// result) and deletes (into keys), and how many puts are of new keys. Copying the
+// unchanged runs is the only work that grows with the entries.
+func applyChanges[K any](keys []K, vals []uint32, ch []keyChange[K], bufK []K, bufV []uint32) (nk []K, nv []uint32, put, del []int32, adds int) {
+	if len(keys) == 0 && len(ch) == 0 {
+		return nil, nil, nil, nil, 0
 	}
-	nk, nv = make([]K, 0, len(keys)+len(ch)), make([]uint32, 0, len(keys)+len(ch))
+	// An unchanged family is copied too: no two compiles share arrays, so a dead
+	// one's can be reused (deriveDirection).
+	if size := len(keys) + len(ch); cap(bufK) >= size && cap(bufV) >= size {
+		nk, nv = bufK[:0], bufV[:0]
+	} else {
+		nk, nv = make([]K, 0, size+size/64), make([]uint32, 0, size+size/64)
+	}
 	pos := 0
 	for _, c := range ch {
 		nk, nv = append(nk, keys[pos:c.at]...), append(nv, vals[pos:c.at]...)
