@@ -84,6 +84,9 @@ func (c *Controller) restoreLastValid() int {
 			continue
 		}
 		compiled, err := c.compile(saved)
+		if err == nil {
+			err = compiled.buildSets(nil)
+		}
 		if err != nil {
 			c.log.Warn("saved last valid version no longer compiles: not restored", "object", key.String(), "err", err)
 			continue

@@ -309,7 +309,7 @@ func sameTimes(a, b []time.Time) bool {
 
 func hasRules(p bpfmaps.PodPolicy) bool {
 	for _, d := range []bpfmaps.DirectionPolicy{p.Ingress, p.Egress} {
-		if len(d.Allow)+len(d.Admin)+len(d.Baseline) > 0 {
+		if len(d.Allow)+len(d.AllowSets)+len(d.Admin)+len(d.Baseline) > 0 {
 			return true
 		}
 	}

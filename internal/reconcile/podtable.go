@@ -48,6 +48,9 @@ type podTable struct {
 	strict       *localPodSet
 	strictDenied map[netip.Addr]struct{}
 	initialDone  bool
+
+	// versions mirrors objects[key].compiled, written under mu, read without (version).
+	versions sync.Map
 }
 
 // objectState is what the table remembers of one object key.
@@ -179,6 +182,16 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 	return res
 }
 
+// version returns the key's last valid version if it has uid, else nil: what a new
+// version's rule sets are built from (compiledObject.buildSets). It does not wait
+// for mu: a worker builds them before it asks for the lock.
+func (t *podTable) version(key objectKey, uid types.UID) *compiledObject {
+	if v, ok := t.versions.Load(key); ok && v.(*compiledObject).uid == uid {
+		return v.(*compiledObject)
+	}
+	return nil
+}
+
 // commitDeleted re-commits the pods the deleted object under key selected, without
 // it, and drops the key once that is done. It returns the uid the key held, "" if
 // none.
@@ -267,10 +280,14 @@ func (t *podTable) index(st *objectState, compiled *compiledObject) {
 			}
 		}
 	}
+	if old := st.compiled; old != nil && compiled == nil {
+		t.versions.CompareAndDelete(old.key, old)
+	}
 	st.compiled = compiled
 	if compiled == nil {
 		return
 	}
+	t.versions.Store(compiled.key, compiled)
 	if compiled.policy != (policyKey{}) {
 		if t.chunks[compiled.policy] == nil {
 			t.chunks[compiled.policy] = map[objectKey]struct{}{}

@@ -64,6 +64,9 @@ type compiledObject struct {
 	// PolicyEndpoint: the directions it isolates and its allow rules for them.
 	isolated [2]bool
 	allow    [2][]bpfmaps.Rule
+	// sets are allow as dataplane rule sets (buildSets), validated and hashed before
+	// the table's lock is taken; nil: merged as plain rules.
+	sets [2]*bpfmaps.RuleSet
 
 	// ClusterPolicyEndpoint: its tier and rules, in spec order, priority applied.
 	tier      v1alpha1.ClusterPolicyTier
@@ -439,6 +442,28 @@ func convertPort(port *v1alpha1.Port, p fieldPath) (bpfmaps.PortRule, error) {
 	return pr, nil
 }
 
+// buildSets builds c's allow rules into rule sets, each from prev's set of the same
+// direction (the key's version before, nil if none): a commit then validates and
+// hashes nothing of them under the lock and, when only pod peers changed, compiles
+// only those. Before commitVersion, outside the table's lock.
+func (c *compiledObject) buildSets(prev *compiledObject) error {
+	for d := range c.allow {
+		if !c.isolated[d] {
+			continue // its rules are not part of the policy
+		}
+		var from *bpfmaps.RuleSet
+		if prev != nil {
+			from = prev.sets[d]
+		}
+		s, err := bpfmaps.NewRuleSet(c.key.String(), bpfmaps.Direction(d), c.allow[d], from)
+		if err != nil {
+			return root("spec").child(directionField[d]).errorf("", "%v", err)
+		}
+		c.sets[d] = s
+	}
+	return nil
+}
+
 // mergePodPolicy is the policy of one pod: every object selecting it, merged.
 // Namespaced policy: a direction is isolated if any object isolates it, and its allow
 // rules are the union of theirs. Cluster policy: each object's rules go to its tier,
@@ -454,7 +479,12 @@ func mergePodPolicy(objs []*compiledObject) bpfmaps.PodPolicy {
 		for d := range dirs {
 			switch o.key.kind {
 			case report.KindPolicyEndpoint:
-				if o.isolated[d] {
+				switch {
+				case !o.isolated[d]:
+				case o.sets[d] != nil:
+					dirs[d].Isolated = true
+					dirs[d].AllowSets = append(dirs[d].AllowSets, o.sets[d])
+				default:
 					dirs[d].Isolated = true
 					dirs[d].Allow = append(dirs[d].Allow, o.allow[d]...)
 				}

@@ -60,6 +60,9 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		return outcomeGiveUp
 	}
 	v := c.versions.checkout(m)
+	if err == nil {
+		err = compiled.buildSets(c.pods.version(key, v.uid))
+	}
 	times.computeEnd = time.Now()
 	log := c.log.With("kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", v.uid, "resourceVersion", v.resourceVersion)
 
