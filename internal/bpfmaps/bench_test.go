@@ -51,6 +51,37 @@ func BenchmarkCommit10k(b *testing.B) {
 		b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
 	})
 
+	b.Run("atomic-commit-sets", func(b *testing.B) {
+		// The same as reconcile commits it: the rules are a RuleSet, validated and
+		// hashed when built (untimed), so the commit flattens and writes them only.
+		e := openTestEBPF(b, EBPFOptions{})
+		ifindex := dummyInterface(b)
+		var pols [2]PodPolicy
+		for i := range pols {
+			s, err := NewRuleSet("PolicyEndpoint bench/wide", Ingress, widePolicy(n, int32(80+i)).Ingress.Allow, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pols[i] = PodPolicy{Ingress: DirectionPolicy{Isolated: true, AllowSets: []*RuleSet{s}}}
+		}
+		if _, err := e.Commit(ifindex, pols[1]); err != nil {
+			b.Fatal(err)
+		}
+		var write, clean time.Duration
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; b.Loop(); i++ {
+			res, err := e.Commit(ifindex, pols[i%2])
+			if err != nil || res.EntriesWritten != n || res.EntriesDeleted != n || res.Delta {
+				b.Fatalf("commit: %+v %v", res, err)
+			}
+			write += res.Write
+			clean += res.Cleanup
+		}
+		b.ReportMetric(float64(write.Nanoseconds())/float64(b.N), "write-ns/op")
+		b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
+	})
+
 	keys, vals := make([]policyLpmKey4, n), make([]policyRuleValue, n)
 	for i := range keys {
 		keys[i] = policyLpmKey4{Prefixlen: 96, Ifindex: 1, Tag: entryTag(1, tierNamespaced), Addr: [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}}
