@@ -110,6 +110,8 @@ type sharedDirection struct {
 	comp compiledDirection
 	refs int       // directions of pods holding it
 	inc  *incState // nil: never compiled from incrementally
+	// borrowed: comp's arrays are a RuleSet's too (RuleSet.pre), never reused.
+	borrowed bool
 	// from is the compile this one was derived from (deriveDirection), fromDelta the
 	// difference of their entries: pods holding from take it instead of comparing
 	// all entries. Cleared once this one is derived from in turn, so that a chain
@@ -217,6 +219,11 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 			if shared[d] = deriveDirection(rec.dirs[d].shared, pols[d], rests[d], hashes[d]); shared[d] != nil {
 				continue
 			}
+		}
+		// One set alone, compiled when it was built, before the lock.
+		if pre := precompiled(pols[d]); pre != nil {
+			shared[d] = &sharedDirection{hash: hashes[d], comp: pre.comp, borrowed: true, inc: newIncStateOf(pols[d], rests[d], pre.broad)}
+			continue
 		}
 		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
 		if err != nil {

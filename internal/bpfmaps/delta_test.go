@@ -447,7 +447,12 @@ func (g *policyGen) objectRules() []Rule {
 
 func (g *policyGen) setsPod(t testing.TB) *setsPod {
 	p := &setsPod{base: g.pod()}
-	for d := range p.objs {
+	for d, dp := range []*DirectionPolicy{&p.base.Ingress, &p.base.Egress} {
+		if g.rnd.IntN(3) == 0 { // one object alone, as most pods' policies are
+			dp.Isolated, dp.Allow, dp.Admin = true, nil, nil
+			p.objs[d] = [][]Rule{g.objectRules()}
+			continue
+		}
 		for range g.rnd.IntN(4) {
 			p.objs[d] = append(p.objs[d], g.objectRules())
 		}
@@ -588,7 +593,7 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 	for i := range pols {
 		pols[i] = g.setsPod(t)
 	}
-	var incremental, full, fromOther, refused int
+	var incremental, full, fromOther, refused, precompiled int
 	for step := range steps {
 		i := g.rnd.IntN(pods)
 		if g.rnd.IntN(5) == 0 {
@@ -636,6 +641,11 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 			}
 			flat := pols[j].flat()
 			checkFullCompile(t, rec, flat)
+			for d := range rec.dirs {
+				if s := rec.dirs[d].shared; s != nil && s.borrowed {
+					precompiled++
+				}
+			}
 			checkSets(t, rec, func(d Direction, set uint32) dirEntries { return m.maps.setEntries(uint32(ifindex), d, set) })
 			for range packets {
 				pkt := g.packet()
@@ -657,8 +667,9 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 		}
 		checkShared(t, m.core)
 	}
-	t.Logf("%d steps: %d incremental commits, %d taking another pod's incremental compile, %d full, %d refused", steps, incremental, fromOther, full, refused)
-	if incremental < steps/8 || fromOther < steps/60 || full < steps/10 {
+	t.Logf("%d steps: %d incremental commits, %d taking another pod's incremental compile, %d full, %d refused; %d pod directions seen holding a set's own compile",
+		steps, incremental, fromOther, full, refused, precompiled)
+	if incremental < steps/8 || fromOther < steps/60 || full < steps/10 || precompiled < steps/10 {
 		t.Fatalf("too few incremental (%d), shared incremental (%d) or full (%d) commits of %d steps to prove anything", incremental, fromOther, full, steps)
 	}
 }
@@ -712,6 +723,9 @@ func TestIncrementalFastPath(t *testing.T) {
 		return res
 	}
 	commit(1, pol(cur), false, "first commit")
+	if !m.pods[1].dirs[Ingress].shared.borrowed {
+		t.Fatal("first commit of a set alone: not the set's own compile, made when it was built")
+	}
 	commit(2, pol(cur), false, "first commit of a second pod")
 	commit(1, pol(cur), false, "the same set again") // skipped
 
@@ -757,6 +771,19 @@ func TestIncrementalFastPath(t *testing.T) {
 	p.Ingress.AllowSets[0] = next
 	commit(1, p, false, "too many host rules changed")
 	cur = next
+
+	// A set's own compile stays as built when the pod that took it moves on twice
+	// (its second derived compile may reuse the arrays of a dead first one, never
+	// the set's): another pod committing the set later gets the set's entries.
+	x := set(hostRules(302, 80), nil)
+	commit(3, pol(x), false, "a set alone")
+	y := set(hostRules(301, 80), x)
+	commit(3, pol(y), true, "a set alone, one host rule removed")
+	z := slices.Clone(y.rules)
+	z[0].Ports = []PortRule{{Protocol: ProtocolUDP, Port: 53}}
+	z[1].Ports = z[0].Ports
+	commit(3, pol(set(z, y)), true, "a set alone, two host rules' ports changed")
+	commit(4, pol(x), false, "the first set on another pod")
 
 	// A host rule whose ports, with the others at its address, overflow a value: the
 	// incremental compile leaves it to the full one, whose error names the rule.

@@ -55,6 +55,23 @@ func newIncState(p *DirectionPolicy, allow []sourceRule, rest uint64) (*incState
 			rules = append(rules, s.src[i])
 		}
 	}
+	b, err := newBroadIndex(rules)
+	if err != nil {
+		return nil, err
+	}
+	return newIncStateOf(p, rest, b), nil
+}
+
+func newIncStateOf(p *DirectionPolicy, rest uint64, b *broadIndex) *incState {
+	st := &incState{rest: rest, broad: b}
+	for _, s := range p.AllowSets {
+		st.sets = append(st.sets, setRef{s.id, s.hash})
+	}
+	return st
+}
+
+// newBroadIndex compiles broad rules into a broadIndex.
+func newBroadIndex(rules []sourceRule) (*broadIndex, error) {
 	var e dirEntries
 	in := interner{vals: &e.vals, last: -1}
 	if err := flatten(&e, &in, tierNamespaced, rules); err != nil {
@@ -80,11 +97,17 @@ func newIncState(p *DirectionPolicy, allow []sourceRule, rest uint64) (*incState
 	for fam := range b.lens {
 		slices.SortFunc(b.lens[fam], func(a, b uint8) int { return int(b) - int(a) })
 	}
-	st := &incState{rest: rest, broad: b}
-	for _, s := range p.AllowSets {
-		st.sets = append(st.sets, setRef{s.id, s.hash})
+	return b, nil
+}
+
+// precompiled returns the compile of p built with its only set (RuleSet.pre) when p
+// is that set alone: isolated, no Allow or admin rules (baseline rules are not
+// compiled in an isolated direction). nil otherwise.
+func precompiled(p *DirectionPolicy) *precompile {
+	if !p.Isolated || len(p.Allow) > 0 || len(p.Admin) > 0 || len(p.AllowSets) != 1 {
+		return nil
 	}
-	return st, nil
+	return p.AllowSets[0].pre
 }
 
 // keyOf4 and keyOf6 are the prefix of a trie key (its tier aside).
@@ -228,7 +251,7 @@ func deriveDirection(s *sharedDirection, p *DirectionPolicy, rest, full uint64) 
 	// alone (for pods moving from it, and none will): its arrays take the new
 	// entries, which saves allocating and clearing them.
 	var buf dirEntries
-	if f := s.from; f != nil && f.refs == 0 {
+	if f := s.from; f != nil && f.refs == 0 && !f.borrowed {
 		buf = f.comp.Entries
 		f.comp.Entries = dirEntries{}
 		s.from, s.fromDelta = nil, nil

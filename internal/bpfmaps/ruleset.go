@@ -28,6 +28,17 @@ type RuleSet struct {
 	// those rules, sorted, once each. 0 otherwise.
 	from    uint64
 	changed []prefixKey
+	// pre is the compile of an isolated direction whose allow rules are this set
+	// alone, made when built unless from is set (the commit is then incremental):
+	// the usual first commit of a new object then flattens nothing under the lock.
+	// nil if not made, or if a value overflows (the commit's compile names the rule).
+	pre *precompile
+}
+
+// precompile is a set's own compile (RuleSet.pre).
+type precompile struct {
+	comp  compiledDirection
+	broad *broadIndex
 }
 
 var ruleSetIDs atomic.Uint64
@@ -80,7 +91,26 @@ func NewRuleSet(name string, dir Direction, rules []Rule, prev *RuleSet) (*RuleS
 			s.from = 0
 		}
 	}
+	if s.from == 0 {
+		s.pre = s.precompile()
+	}
 	return s, nil
+}
+
+func (s *RuleSet) precompile() *precompile {
+	comp, err := compileDirection(s.src, nil, nil, true)
+	if err != nil {
+		return nil
+	}
+	broad := make([]sourceRule, len(s.broadIdx))
+	for j, i := range s.broadIdx {
+		broad[j] = s.src[i]
+	}
+	b, err := newBroadIndex(broad)
+	if err != nil {
+		return nil
+	}
+	return &precompile{comp: comp, broad: b}
 }
 
 // maxSetChanges bounds the host rules one set's change may touch and still be
