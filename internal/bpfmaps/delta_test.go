@@ -785,6 +785,14 @@ func TestIncrementalFastPath(t *testing.T) {
 	commit(3, pol(set(z, y)), true, "a set alone, two host rules' ports changed")
 	commit(4, pol(x), false, "the first set on another pod")
 
+	// A bad baseline rule rejects a set alone as it rejects any policy, though an
+	// isolated direction does not compile it.
+	bad := pol(x)
+	bad.Ingress.Baseline = []TierRule{{Action: ActionDeny, Rule: Rule{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 70000}}}}}
+	if _, err := m.Commit(5, bad); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("a set alone with a bad baseline rule: %v, want ErrInvalidPolicy", err)
+	}
+
 	// A host rule whose ports, with the others at its address, overflow a value: the
 	// incremental compile leaves it to the full one, whose error names the rule.
 	crowded := slices.Clone(cur.rules)

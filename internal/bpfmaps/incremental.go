@@ -101,10 +101,11 @@ func newBroadIndex(rules []sourceRule) (*broadIndex, error) {
 }
 
 // precompiled returns the compile of p built with its only set (RuleSet.pre) when p
-// is that set alone: isolated, no Allow or admin rules (baseline rules are not
-// compiled in an isolated direction). nil otherwise.
+// is that set alone: isolated, no Allow or tier rules (an isolated direction does not
+// compile baseline rules, but they are validated: a bad one rejects the policy).
+// nil otherwise.
 func precompiled(p *DirectionPolicy) *precompile {
-	if !p.Isolated || len(p.Allow) > 0 || len(p.Admin) > 0 || len(p.AllowSets) != 1 {
+	if !p.Isolated || len(p.Allow)+len(p.Admin)+len(p.Baseline) > 0 || len(p.AllowSets) != 1 {
 		return nil
 	}
 	return p.AllowSets[0].pre
