@@ -55,7 +55,7 @@ func (o CompileOptions) nodeLocal(c *compiledObject, src any, nodeIP netip.Addr)
 		return c
 	}
 	light := *c
-	light.allow, light.tierRules = [2][]bpfmaps.Rule{}, [2][]bpfmaps.TierRule{}
+	light.allow, light.tierRules, light.sets = [2][]bpfmaps.Rule{}, [2][]bpfmaps.TierRule{}, [2]*bpfmaps.RuleSet{}
 	light.deferred = &deferredRules{full: c, compile: func() (*compiledObject, error) { return o.compileObject(src, nodeIP) }}
 	return &light
 }

@@ -447,6 +447,11 @@ func convertPort(port *v1alpha1.Port, p fieldPath) (bpfmaps.PortRule, error) {
 // hashes nothing of them under the lock and, when only pod peers changed, compiles
 // only those. Before commitVersion, outside the table's lock.
 func (c *compiledObject) buildSets(prev *compiledObject) error {
+	if len(c.pods) == 0 {
+		// No pod here: the version is kept without its rules (nodeLocal), and a merge
+		// that still needs them (a sibling chunk's pod) takes them as plain rules.
+		return nil
+	}
 	for d := range c.allow {
 		if !c.isolated[d] {
 			continue // its rules are not part of the policy
