@@ -21,7 +21,7 @@ import (
 // Default connection tracking timeouts (EBPFOptions fields left zero take them).
 const (
 	// DefaultConntrackTimeout is an entry's idle timeout: an open TCP connection,
-	// UDP, ICMP and other protocols.
+	// UDP, ICMP echo and other protocols.
 	DefaultConntrackTimeout = 5 * time.Minute
 	// DefaultConntrackClosingTimeout applies once a TCP connection saw a FIN from
 	// each side: long enough for the last ACK and retransmitted FINs.

@@ -432,3 +432,86 @@ func TestRealICMPv6ErrorQuotingExtensionHeaders(t *testing.T) {
 		}
 	}
 }
+
+// echoMessage is an ICMP (v6: ICMPv6) echo message of type typ with identifier id; an
+// ICMPv6 raw socket fills in the checksum itself.
+func echoMessage(v6 bool, typ byte, id, seq uint16) []byte {
+	m := []byte{typ, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'n', 'p', 'a', 'e'}
+	if !v6 {
+		binary.BigEndian.PutUint16(m[2:], ^checksum(m))
+	}
+	return m
+}
+
+// TestRealConntrackICMPEcho: the pod's ingress is isolated, its egress allows the
+// peer. The pod's echo request (a raw socket in the pod) gets the peer's own echo
+// reply through, and an echo reply with its identifier sent by the peer passes too;
+// an echo request the peer sends the pod with that identifier, and an echo reply
+// with another identifier, are dropped, IPv4 and IPv6. Before the fix ICMP was
+// tracked by address pair, so both passed for the entry's idle timeout.
+func TestRealConntrackICMPEcho(t *testing.T) {
+	lab := newTrafficLab(t)
+	lab.enterNode(t)
+	e := openTestEBPF(t, EBPFOptions{})
+	pol := PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true},
+		Egress:  DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: labPeerNet4}, {CIDR: labPeerNet6}}},
+	}
+	if _, err := e.Commit(lab.hostIfindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []struct {
+		name                string
+		v6                  bool
+		pod, peer           netip.Addr
+		domain, proto       int
+		request, reply, hdr byte // echo types; bytes of IP header a raw socket's read starts with (IPv4 only)
+	}{
+		{"IPv4", false, netip.MustParseAddr(labPod4), netip.MustParseAddr(labPeer4), unix.AF_INET, unix.IPPROTO_ICMP, 8, 0, 20},
+		{"IPv6", true, netip.MustParseAddr(labPod6), netip.MustParseAddr(labPeer6), unix.AF_INET6, unix.IPPROTO_ICMPV6, 128, 129, 0},
+	} {
+		const id, otherID = 0x4e50, 0x4e51
+		sockaddr := func(a netip.Addr) unix.Sockaddr {
+			if a.Is4() {
+				return &unix.SockaddrInet4{Addr: a.As4()}
+			}
+			return &unix.SockaddrInet6{Addr: a.As16()}
+		}
+		listen := rawSocket(t, lab.pod, fam.domain, unix.SOCK_RAW, fam.proto, 50*time.Millisecond)
+		fromPod := rawSocket(t, lab.pod, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
+		fromPeer := rawSocket(t, lab.peer, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
+		// arrives reports whether an echo message of type typ with identifier id and
+		// sequence seq reaches the pod.
+		arrives := func(typ byte, id, seq uint16) bool {
+			return awaitPacket(listen, trafficTimeout, func(b []byte) bool {
+				b = b[min(int(fam.hdr), len(b)):]
+				return len(b) >= 8 && b[0] == typ && binary.BigEndian.Uint16(b[4:]) == id && binary.BigEndian.Uint16(b[6:]) == seq
+			})
+		}
+		send := func(fd int, to netip.Addr, typ byte, id, seq uint16) {
+			if err := unix.Sendto(fd, echoMessage(fam.v6, typ, id, seq), 0, sockaddr(to)); err != nil {
+				t.Fatalf("%s: send echo type %d: %v", fam.name, typ, err)
+			}
+		}
+		steps := []struct {
+			what          string
+			fd            int
+			to            netip.Addr
+			send, arrives byte // the type sent, the type awaited at the pod
+			id            uint16
+			want          bool
+		}{
+			{"the pod's echo request: the peer's reply", fromPod, fam.peer, fam.request, fam.reply, id, true},
+			{"an echo reply with the request's identifier", fromPeer, fam.pod, fam.reply, fam.reply, id, true},
+			{"the peer's echo request with that identifier", fromPeer, fam.pod, fam.request, fam.request, id, false},
+			{"an echo reply with another identifier", fromPeer, fam.pod, fam.reply, fam.reply, otherID, false},
+		}
+		for i, s := range steps {
+			seq := uint16(i + 1)
+			send(s.fd, s.to, s.send, s.id, seq)
+			if got := arrives(s.arrives, s.id, seq); got != s.want {
+				t.Errorf("%s: %s: reached the pod=%v, want %v", fam.name, s.what, got, s.want)
+			}
+		}
+	}
+}

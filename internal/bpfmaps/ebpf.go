@@ -46,7 +46,7 @@ type EBPFOptions struct {
 	// DefaultConntrackEntries. Like Limits, fixed for pinned tables (ErrPinnedCapacity).
 	ConntrackEntries int
 	// ConntrackTimeout is how long replies of a connection pass after its last packet:
-	// an open TCP connection, UDP, ICMP and other protocols. Default
+	// an open TCP connection, UDP, ICMP echo and other protocols. Default
 	// DefaultConntrackTimeout.
 	ConntrackTimeout time.Duration
 	// ConntrackClosingTimeout replaces it once a TCP connection saw a FIN from each

@@ -249,7 +249,7 @@ const volatile struct ct_key ct_key_type;
 const volatile struct ct_value ct_value_type;
 
 // How long an entry lives without traffic (set by the loader; EBPFOptions documents
-// the defaults): an open TCP connection, UDP, ICMP and other protocols; a TCP
+// the defaults): an open TCP connection, UDP, ICMP echo and other protocols; a TCP
 // connection after a FIN from each side; after a RST; a fragmented datagram's entry.
 volatile const __u64 ct_timeout_ns = 300ull * 1000 * 1000 * 1000;
 volatile const __u64 ct_closing_timeout_ns = 10ull * 1000 * 1000 * 1000;
@@ -283,13 +283,26 @@ struct packet {
 	__u8 tcp_flags;
 	__u8 frag; // FRAG_FIRST, FRAG_LATER or 0 (not a fragment)
 	__u8 frag_proto; // the protocol after the fragment header (IPv6), or the protocol
-	__u8 pad;
+	__u8 icmp; // ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY, ICMP_UNTRACKED; 0 for other protocols
 	__u32 frag_id; // the IP ID of a fragment (IPv4: 16 bits)
 	// An ICMP or ICMPv6 error (destination unreachable, including IPv4 frag-needed;
 	// ICMPv6 packet too big; time exceeded; parameter problem): the offset of the
 	// packet it quotes. 0 otherwise.
 	__u32 quoted;
 };
+
+// packet.icmp. An ICMP or ICMPv6 echo is tracked by its identifier: a request carries
+// it as sport (dport 0), a reply as dport (sport 0), so the entry a request makes is
+// found by the reverse lookup of a reply with the same identifier and the addresses
+// swapped, and by nothing else. A request only makes an entry (never passes as a
+// reply: a peer's echo request is not the reply of the pod's); a reply only looks one
+// up (makes none). Every other ICMP type (errors, which pass as RELATED via the header
+// they quote, and other informational types) makes no entry and is judged by the
+// policy alone. The policy judges ICMP without ports (port 0): the identifier is the
+// connection table's only.
+#define ICMP_ECHO_REQUEST 1
+#define ICMP_ECHO_REPLY 2
+#define ICMP_UNTRACKED 3
 
 // PARSE_OK: addresses, protocol and ports (0 for a non-first fragment and port-less
 // protocols) are known. PARSE_NOT_IP: not IPv4 or IPv6. PARSE_BAD: an IP packet
@@ -312,6 +325,26 @@ enum parse_result { PARSE_OK, PARSE_NOT_IP, PARSE_BAD, PARSE_INCOMPLETE };
 static __always_inline int has_ports(__u8 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+// parse_echo sets p->icmp for an ICMP or ICMPv6 message at off and, for an echo
+// request or reply, its identifier (bytes 4-5) as sport or dport (packet.icmp).
+static __always_inline int parse_echo(struct __sk_buff *skb, __u32 off, struct packet *p, int request, int reply)
+{
+	p->icmp = ICMP_UNTRACKED;
+	if (!request && !reply)
+		return PARSE_OK;
+	__u16 id;
+	if (bpf_skb_load_bytes(skb, off + 4, &id, sizeof(id)) < 0)
+		return PARSE_INCOMPLETE;
+	if (request) {
+		p->icmp = ICMP_ECHO_REQUEST;
+		p->sport = bpf_ntohs(id);
+	} else {
+		p->icmp = ICMP_ECHO_REPLY;
+		p->dport = bpf_ntohs(id);
+	}
+	return PARSE_OK;
 }
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct packet *p)
@@ -343,6 +376,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		// Destination unreachable, packet too big, time exceeded, parameter problem.
 		if (type >= 1 && type <= 4)
 			p->quoted = off + 8;
+		return parse_echo(skb, off, p, type == 128, type == 129);
 	} else if (p->proto == IPPROTO_ICMP) {
 		__u8 type;
 		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
@@ -351,6 +385,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		// problem.
 		if (type == 3 || type == 11 || type == 12)
 			p->quoted = off + 8;
+		return parse_echo(skb, off, p, type == 8, type == 0);
 	}
 	return PARSE_OK;
 }
@@ -599,6 +634,19 @@ __attribute__((noinline)) int evaluate(int dir, __u32 ifindex, __u64 word, const
 	return ALLOW;
 }
 
+// ct_opens reports whether an allowed packet makes (or refreshes) an entry, ct_replies
+// whether a denied one may pass as a reply of one: not an ICMP echo reply, nor an echo
+// request, nor other ICMP (packet.icmp).
+static __always_inline int ct_opens(const struct packet *p)
+{
+	return p->icmp == 0 || p->icmp == ICMP_ECHO_REQUEST;
+}
+
+static __always_inline int ct_replies(const struct packet *p)
+{
+	return p->icmp == 0 || p->icmp == ICMP_ECHO_REPLY;
+}
+
 static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int dir, const struct packet *p,
 				    int reverse)
 {
@@ -670,13 +718,9 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 		q.proto = w.next;
 		off = w.off;
 	}
-	if (has_ports(q.proto)) {
-		__u16 ports[2];
-		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
-			return 0;
-		q.sport = bpf_ntohs(ports[0]);
-		q.dport = bpf_ntohs(ports[1]);
-	}
+	// The quoted packet's ports, or its echo identifier as its entry has it.
+	if (parse_l4(skb, off, &q) != PARSE_OK || q.icmp == ICMP_UNTRACKED)
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key k = {};
 	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &q, 0);
@@ -813,7 +857,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// next packet after that direction gets a policy. The other direction's word
 		// is read without ordering: it only says whether to track.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
-		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other))
+		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other) || !ct_opens(&p))
 			return passed(ct, ifindex, dir, word, &p);
 		now = bpf_ktime_get_ns();
 		ct_fill(&k, ifindex, dir, &p, 0);
@@ -835,7 +879,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	// order does not change it, and a packet the policy allows (the common path) pays
 	// no extra lookup. Node traffic passing here makes no connection entry: its replies
 	// have the node as peer too and pass the same way.
-	if (ct) {
+	if (ct && ct_replies(&p)) {
 		now = bpf_ktime_get_ns();
 		ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
 		struct ct_value *v = bpf_map_lookup_elem(ct, &k);
