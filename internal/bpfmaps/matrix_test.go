@@ -69,8 +69,8 @@ var (
 	matrixNodeSet = []netip.Prefix{netip.PrefixFrom(matrixNode.v4, 32), netip.PrefixFrom(matrixNode.v6, 128)}
 	// The boundaries of the scenarios' ports and ranges ([1,53], 80, [8000,8080],
 	// [8081,65535]) and their neighbours. A scenario's source ports come from
-	// matrixFirstSport up, above every one of these but 65535, so none of its TCP,
-	// UDP or SCTP probes is ever the reply of another.
+	// matrixFirstSport up to 65534, above every one of these but 65535 and below it,
+	// so none of its TCP, UDP or SCTP probes is ever the reply of another.
 	matrixPorts      = []uint16{1, 53, 54, 79, 80, 81, 7999, 8000, 8080, 8081, 65535}
 	matrixProtocols  = []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
 	matrixFirstSport = uint16(10000)
@@ -420,10 +420,9 @@ func (l *matrixLab) drain(t *testing.T, got map[matrixKey]bool) {
 	}
 }
 
-// clearConntrack empties the pods' connection tables, so that no probe passes as the
-// reply of an earlier batch's (the entries of ICMP echoes have no ports: echo
-// identifiers are not tracked, so any echo the other way between the same pod and
-// peer would), and no later fragment follows an earlier batch's first fragment.
+// clearConntrack empties the pods' connection tables, so that no probe passes by an
+// entry of an earlier scenario's policies, and no later fragment follows an earlier
+// batch's first fragment.
 func clearConntrack(t *testing.T, e *EBPF) {
 	t.Helper()
 	for _, m := range e.ctTables {
@@ -485,10 +484,12 @@ func matrixLaterWant(pol *PodPolicy, d Direction, peer netip.Addr, proto Protoco
 	return slices.ContainsFunc(matrixPorts, first)
 }
 
-// probes returns the scenario's probes in two batches that share no pod and peer
-// pair in opposite directions (so that, with the connection table cleared between
-// them, no probe is the reply of another): into the pods and pod i → pod j for i < j;
-// out of the pods and i → j for i > j.
+// probes returns the scenario's probes in two batches, IPv4 and IPv6. A batch probes
+// each pod and peer pair in both directions, yet no probe is the reply of another, so
+// each is judged alone: TCP, UDP and SCTP probes each have their own source port,
+// above every destination port, and the ICMP probes are echo requests, which are
+// tracked by their identifier and never pass as replies (before that fix, a peer's
+// echo request passed as the reply of the pod's echo request to it).
 func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 	var out [2][]matrixProbe
 	sport := matrixFirstSport // per scenario: run keeps each scenario's captures apart
@@ -515,13 +516,18 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 		}
 	}
 	next := func() uint16 {
+		// Below 65535, the highest destination port: no probe's source port is
+		// another's destination port.
+		if sport >= 65534 {
+			panic("matrix: more probes in a scenario than source ports")
+		}
 		sport++
 		return sport
 	}
 	for i, pod := range matrixPods {
 		pol := sc.pods[i]
 		podMAC, hostMAC := matrixMAC(2, i+1), matrixMAC(1, i+1)
-		for _, v6 := range []bool{false, true} {
+		for batch, v6 := range []bool{false, true} {
 			for _, peer := range append([]matrixEnd{matrixNode}, matrixPeers...) {
 				// From the peer namespace, routed by the node; the node's own packets
 				// leave straight from its side of the pod's veth.
@@ -536,7 +542,7 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 					if v == matrixLaterFragment {
 						want = matrixLaterWant(pol, Ingress, peer.addr(v6), proto, func(p uint16) bool { return matrixWant(pol, Ingress, peer.addr(v6), proto, p) })
 					}
-					out[0] = append(out[0], matrixProbe{dir: "ingress", pod: pod.name, peer: peer.name, scenario: sc.name, variant: v,
+					out[batch] = append(out[batch], matrixProbe{dir: "ingress", pod: pod.name, peer: peer.name, scenario: sc.name, variant: v,
 						key:    matrixKey{at: pod.name, proto: proto, src: peer.addr(v6), dst: pod.addr(v6), sport: next(), dport: port},
 						want:   want,
 						sendFD: fromFD, ifindex: fromIfindex, srcMAC: fromMAC, dstMAC: toMAC})
@@ -546,7 +552,7 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 					if v == matrixLaterFragment {
 						want = matrixLaterWant(pol, Egress, peer.addr(v6), proto, func(p uint16) bool { return matrixWant(pol, Egress, peer.addr(v6), proto, p) })
 					}
-					out[1] = append(out[1], matrixProbe{dir: "egress", pod: pod.name, peer: peer.name, scenario: sc.name, variant: v,
+					out[batch] = append(out[batch], matrixProbe{dir: "egress", pod: pod.name, peer: peer.name, scenario: sc.name, variant: v,
 						key:    matrixKey{at: at, proto: proto, src: pod.addr(v6), dst: peer.addr(v6), sport: next(), dport: port},
 						want:   want,
 						sendFD: l.podSend[i], ifindex: l.podIfindex[i], srcMAC: podMAC, dstMAC: hostMAC})
@@ -555,10 +561,6 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 			for j, to := range matrixPods {
 				if j == i {
 					continue
-				}
-				batch := 0
-				if i > j {
-					batch = 1
 				}
 				each(v6, false, func(proto Protocol, port, judged uint16, v matrixVariant) {
 					out2 := func(p uint16) bool { return matrixWant(pol, Egress, to.addr(v6), proto, p) }
@@ -576,9 +578,6 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 				})
 			}
 		}
-	}
-	if sport < matrixFirstSport {
-		panic("matrix: more probes in a scenario than source ports")
 	}
 	return out
 }
@@ -624,7 +623,7 @@ func (l *matrixLab) run(t *testing.T, e *EBPF, sc matrixScenario) ([]matrixProbe
 		// load the kernel may leave the veths' receive processing to ksoftirqd, whose
 		// backlog (netdev_max_backlog) drops what a burst has in excess — a loss, not
 		// a verdict. A resend cannot turn a drop by the programs into a pass: no
-		// connection entry of the batch is of the other direction.
+		// probe is the reply of another (probes).
 		var missing []matrixProbe
 		for _, p := range batch {
 			if p.want && !got[p.key] {
