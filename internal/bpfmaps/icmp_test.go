@@ -224,3 +224,66 @@ func TestRealICMPErrorsRelated(t *testing.T) {
 		}
 	}
 }
+
+// withEchoID sets the type and identifier of the ICMP echo at off in pkt (an IP packet
+// from packetBytes or icmpError); the programs read no ICMP checksum.
+func withEchoID(pkt []byte, off int, typ byte, id uint16) []byte {
+	pkt[off] = typ
+	binary.BigEndian.PutUint16(pkt[off+4:], id)
+	return pkt
+}
+
+// TestICMPErrorsQuotingEchoRelated: ICMP echoes are tracked by their identifier, and an
+// ICMP or ICMPv6 error from a router passes the pod's isolated ingress when it quotes
+// the echo request the pod sent (same identifier), not when it quotes one with another
+// identifier or an echo reply the pod sent (a reply makes no entry). Before the fix the
+// quoted echo's identifier was not read: any echo to the peer matched.
+func TestICMPErrorsQuotingEchoRelated(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	pod4, peer4, router4 := netip.MustParseAddr("10.255.7.1"), netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("10.9.0.1")
+	pod6, peer6, router6 := netip.MustParseAddr("fd00:ff::7:1"), netip.MustParseAddr("fd00:1::5"), netip.MustParseAddr("fd00:9::1")
+	pol := PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{
+			{CIDR: netip.MustParsePrefix("10.1.0.0/16")}, {CIDR: netip.MustParsePrefix("fd00:1::/32")},
+		}},
+	}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	const unreach4, hostUnreach, timeExceeded6 = 3, 1, 3
+	// The quoted echo's ICMP header: after the error's IP and ICMP headers and the
+	// quoted IP header.
+	const quoted4, quoted6 = 20 + 8 + 20, 40 + 8 + 40
+	err4 := func(typ byte, id uint16) []byte {
+		return withEchoID(fixIPv4(icmpError(router4, pod4, unreach4, hostUnreach, 0, pod4, peer4, ProtocolICMP, 0, 0)), quoted4, typ, id)
+	}
+	err6 := func(typ byte, id uint16) []byte {
+		return withEchoID(icmpError(router6, pod6, timeExceeded6, 0, 0, pod6, peer6, ProtocolICMPv6, 0, 0), quoted6, typ, id)
+	}
+	steps := []struct {
+		name string
+		out  bool // from the pod (egress program) or to it (ingress program)
+		pkt  []byte
+		want bool
+	}{
+		{"pod's echo request id 7", true, withEchoID(withoutEthernet(packetBytes(pod4, peer4, ProtocolICMP, 0, 0)), 20, 8, 7), true},
+		{"pod's ICMPv6 echo request id 7", true, withEchoID(withoutEthernet(packetBytes(pod6, peer6, ProtocolICMPv6, 0, 0)), 40, 128, 7), true},
+		{"host unreachable quoting it", false, err4(8, 7), true},
+		{"ICMPv6 time exceeded quoting it", false, err6(128, 7), true},
+		{"host unreachable quoting an echo request id 8", false, err4(8, 8), false},
+		{"ICMPv6 time exceeded quoting an echo request id 8", false, err6(128, 8), false},
+		{"host unreachable quoting an echo reply id 7 from the pod", false, err4(0, 7), false},
+		{"ICMPv6 time exceeded quoting an echo reply id 7 from the pod", false, err6(129, 7), false},
+	}
+	for _, s := range steps {
+		prog := e.objs.ToPod
+		if s.out {
+			prog = e.objs.FromPod
+		}
+		if got := run(t, prog, ifindex, withEthernet(s.pkt)); got != s.want {
+			t.Errorf("%s: passed=%v, want %v", s.name, got, s.want)
+		}
+	}
+}
