@@ -443,75 +443,92 @@ func echoMessage(v6 bool, typ byte, id, seq uint16) []byte {
 	return m
 }
 
-// TestRealConntrackICMPEcho: the pod's ingress is isolated, its egress allows the
-// peer. The pod's echo request (a raw socket in the pod) gets the peer's own echo
-// reply through, and an echo reply with its identifier sent by the peer passes too;
-// an echo request the peer sends the pod with that identifier, and an echo reply
-// with another identifier, are dropped, IPv4 and IPv6. Before the fix ICMP was
-// tracked by address pair, so both passed for the entry's idle timeout.
+// TestRealConntrackICMPEcho, IPv4 and IPv6, with real echoes (raw sockets) through
+// the node. The pod's ingress is isolated, its egress allows the peer: the pod's echo
+// request gets the peer's own echo reply through, and an echo reply with its
+// identifier sent by the peer passes too; an echo request the peer sends the pod with
+// that identifier, and an echo reply with another identifier, are dropped. The same
+// the other way round (egress isolated, ingress allows the peer, the peer pings the
+// pod): the pod's reply reaches the peer, the pod's own echo request with that
+// identifier and its echo reply with another do not. Before the fix ICMP was tracked
+// by address pair, so both passed for the entry's idle timeout.
 func TestRealConntrackICMPEcho(t *testing.T) {
 	lab := newTrafficLab(t)
 	lab.enterNode(t)
 	e := openTestEBPF(t, EBPFOptions{})
-	pol := PodPolicy{
-		Ingress: DirectionPolicy{Isolated: true},
-		Egress:  DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: labPeerNet4}, {CIDR: labPeerNet6}}},
-	}
-	if _, err := e.Commit(lab.hostIfindex, pol); err != nil {
-		t.Fatal(err)
-	}
-	for _, fam := range []struct {
-		name                string
-		v6                  bool
-		pod, peer           netip.Addr
-		domain, proto       int
-		request, reply, hdr byte // echo types; bytes of IP header a raw socket's read starts with (IPv4 only)
+	peers := []Rule{{CIDR: labPeerNet4}, {CIDR: labPeerNet6}}
+	for _, side := range []struct {
+		name             string
+		pol              PodPolicy
+		pinger, target   string // namespaces
+		toPinger, toTarg func(v6 bool) netip.Addr
+		id, otherID      uint16
 	}{
-		{"IPv4", false, netip.MustParseAddr(labPod4), netip.MustParseAddr(labPeer4), unix.AF_INET, unix.IPPROTO_ICMP, 8, 0, 20},
-		{"IPv6", true, netip.MustParseAddr(labPod6), netip.MustParseAddr(labPeer6), unix.AF_INET6, unix.IPPROTO_ICMPV6, 128, 129, 0},
+		{"pod pings peer", PodPolicy{Ingress: DirectionPolicy{Isolated: true}, Egress: DirectionPolicy{Isolated: true, Allow: peers}},
+			lab.pod, lab.peer, labAddr(labPod4, labPod6), labAddr(labPeer4, labPeer6), 0x4e50, 0x4e51},
+		{"peer pings pod", PodPolicy{Ingress: DirectionPolicy{Isolated: true, Allow: peers}, Egress: DirectionPolicy{Isolated: true}},
+			lab.peer, lab.pod, labAddr(labPeer4, labPeer6), labAddr(labPod4, labPod6), 0x4e60, 0x4e61},
 	} {
-		const id, otherID = 0x4e50, 0x4e51
-		sockaddr := func(a netip.Addr) unix.Sockaddr {
-			if a.Is4() {
-				return &unix.SockaddrInet4{Addr: a.As4()}
-			}
-			return &unix.SockaddrInet6{Addr: a.As16()}
+		if _, err := e.Commit(lab.hostIfindex, side.pol); err != nil {
+			t.Fatal(err)
 		}
-		listen := rawSocket(t, lab.pod, fam.domain, unix.SOCK_RAW, fam.proto, 50*time.Millisecond)
-		fromPod := rawSocket(t, lab.pod, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
-		fromPeer := rawSocket(t, lab.peer, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
-		// arrives reports whether an echo message of type typ with identifier id and
-		// sequence seq reaches the pod.
-		arrives := func(typ byte, id, seq uint16) bool {
-			return awaitPacket(listen, trafficTimeout, func(b []byte) bool {
-				b = b[min(int(fam.hdr), len(b)):]
-				return len(b) >= 8 && b[0] == typ && binary.BigEndian.Uint16(b[4:]) == id && binary.BigEndian.Uint16(b[6:]) == seq
-			})
-		}
-		send := func(fd int, to netip.Addr, typ byte, id, seq uint16) {
-			if err := unix.Sendto(fd, echoMessage(fam.v6, typ, id, seq), 0, sockaddr(to)); err != nil {
-				t.Fatalf("%s: send echo type %d: %v", fam.name, typ, err)
-			}
-		}
-		steps := []struct {
-			what          string
-			fd            int
-			to            netip.Addr
-			send, arrives byte // the type sent, the type awaited at the pod
-			id            uint16
-			want          bool
+		for _, fam := range []struct {
+			name                string
+			v6                  bool
+			domain, proto       int
+			request, reply, hdr byte // echo types; bytes of IP header a raw socket's read starts with (IPv4 only)
 		}{
-			{"the pod's echo request: the peer's reply", fromPod, fam.peer, fam.request, fam.reply, id, true},
-			{"an echo reply with the request's identifier", fromPeer, fam.pod, fam.reply, fam.reply, id, true},
-			{"the peer's echo request with that identifier", fromPeer, fam.pod, fam.request, fam.request, id, false},
-			{"an echo reply with another identifier", fromPeer, fam.pod, fam.reply, fam.reply, otherID, false},
-		}
-		for i, s := range steps {
-			seq := uint16(i + 1)
-			send(s.fd, s.to, s.send, s.id, seq)
-			if got := arrives(s.arrives, s.id, seq); got != s.want {
-				t.Errorf("%s: %s: reached the pod=%v, want %v", fam.name, s.what, got, s.want)
+			{"IPv4", false, unix.AF_INET, unix.IPPROTO_ICMP, 8, 0, 20},
+			{"IPv6", true, unix.AF_INET6, unix.IPPROTO_ICMPV6, 128, 129, 0},
+		} {
+			pinger, target := side.toPinger(fam.v6), side.toTarg(fam.v6)
+			listen := rawSocket(t, side.pinger, fam.domain, unix.SOCK_RAW, fam.proto, 50*time.Millisecond)
+			fromPinger := rawSocket(t, side.pinger, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
+			fromTarget := rawSocket(t, side.target, fam.domain, unix.SOCK_RAW, fam.proto, time.Second)
+			steps := []struct {
+				what          string
+				fd            int
+				to            netip.Addr
+				send, arrives byte // the type sent, the type awaited at the pinger
+				id            uint16
+				want          bool
+			}{
+				{"the echo request: the target's own reply", fromPinger, target, fam.request, fam.reply, side.id, true},
+				{"an echo reply with the request's identifier", fromTarget, pinger, fam.reply, fam.reply, side.id, true},
+				{"the target's echo request with that identifier", fromTarget, pinger, fam.request, fam.request, side.id, false},
+				{"an echo reply with another identifier", fromTarget, pinger, fam.reply, fam.reply, side.otherID, false},
+			}
+			for i, s := range steps {
+				seq := uint16(i + 1)
+				if err := unix.Sendto(s.fd, echoMessage(fam.v6, s.send, s.id, seq), 0, labSockaddr(s.to)); err != nil && !errors.Is(err, unix.ENOBUFS) {
+					t.Fatalf("%s, %s: send echo type %d: %v", side.name, fam.name, s.send, err)
+				}
+				got := awaitPacket(listen, trafficTimeout, func(b []byte) bool {
+					b = b[min(int(fam.hdr), len(b)):]
+					return len(b) >= 8 && b[0] == s.arrives && binary.BigEndian.Uint16(b[4:]) == s.id && binary.BigEndian.Uint16(b[6:]) == seq
+				})
+				if got != s.want {
+					t.Errorf("%s, %s: %s: arrived=%v, want %v", side.name, fam.name, s.what, got, s.want)
+				}
 			}
 		}
 	}
+}
+
+// labAddr returns the IPv4 or IPv6 address of a lab namespace.
+func labAddr(v4, v6 string) func(v6 bool) netip.Addr {
+	return func(is6 bool) netip.Addr {
+		if is6 {
+			return netip.MustParseAddr(v6)
+		}
+		return netip.MustParseAddr(v4)
+	}
+}
+
+// labSockaddr is a raw socket's destination address.
+func labSockaddr(a netip.Addr) unix.Sockaddr {
+	if a.Is4() {
+		return &unix.SockaddrInet4{Addr: a.As4()}
+	}
+	return &unix.SockaddrInet6{Addr: a.As16()}
 }
