@@ -83,9 +83,11 @@
 //     could deny them (no entry otherwise); a connection the policy denies cannot be
 //     opened from the other side. TCP entries expire soon after a RST or a FIN from
 //     each side. A pod's table is its own: a pod opening many flows evicts only its
-//     own entries. ICMP errors quoting a tracked connection pass too (RELATED:
-//     path-MTU discovery works whoever sends them), IPv6 extension headers in the
-//     quote included.
+//     own entries. ICMP echoes are tracked by their identifier: a pod's ping lets
+//     back only echo replies with its identifier, not the peer's own echo requests;
+//     other ICMP informational types make no entry. ICMP errors quoting a tracked
+//     connection pass too (RELATED: path-MTU discovery works whoever sends them),
+//     IPv6 extension headers in the quote included.
 //   - Never misjudged: a packet whose headers cannot be fully parsed (truncated, or
 //     more than 8 IPv6 extension headers) is dropped in a direction with any policy,
 //     never judged as something it is not; later fragments follow their first

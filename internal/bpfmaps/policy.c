@@ -854,8 +854,9 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// deny them: a reply through an open direction needs no entry. Every allowed
 		// packet (not only a connection's first) makes a missing entry, so a
 		// connection opened while the other direction was open is tracked from its
-		// next packet after that direction gets a policy. The other direction's word
-		// is read without ordering: it only says whether to track.
+		// next packet after that direction gets a policy (ICMP: only an echo request
+		// makes one, packet.icmp). The other direction's word is read without
+		// ordering: it only says whether to track.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
 		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other) || !ct_opens(&p))
 			return passed(ct, ifindex, dir, word, &p);
