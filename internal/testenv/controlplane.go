@@ -13,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv/skip"
@@ -69,6 +71,9 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 	}
 	apiserver := ToolPath(tb, "kube-apiserver")
 	etcd := ToolPath(tb, "etcd")
+	// envtest logs through controller-runtime's logger, which otherwise prints a
+	// "SetLogger was never called" warning with a stack trace into the test output.
+	crlog.SetLogger(logr.Discard())
 
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
