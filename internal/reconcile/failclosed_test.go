@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -97,23 +95,12 @@ func TestEBPFRestartKeepsEnforcementOfInvalidObject(t *testing.T) {
 }
 
 // logBuffer collects log lines, for tests that check what was logged.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type logBuffer struct{ testenv.LogBuffer }
 
 // lines returns the lines holding every one of words.
 func (b *logBuffer) lines(words ...string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []string
-	for line := range strings.Lines(b.buf.String()) {
+	for line := range strings.Lines(b.String()) {
 		if !slices.ContainsFunc(words, func(w string) bool { return !strings.Contains(line, w) }) {
 			out = append(out, line)
 		}
@@ -166,7 +153,7 @@ func TestEBPFUncommittablePodIsolated(t *testing.T) {
 		t.Errorf("dataplane pods = %v, want the isolated veth %d", got, l.hostIndex)
 	}
 	if got := logs.lines("pod isolated", l.podIP, "isolate/wide"); len(got) == 0 {
-		t.Errorf("no log line naming the isolated pod %s and object isolate/wide; logs:\n%s", l.podIP, logs.buf.String())
+		t.Errorf("no log line naming the isolated pod %s and object isolate/wide; logs:\n%s", l.podIP, logs.String())
 	}
 	if n := len(a.sink.recordsFor(string(pe.UID))); n != 0 {
 		t.Errorf("%d records for a policy never committed", n)

@@ -181,7 +181,7 @@ func TestEBPFStrictMode(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "new pod denied by strict mode", func() bool { return a.c.Stats().PodsStrictDenied == 2 })
 	l.expect(t, "new pod, no policy yet", l.hostIP, l.hostIP6)
 	if got := logs.lines("pod denied by strict mode until a policy selects it", l.podIP); len(got) == 0 {
-		t.Errorf("no log line naming the denied pod %s; logs:\n%s", l.podIP, logs.buf.String())
+		t.Errorf("no log line naming the denied pod %s; logs:\n%s", l.podIP, logs.String())
 	}
 	if ex := a.c.ExplainPod(PodQuery{Namespace: "strict", Name: "web"}); !ex.StrictDenied || ex.IP != l.podIP {
 		t.Errorf("explain pod strict/web = %+v, want StrictDenied for %s", ex, l.podIP)
