@@ -5,14 +5,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/npagent/npagent/internal/testenv/netlab"
 )
@@ -218,22 +216,7 @@ func TestRealTrafficAfterReattach(t *testing.T) {
 
 	// Attaching and listing interfaces happen in the caller's network namespace:
 	// run from a thread in the node namespace.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	node, err := netns.GetFromName(lab.node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	if err := netns.Set(node); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Set(orig) }()
+	lab.enterNode(t)
 
 	check := func(stage string, want map[string]bool) {
 		t.Helper()

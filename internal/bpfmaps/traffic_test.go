@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -107,22 +106,7 @@ func TestRealTraffic(t *testing.T) {
 
 	// Attaching resolves the ifindex in the caller's network namespace: commit from a
 	// thread in the node namespace.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	node, err := netns.GetFromName(lab.node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	if err := netns.Set(node); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Set(orig) }()
+	lab.enterNode(t)
 
 	e := openTestEBPF(t, EBPFOptions{})
 	peerNet4, peerNet6 := netip.MustParsePrefix("10.201.2.0/24"), netip.MustParsePrefix("fd00:201:2::/64")
