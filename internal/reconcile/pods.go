@@ -273,7 +273,10 @@ func (c *Controller) processPod(ctx context.Context) bool {
 		return false
 	}
 	addrs := w.set.checkout(key)
-	res := c.pods.commitStrict(addrs)
+	res, requeue := c.pods.commitStrict(addrs)
+	for _, k := range requeue {
+		c.queue.Add(k)
+	}
 	if res.err != nil {
 		c.log.Error("strict mode: commit failed", "pod", key, "err", res.err)
 	}
@@ -299,27 +302,39 @@ func (c *Controller) requeuePods() {
 
 // commitStrict brings in line the addresses of one pod of this node (its current
 // ones and those it lost): one no object selects is denied while the pod has it, its
-// state removed once no pod has it. An address some object selects is the object's
-// to commit (its sync merges and reports it); one a held object names keeps what is
-// pinned.
-func (t *podTable) commitStrict(addrs []netip.Addr) commitResult {
-	res := t.lock()
+// state removed once no pod has it; one a held object names keeps what is pinned. An
+// address some object selects is the object's to commit (its sync merges and reports
+// it) — unless that commit did not reach the pod's interface now there (the pod was
+// recreated with the same IP, or its interface came after the objects' sync): then
+// their policy is committed here at once, never left open, and their keys are
+// returned in requeue, so their syncs run again and report their pending triggers.
+func (t *podTable) commitStrict(addrs []netip.Addr) (res commitResult, requeue []objectKey) {
+	res = t.lock()
 	defer t.mu.Unlock()
 	for _, pod := range addrs {
-		if len(t.podIndex[pod]) > 0 {
+		keys := t.podIndex[pod]
+		if len(keys) == 0 {
+			t.unselected(&res, pod)
 			continue
 		}
-		t.unselected(&res, pod)
+		ifindex, err := t.resolver.Resolve(pod)
+		if err != nil || t.programmed[pod] == ifindex {
+			continue // not there yet (the objects' retry commits it), or committed
+		}
+		t.commitLocked(&res, []netip.Addr{pod})
+		for k := range keys {
+			requeue = append(requeue, k)
+		}
 	}
 	res.attempt.End = time.Now()
-	return res
+	return res, requeue
 }
 
 // unselected brings in line a pod no object selects: a pod a held object names keeps
 // its pinned enforcement; in strict mode a pod of this node is denied; otherwise its
 // state is removed. Called with mu held.
 func (t *podTable) unselected(res *commitResult, pod netip.Addr) {
-	if _, held := t.heldIndex[pod]; held {
+	if _, held := t.heldIndex[pod]; held && t.hasState(pod) {
 		return
 	}
 	if t.strict != nil && t.strict.has(pod) {
@@ -346,6 +361,17 @@ func (t *podTable) otherAddrSelected(pod netip.Addr, ifindex int) bool {
 		}
 	}
 	return false
+}
+
+// hasState reports whether the pod's interface holds dataplane state: committed by
+// this process, or pinned by a previous one. A held pod keeps that state; one without
+// any has nothing to keep (in strict mode it is denied). Called with mu held.
+func (t *podTable) hasState(pod netip.Addr) bool {
+	if _, ok := t.programmed[pod]; ok {
+		return true
+	}
+	ifindex, err := t.resolver.Resolve(pod)
+	return err == nil && slices.Contains(t.dp.Pods(), ifindex)
 }
 
 // denyStrict denies a pod of this node both ways (node traffic excepted) until a
