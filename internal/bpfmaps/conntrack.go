@@ -308,7 +308,7 @@ func countLive(m *ebpf.Map, now uint64, t ctTimeouts) (int, error) {
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for _, v := range vals[:n] {
-			if now-v.LastSeenNs < uint64(t.of(v.State).Nanoseconds()) {
+			if int64(now-v.LastSeenNs) < t.of(v.State).Nanoseconds() { // signed, as ct_live
 				total++
 			}
 		}

@@ -2,11 +2,15 @@ package bpfmaps
 
 import (
 	"encoding/binary"
+	"errors"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // TestConntrackReplies: replies of a connection the pod's egress policy allowed pass its
@@ -251,5 +255,59 @@ func TestConntrackTCPStates(t *testing.T) {
 		if got := seg(false, c.sport, ack); got != c.want {
 			t.Errorf("%s: a reply %v later passed=%v, want %v", c.name, short+100*time.Millisecond, got, c.want)
 		}
+	}
+}
+
+// TestConntrackEntryRefreshedAfterNow: an entry another CPU refreshed after this
+// packet's program read the clock (its last_seen_ns later than the program's now) is
+// live. The unsigned difference made it 2^64 ns old: a busy connection's reply was
+// dropped now and then.
+func TestConntrackEntryRefreshedAfterNow(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	pod, peer := netip.MustParseAddr("10.255.9.1"), netip.MustParseAddr("10.1.0.5")
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Ports: []PortRule{{Protocol: ProtocolTCP, Port: 80}}}}}}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	if !run(t, e.objs.FromPod, ifindex, packetBytes(pod, peer, ProtocolTCP, 42000, 80)) {
+		t.Fatal("the request did not pass")
+	}
+	e.mu.Lock()
+	table := e.ctTables[uint32(ifindex)]
+	e.mu.Unlock()
+	var (
+		key    policyCtKey
+		val    policyCtValue
+		cursor ebpf.MapBatchCursor
+		keys   = make([]policyCtKey, ctBatch)
+		vals   = make([]policyCtValue, ctBatch)
+	)
+	n, err := table.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d entries after one request, want 1", n)
+	}
+	key, val = keys[0], vals[0]
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	val.LastSeenNs = uint64(ts.Nano()) + uint64(time.Second) // refreshed "after" the reply's now
+	if err := table.Put(&key, &val); err != nil {
+		t.Fatal(err)
+	}
+	if !run(t, e.objs.ToPod, ifindex, packetBytes(peer, pod, ProtocolTCP, 80, 42000)) {
+		t.Error("the reply was dropped: an entry refreshed after the program read the clock counted as timed out")
+	}
+	use, err := e.conntrackUse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use.Used != 1 {
+		t.Errorf("conntrack use counts %d live entries, want 1", use.Used)
 	}
 }

@@ -267,9 +267,12 @@ static __always_inline __u64 ct_timeout(__u32 state)
 	return ct_timeout_ns;
 }
 
+// ct_live reports whether an entry has not timed out at now. Signed: another CPU may
+// refresh the entry after this one read now, so last_seen_ns can be later than now —
+// the entry is live, not 2^64 ns old.
 static __always_inline int ct_live(const struct ct_value *v, __u64 now)
 {
-	return v && now - v->last_seen_ns < ct_timeout(v->state);
+	return v && (__s64)(now - v->last_seen_ns) < (__s64)ct_timeout(v->state);
 }
 
 struct packet {
