@@ -179,7 +179,7 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 		if apierrors.IsForbidden(err) && !forbiddenLogged.Swap(true) {
 			// The usual misconfiguration, said once and plainly: the reflector's own
 			// message repeats at every retry.
-			cfg.Logger.Error("strict mode: listing this node's pods is forbidden: grant get, list and watch on pods (the chart does with enforcingMode: strict); until then the agent is not ready and denies no pod before its policy",
+			cfg.Logger.Error("strict mode: listing this node's pods is forbidden: grant get, list and watch on pods (the chart does with enforcingMode: strict); until then the agent is not ready and programs nothing: no policy change and no new pod is enforced on this node, and only the enforcement pinned before stays in force",
 				"node", cfg.NodeName, "err", err)
 		}
 		cache.DefaultWatchErrorHandler(ctx, r, err)
