@@ -27,10 +27,11 @@ func widePolicy(n int, port int32) PodPolicy {
 // update).
 func BenchmarkCommit10k(b *testing.B) {
 	const n = 10000
-	b.Run("atomic-commit", func(b *testing.B) {
+	// fullCommits times commits that alternate between two policies differing in every
+	// entry's value: each writes the inactive set in full and deletes the other.
+	fullCommits := func(b *testing.B, pols [2]PodPolicy) {
 		e := openTestEBPF(b, EBPFOptions{})
 		ifindex := dummyInterface(b)
-		pols := [2]PodPolicy{widePolicy(n, 80), widePolicy(n, 81)}
 		if _, err := e.Commit(ifindex, pols[1]); err != nil {
 			b.Fatal(err)
 		}
@@ -49,13 +50,14 @@ func BenchmarkCommit10k(b *testing.B) {
 		b.ReportMetric(float64(write.Nanoseconds())/float64(b.N), "write-ns/op")
 		b.ReportMetric(float64(sw.Nanoseconds())/float64(b.N), "switch-ns/op")
 		b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
+	}
+	b.Run("atomic-commit", func(b *testing.B) {
+		fullCommits(b, [2]PodPolicy{widePolicy(n, 80), widePolicy(n, 81)})
 	})
 
 	b.Run("atomic-commit-sets", func(b *testing.B) {
 		// The same as reconcile commits it: the rules are a RuleSet, validated and
 		// hashed when built (untimed), so the commit flattens and writes them only.
-		e := openTestEBPF(b, EBPFOptions{})
-		ifindex := dummyInterface(b)
 		var pols [2]PodPolicy
 		for i := range pols {
 			s, err := NewRuleSet("PolicyEndpoint bench/wide", Ingress, widePolicy(n, int32(80+i)).Ingress.Allow, nil)
@@ -64,22 +66,7 @@ func BenchmarkCommit10k(b *testing.B) {
 			}
 			pols[i] = PodPolicy{Ingress: DirectionPolicy{Isolated: true, AllowSets: []*RuleSet{s}}}
 		}
-		if _, err := e.Commit(ifindex, pols[1]); err != nil {
-			b.Fatal(err)
-		}
-		var write, clean time.Duration
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; b.Loop(); i++ {
-			res, err := e.Commit(ifindex, pols[i%2])
-			if err != nil || res.EntriesWritten != n || res.EntriesDeleted != n || res.Delta {
-				b.Fatalf("commit: %+v %v", res, err)
-			}
-			write += res.Write
-			clean += res.Cleanup
-		}
-		b.ReportMetric(float64(write.Nanoseconds())/float64(b.N), "write-ns/op")
-		b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
+		fullCommits(b, pols)
 	})
 
 	keys, vals := make([]policyLpmKey4, n), make([]policyRuleValue, n)

@@ -310,12 +310,11 @@ func TestRealFragments(t *testing.T) {
 		t.Fatal(err)
 	}
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 3000/16)
-	for _, f := range []struct {
-		network, peer string
-		pod           netip.Addr
-		ethType       uint16
-	}{{"udp4", labPeer4, netip.MustParseAddr(labPod4), unix.ETH_P_IP}, {"udp6", labPeer6, netip.MustParseAddr(labPod6), unix.ETH_P_IPV6}} {
-		c, err := netlab.In(lab.pod, func() (net.Conn, error) { return net.Dial(f.network, net.JoinHostPort(f.peer, "5353")) })
+	// echoWhole sends a 3000-byte datagram from the pod to peer's UDP 5353 and wants
+	// its echo back whole.
+	echoWhole := func(network, peer, what string) {
+		t.Helper()
+		c, err := netlab.In(lab.pod, func() (net.Conn, error) { return net.Dial(network, net.JoinHostPort(peer, "5353")) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -326,8 +325,15 @@ func TestRealFragments(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n, err := c.Read(buf); err != nil || !bytes.Equal(buf[:n], payload) {
-			t.Errorf("%s: 3000-byte datagram to the allowed port 5353: echo of %d bytes, %v; want it whole", f.network, n, err)
+			t.Errorf("%s: 3000-byte datagram %s: echo of %d bytes, %v; want it whole", network, what, n, err)
 		}
+	}
+	for _, f := range []struct {
+		network, peer string
+		pod           netip.Addr
+		ethType       uint16
+	}{{"udp4", labPeer4, netip.MustParseAddr(labPod4), unix.ETH_P_IP}, {"udp6", labPeer6, netip.MustParseAddr(labPod6), unix.ETH_P_IPV6}} {
+		echoWhole(f.network, f.peer, "to the allowed port 5353")
 
 		listen := rawSocket(t, lab.peer, unix.AF_PACKET, unix.SOCK_RAW, int(htons(f.ethType)), 50*time.Millisecond)
 		if err := unix.Bind(listen, &unix.SockaddrLinklayer{Protocol: htons(f.ethType), Ifindex: peerIf.Index}); err != nil {
@@ -363,19 +369,7 @@ func TestRealFragments(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []struct{ network, peer string }{{"udp4", labPeer4}, {"udp6", labPeer6}} {
-		c, err := netlab.In(lab.pod, func() (net.Conn, error) { return net.Dial(f.network, net.JoinHostPort(f.peer, "5353")) })
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * trafficTimeout))
-		buf := make([]byte, 65536)
-		if _, err := c.Write(payload); err != nil {
-			t.Fatal(err)
-		}
-		if n, err := c.Read(buf); err != nil || !bytes.Equal(buf[:n], payload) {
-			t.Errorf("%s: 3000-byte datagram allowed to UDP 5353 only: echo of %d bytes, %v; want it whole", f.network, n, err)
-		}
+		echoWhole(f.network, f.peer, "allowed to UDP 5353 only")
 	}
 }
 
