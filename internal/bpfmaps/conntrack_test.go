@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -275,7 +277,7 @@ func TestConntrackEntryRefreshedAfterNow(t *testing.T) {
 		t.Fatal("the request did not pass")
 	}
 	e.mu.Lock()
-	table := e.ctTables[uint32(ifindex)]
+	table := e.ctTables[ctRefOf(uint32(ifindex), ctOpenedByEgress)]
 	e.mu.Unlock()
 	var (
 		key    policyCtKey
@@ -309,5 +311,55 @@ func TestConntrackEntryRefreshedAfterNow(t *testing.T) {
 	}
 	if use.Used != 1 {
 		t.Errorf("conntrack use counts %d live entries, want 1", use.Used)
+	}
+}
+
+// TestOpenRemovesLegacyConntrack: the connection state older builds pinned (the
+// shared table, the one-table-per-pod map of maps and its tables, whose values are
+// 16 bytes where this build's are 24) is removed at open rather than adopted (the
+// per-pod tables would not fit this build's map of maps); a pod committed afterwards
+// gets its three tables, and Usage counts their capacity.
+func TestOpenRemovesLegacyConntrack(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	if err := os.MkdirAll(filepath.Join(pin, "ct"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	table := &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 48, ValueSize: 16, MaxEntries: 16}
+	for _, name := range []string{"npa_ct", "ct/7"} {
+		m, err := ebpf.NewMap(table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Pin(filepath.Join(pin, name)); err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Close()
+	}
+	outer, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.HashOfMaps, KeySize: 4, MaxEntries: 4, InnerMap: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Pin(filepath.Join(pin, "npa_ct_pods")); err != nil {
+		t.Fatal(err)
+	}
+	_ = outer.Close()
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin, ConntrackEntries: 64})
+	for _, name := range legacyConntrackPins {
+		if _, err := os.Stat(filepath.Join(pin, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s of an older build still pinned (%v)", name, err)
+		}
+	}
+	ifindex := dummyInterface(t)
+	if _, err := e.Commit(ifindex, PodPolicy{Ingress: DirectionPolicy{Isolated: true}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ctKinds {
+		if _, err := os.Stat(ctPinPath(pin, ctRefOf(uint32(ifindex), k))); err != nil {
+			t.Errorf("%s table: %v", k, err)
+		}
+	}
+	if u, err := e.Usage(); err != nil || u.Conntrack.Max != 64+64+16 {
+		t.Errorf("Usage: conntrack %+v, %v; want a capacity of 64+64+16", u.Conntrack, err)
 	}
 }
