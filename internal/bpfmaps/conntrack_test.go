@@ -363,3 +363,68 @@ func TestOpenRemovesLegacyConntrack(t *testing.T) {
 		t.Errorf("Usage: conntrack %+v, %v; want a capacity of 64+64+16", u.Conntrack, err)
 	}
 }
+
+// ctCount counts the entries of a pod's table of kind k.
+func ctCount(t *testing.T, e *EBPF, ifindex int, k ctKind) (n int, states []uint32) {
+	t.Helper()
+	var key policyCtKey
+	var v policyCtValue
+	it := e.ctTables[ctRefOf(uint32(ifindex), k)].Iterate()
+	for it.Next(&key, &v) {
+		n++
+		states = append(states, v.State)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n, states
+}
+
+// TestConntrackAnswersOpenNothing: both directions isolated, the ingress allowing TCP
+// 8080 from the peers, the egress allowing everything to them. Connections peers
+// open (a SYN each) make entries in the pod's table of connections its ingress
+// allowed; the pod's answers, which its egress allows too (SYN-ACK, data, and a RST
+// to a port nothing listens on), make none in its table of connections it opened
+// (they would evict its own flows), and the answers mark the peers' entries
+// answered. Before, every packet the egress allowed made an entry there.
+func TestConntrackAnswersOpenNothing(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	pod, peer := netip.MustParseAddr("10.255.10.1"), netip.MustParseAddr("10.1.0.5")
+	peers := netip.MustParsePrefix("10.1.0.0/16")
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peers, Ports: []PortRule{{Protocol: ProtocolTCP, Port: 8080}}}}},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peers}}}}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	const syn, ack, rst = 0x02, 0x10, 0x04
+	seg := func(out bool, sport, dport uint16, flags byte) bool {
+		src, dst, prog := peer, pod, e.objs.ToPod
+		if out {
+			src, dst, prog = pod, peer, e.objs.FromPod
+		}
+		p := packetBytes(src, dst, ProtocolTCP, sport, dport)
+		p[14+20+13] = flags
+		return run(t, prog, ifindex, p)
+	}
+	for port := uint16(30000); port < 30010; port++ {
+		if !seg(false, port, 8080, syn) || !seg(true, 8080, port, syn|ack) || !seg(true, 8080, port, ack) {
+			t.Fatalf("port %d: the peer's SYN or the pod's answers did not pass", port)
+		}
+	}
+	if !seg(true, 9999, 30100, rst|ack) {
+		t.Fatal("the pod's RST did not pass")
+	}
+	if n, _ := ctCount(t, e, ifindex, ctOpenedByEgress); n != 0 {
+		t.Errorf("%d entries in the table of connections the pod opened, want 0: answers open nothing", n)
+	}
+	n, states := ctCount(t, e, ifindex, ctOpenedByIngress)
+	if n != 10 {
+		t.Errorf("%d entries in the table of connections peers opened, want the 10 SYNs'", n)
+	}
+	for _, st := range states {
+		if st&ctReplied == 0 {
+			t.Errorf("a peer's entry in state %#x: the pod's answer did not mark it answered", st)
+		}
+	}
+}
