@@ -58,7 +58,7 @@ type config struct {
 	MaxEntriesPerObject   int  // an object needing more map entries is rejected as bad input
 	MapEntriesV4          int  // capacity of each direction's IPv4 trie, shared by all pods
 	MapEntriesV6          int  // the same for IPv6
-	ConntrackEntries      int  // --conntrack-entries: each pod's connection table
+	ConntrackEntries      int  // --conntrack-entries: each of a pod's connection tables
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -143,7 +143,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.StringVar(&enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
-	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each pod's connection table (connections whose replies pass an isolated direction; a pod opening more evicts its own oldest, never another pod's; about 130 bytes of kernel memory per entry, 512 KiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
+	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.Usage = func() {
 		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {

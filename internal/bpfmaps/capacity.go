@@ -67,7 +67,7 @@ var mapSetting = map[string]string{
 	policyMapNpaEgV4:      "Limits.EntriesV4",
 	policyMapNpaInV6:      "Limits.EntriesV6",
 	policyMapNpaEgV6:      "Limits.EntriesV6",
-	policyMapNpaCtPods:    "Limits.Pods",
+	policyMapNpaCtTables:  "Limits.Pods",
 }
 
 // checkPinnedCapacities compares the capacity of each map already pinned under dir

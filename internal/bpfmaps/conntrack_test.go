@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -275,7 +277,7 @@ func TestConntrackEntryRefreshedAfterNow(t *testing.T) {
 		t.Fatal("the request did not pass")
 	}
 	e.mu.Lock()
-	table := e.ctTables[uint32(ifindex)]
+	table := e.ctTables[ctRefOf(uint32(ifindex), ctOpenedByEgress)]
 	e.mu.Unlock()
 	var (
 		key    policyCtKey
@@ -309,5 +311,120 @@ func TestConntrackEntryRefreshedAfterNow(t *testing.T) {
 	}
 	if use.Used != 1 {
 		t.Errorf("conntrack use counts %d live entries, want 1", use.Used)
+	}
+}
+
+// TestOpenRemovesLegacyConntrack: the connection state older builds pinned (the
+// shared table, the one-table-per-pod map of maps and its tables, whose values are
+// 16 bytes where this build's are 24) is removed at open rather than adopted (the
+// per-pod tables would not fit this build's map of maps); a pod committed afterwards
+// gets its three tables, and Usage counts their capacity.
+func TestOpenRemovesLegacyConntrack(t *testing.T) {
+	requireKernel(t)
+	pin := testPinPath(t)
+	if err := os.MkdirAll(filepath.Join(pin, "ct"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	table := &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 48, ValueSize: 16, MaxEntries: 16}
+	for _, name := range []string{"npa_ct", "ct/7"} {
+		m, err := ebpf.NewMap(table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Pin(filepath.Join(pin, name)); err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Close()
+	}
+	outer, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.HashOfMaps, KeySize: 4, MaxEntries: 4, InnerMap: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Pin(filepath.Join(pin, "npa_ct_pods")); err != nil {
+		t.Fatal(err)
+	}
+	_ = outer.Close()
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin, ConntrackEntries: 64})
+	for _, name := range legacyConntrackPins {
+		if _, err := os.Stat(filepath.Join(pin, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s of an older build still pinned (%v)", name, err)
+		}
+	}
+	ifindex := dummyInterface(t)
+	if _, err := e.Commit(ifindex, PodPolicy{Ingress: DirectionPolicy{Isolated: true}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ctKinds {
+		if _, err := os.Stat(ctPinPath(pin, ctRefOf(uint32(ifindex), k))); err != nil {
+			t.Errorf("%s table: %v", k, err)
+		}
+	}
+	if u, err := e.Usage(); err != nil || u.Conntrack.Max != 64+64+16 {
+		t.Errorf("Usage: conntrack %+v, %v; want a capacity of 64+64+16", u.Conntrack, err)
+	}
+}
+
+// ctCount counts the entries of a pod's table of kind k.
+func ctCount(t *testing.T, e *EBPF, ifindex int, k ctKind) (n int, states []uint32) {
+	t.Helper()
+	var key policyCtKey
+	var v policyCtValue
+	it := e.ctTables[ctRefOf(uint32(ifindex), k)].Iterate()
+	for it.Next(&key, &v) {
+		n++
+		states = append(states, v.State)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n, states
+}
+
+// TestConntrackAnswersOpenNothing: both directions isolated, the ingress allowing TCP
+// 8080 from the peers, the egress allowing everything to them. Connections peers
+// open (a SYN each) make entries in the pod's table of connections its ingress
+// allowed; the pod's answers, which its egress allows too (SYN-ACK, data, and a RST
+// to a port nothing listens on), make none in its table of connections it opened
+// (they would evict its own flows), and the answers mark the peers' entries
+// answered. Before, every packet the egress allowed made an entry there.
+func TestConntrackAnswersOpenNothing(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	pod, peer := netip.MustParseAddr("10.255.10.1"), netip.MustParseAddr("10.1.0.5")
+	peers := netip.MustParsePrefix("10.1.0.0/16")
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peers, Ports: []PortRule{{Protocol: ProtocolTCP, Port: 8080}}}}},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: peers}}}}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	const syn, ack, rst = 0x02, 0x10, 0x04
+	seg := func(out bool, sport, dport uint16, flags byte) bool {
+		src, dst, prog := peer, pod, e.objs.ToPod
+		if out {
+			src, dst, prog = pod, peer, e.objs.FromPod
+		}
+		p := packetBytes(src, dst, ProtocolTCP, sport, dport)
+		p[14+20+13] = flags
+		return run(t, prog, ifindex, p)
+	}
+	for port := uint16(30000); port < 30010; port++ {
+		if !seg(false, port, 8080, syn) || !seg(true, 8080, port, syn|ack) || !seg(true, 8080, port, ack) {
+			t.Fatalf("port %d: the peer's SYN or the pod's answers did not pass", port)
+		}
+	}
+	if !seg(true, 9999, 30100, rst|ack) {
+		t.Fatal("the pod's RST did not pass")
+	}
+	if n, _ := ctCount(t, e, ifindex, ctOpenedByEgress); n != 0 {
+		t.Errorf("%d entries in the table of connections the pod opened, want 0: answers open nothing", n)
+	}
+	n, states := ctCount(t, e, ifindex, ctOpenedByIngress)
+	if n != 10 {
+		t.Errorf("%d entries in the table of connections peers opened, want the 10 SYNs'", n)
+	}
+	for _, st := range states {
+		if st&ctReplied == 0 {
+			t.Errorf("a peer's entry in state %#x: the pod's answer did not mark it answered", st)
+		}
 	}
 }

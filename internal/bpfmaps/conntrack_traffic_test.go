@@ -38,20 +38,23 @@ func conntrackUsed(t *testing.T, e *EBPF) int {
 }
 
 // ctEntriesByDir counts a pod's connection table entries by the direction that
-// allowed their connection (fragment entries apart), walking the table.
+// allowed their connection (fragment entries apart), walking the tables.
 func ctEntriesByDir(t *testing.T, e *EBPF, ifindex int) [2]int {
 	t.Helper()
 	var n [2]int
-	var k policyCtKey
-	var v policyCtValue
-	it := e.ctTables[uint32(ifindex)].Iterate()
-	for it.Next(&k, &v) {
-		if k.Dir < 2 {
-			n[k.Dir]++
+	for _, kind := range []ctKind{ctOpenedByIngress, ctOpenedByEgress} {
+		var k policyCtKey
+		var v policyCtValue
+		it := e.ctTables[ctRefOf(uint32(ifindex), kind)].Iterate()
+		for it.Next(&k, &v) {
+			if k.Dir != uint8(kind) {
+				t.Errorf("an entry of direction %d in the table of kind %s", k.Dir, kind)
+			}
+			n[kind]++
 		}
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return n
 }

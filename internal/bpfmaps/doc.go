@@ -82,8 +82,12 @@
 //     connection through the other direction, when that direction has a policy that
 //     could deny them (no entry otherwise); a connection the policy denies cannot be
 //     opened from the other side. TCP entries expire soon after a RST or a FIN from
-//     each side. A pod's table is its own: a pod opening many flows evicts only its
-//     own entries. ICMP echoes are tracked by their identifier: a pod's ping lets
+//     each side, each only if within the receiver's window (a forged RST outside it
+//     changes nothing, and any later packet but a RST lifts one inside it); entries
+//     not answered yet (TCP: handshake not completed) live 30 s, not 5 minutes. A
+//     pod's tables are its own, one per side that opened the connections plus one for
+//     fragments: a pod opening many flows evicts only its own entries, and peers
+//     flooding it (SYNs to an open port, fragments) never evict the flows it opened. ICMP echoes are tracked by their identifier: a pod's ping lets
 //     back only echo replies with its identifier, not the peer's own echo requests;
 //     other ICMP informational types make no entry. ICMP errors quoting a tracked
 //     connection pass too (RELATED: path-MTU discovery works whoever sends them),

@@ -41,18 +41,26 @@ type EBPFOptions struct {
 	// must have the same capacity: OpenEBPF fails with a *PinnedCapacityError
 	// (ErrPinnedCapacity) naming each map and both sizes otherwise.
 	Limits Limits
-	// ConntrackEntries is the capacity of each pod's LRU connection table (a pod
-	// opening more flows evicts its own oldest entries, never another pod's). Default
+	// ConntrackEntries is the capacity of each of a pod's two LRU connection tables:
+	// connections its egress policy allowed (the pod opened them) and connections its
+	// ingress policy allowed (peers opened them). A side opening more flows evicts the
+	// oldest entries of its own table, never the other's nor another pod's. A third
+	// table, a quarter of this size, holds the pod's fragment entries. Default
 	// DefaultConntrackEntries. Like Limits, fixed for pinned tables (ErrPinnedCapacity).
 	ConntrackEntries int
 	// ConntrackTimeout is how long replies of a connection pass after its last packet:
-	// an open TCP connection, UDP, ICMP echo and other protocols. Default
-	// DefaultConntrackTimeout.
+	// an answered (TCP: established) connection, UDP, ICMP echo and other protocols.
+	// Default DefaultConntrackTimeout.
 	ConntrackTimeout time.Duration
+	// ConntrackUnrepliedTimeout replaces it until the peer answered and, for TCP, the
+	// handshake completed (unanswered datagrams, SYNs). Default
+	// DefaultConntrackUnrepliedTimeout; never longer than ConntrackTimeout.
+	ConntrackUnrepliedTimeout time.Duration
 	// ConntrackClosingTimeout replaces it once a TCP connection saw a FIN from each
 	// side. Default DefaultConntrackClosingTimeout.
 	ConntrackClosingTimeout time.Duration
-	// ConntrackResetTimeout replaces it once a TCP connection saw a RST. Default
+	// ConntrackResetTimeout replaces it once a TCP connection saw a RST within the
+	// receiver's window, until the connection's next other packet. Default
 	// DefaultConntrackResetTimeout.
 	ConntrackResetTimeout time.Duration
 	// ConntrackFragmentTimeout is how long the later fragments of a datagram whose
@@ -75,9 +83,10 @@ type EBPF struct {
 	pinLock *os.File // the pin directory, flock'ed for as long as this process uses it
 	// adoption is what adopt found and repaired (Adoption).
 	adoption Adoption
-	// Connection tracking (conntrack.go): each pod's table, guarded by core.mu;
-	// the spec tables are made from, their capacity, the timeouts loaded.
-	ctTables   map[uint32]*ebpf.Map
+	// Connection tracking (conntrack.go): each pod's tables, guarded by core.mu;
+	// the spec tables are made from, the connection tables' capacity, the timeouts
+	// loaded.
+	ctTables   map[ctRef]*ebpf.Map
 	ctSpec     *ebpf.MapSpec
 	ctEntries  int
 	ctTimeouts ctTimeouts
@@ -153,7 +162,7 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 		return nil, fmt.Errorf("open ebpf dataplane: parse object: %w", err)
 	}
 	sizes := map[string]int{
-		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCtPods: limits.Pods,
+		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCtTables: limits.Pods * len(ctKinds),
 		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
 	}
@@ -162,7 +171,7 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	// Capacities first, by name and size: the load's own error would say neither
 	// which setting sizes the map nor how to resize.
-	spec.Maps[policyMapNpaCtPods].InnerMap.MaxEntries = uint32(opts.ConntrackEntries)
+	spec.Maps[policyMapNpaCtTables].InnerMap.MaxEntries = uint32(opts.ConntrackEntries)
 	if err := checkPinnedCapacities(opts.PinPath, sizes); err != nil {
 		var pe *PinnedCapacityError
 		if errors.As(err, &pe) {
@@ -179,11 +188,11 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	if err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
-	if err := os.Remove(filepath.Join(opts.PinPath, legacyConntrackPin)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("open ebpf dataplane: remove the shared connection table of an older build: %w", err)
+	if err := removeLegacyConntrack(opts.PinPath); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
-	e := &EBPF{pinPath: opts.PinPath, links: map[uint32]*podLinks{}, ctTables: map[uint32]*ebpf.Map{},
-		ctSpec: spec.Maps[policyMapNpaCtPods].InnerMap.Copy(), ctEntries: opts.ConntrackEntries, ctTimeouts: timeouts}
+	e := &EBPF{pinPath: opts.PinPath, links: map[uint32]*podLinks{}, ctTables: map[ctRef]*ebpf.Map{},
+		ctSpec: spec.Maps[policyMapNpaCtTables].InnerMap.Copy(), ctEntries: opts.ConntrackEntries, ctTimeouts: timeouts}
 	err = spec.LoadAndAssign(&e.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -309,11 +318,11 @@ func (e *EBPF) linkPath(ifindex uint32, prog string) string {
 	return filepath.Join(e.pinPath, "links", fmt.Sprintf("%d-%s", ifindex, prog))
 }
 
-// attach gives the pod its connection table if it has none, attaches the programs
+// attach gives the pod the connection tables it lacks, attaches the programs
 // the pod's interface lacks (both, for a new pod; the missing one, for an adopted
-// pod whose link was removed) and pins their links; the table goes in while the
+// pod whose link was removed) and pins their links; the tables go in while the
 // programs are attached (ctInstall). undo detaches what this call attached and
-// deletes the table it made. Called with core.mu held.
+// deletes the tables it made. Called with core.mu held.
 func (e *EBPF) attach(ifindex int) (func(), error) {
 	idx := uint32(ifindex)
 	table, err := e.installConntrack(idx)
@@ -367,10 +376,15 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 	return undo, nil
 }
 
-// dropNewConntrack deletes the table an attach made, if it made one and it went in.
-func (e *EBPF) dropNewConntrack(t *ctInstall) {
-	if t != nil && t.created && e.ctTables[t.ifindex] == t.m {
-		_ = e.dropConntrack(t.ifindex)
+// dropNewConntrack deletes the tables an attach made that went in.
+func (e *EBPF) dropNewConntrack(c *ctInstall) {
+	if c == nil {
+		return
+	}
+	for _, t := range c.tables {
+		if t.created && e.ctTables[t.ref] == t.m {
+			_ = e.dropTable(t.ref)
+		}
 	}
 }
 

@@ -104,16 +104,29 @@ struct ct_key {
 struct ct_value {
 	__u64 last_seen_ns;
 	__u32 state; // CT_*: which timeout applies
-	__u32 pad;
+	// TCP, per side ([0] the opener, [1] its peer): the acknowledgement number and the
+	// window (as sent: unscaled) of the side's last packet with ACK set (CT_ACK_*), so
+	// an RST or FIN from the other side can be checked against what this side will
+	// accept (tcp_state).
+	__u32 ack[2];
+	__u16 win[2];
 };
 
-// ct_value.state. TCP: a FIN seen from each side, a RST from either; a new SYN clears
-// them (the ports were reused). CT_FRAGMENT marks a fragmented datagram's entry (key
-// dir | CT_FRAGMENT, the IP ID in sport and dport), whose later fragments pass.
+// ct_value.state. TCP: a FIN seen from each side, a RST from either (each only within
+// the receiver's window, tcp_state); a new SYN clears everything (the ports were
+// reused). CT_FRAGMENT marks a fragmented datagram's entry (key dir | CT_FRAGMENT, the
+// IP ID in sport and dport), whose later fragments pass. CT_REPLIED: the peer has
+// answered; CT_SYN: the connection was opened by a SYN whose handshake has not
+// completed (the opener has not acknowledged the peer's answer); either way short of
+// an answered, established connection the entry has the unreplied timeout.
 #define CT_FIN_FWD (1u << 0)
 #define CT_FIN_REV (1u << 1)
 #define CT_RST (1u << 2)
 #define CT_FRAGMENT (1u << 3)
+#define CT_REPLIED (1u << 4)
+#define CT_SYN (1u << 5)
+#define CT_ACK_FWD (1u << 6) // ack[0] and win[0] are the opener's
+#define CT_ACK_REV (1u << 7) // ack[1] and win[1] are the peer's
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -195,13 +208,25 @@ TRIE(npa_in_v6, lpm_key6);
 TRIE(npa_eg_v4, lpm_key4);
 TRIE(npa_eg_v6, lpm_key6);
 
-// Connection tracking: one LRU table per pod (the inner maps of npa_ct_pods, keyed by
-// the pod's ifindex; user space creates a pod's table before its programs are
-// attached, and sizes it), so a pod opening many flows evicts only its own entries,
-// never another pod's. A pod without a table (none yet, or removed) tracks nothing.
+// Connection tracking: three LRU tables per pod (the inner maps of npa_ct_tables,
+// keyed by the pod's ifindex and the table's kind; user space creates a pod's tables
+// before its programs are attached, and sizes them): the connections its egress policy
+// allowed (the pod opened them), those its ingress policy allowed (a peer opened them),
+// and fragmented datagrams' entries. So a pod opening many flows evicts only its own
+// entries, never another pod's; peers opening connections to the pod (a SYN flood to
+// an allowed port) or sending fragments evict only entries of their kind, never the
+// connections the pod opened. A pod without a table (none yet, or removed) tracks
+// nothing in it.
+#define CT_TABLE_FRAGMENTS 2 // ct_table_key.kind; connection tables: DIR_INGRESS, DIR_EGRESS
+
+struct ct_table_key {
+	__u32 ifindex;
+	__u32 kind; // the direction whose policy allowed the connections, or CT_TABLE_FRAGMENTS
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
-	__type(key, __u32); // ifindex
+	__type(key, struct ct_table_key);
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct {
@@ -212,7 +237,7 @@ struct {
 		__uint(value_size, sizeof(struct ct_value));
 		__uint(max_entries, 1);
 	});
-} npa_ct_pods SEC(".maps");
+} npa_ct_tables SEC(".maps");
 
 // The node's own addresses (every address of the node's interfaces, and configured
 // CIDRs), one LPM trie per family keyed by prefix. Traffic between a pod and its node
@@ -249,9 +274,12 @@ const volatile struct ct_key ct_key_type;
 const volatile struct ct_value ct_value_type;
 
 // How long an entry lives without traffic (set by the loader; EBPFOptions documents
-// the defaults): an open TCP connection, UDP, ICMP echo and other protocols; a TCP
-// connection after a FIN from each side; after a RST; a fragmented datagram's entry.
+// the defaults): an answered (TCP: established) connection, UDP, ICMP echo and other
+// protocols; one not answered yet, or a TCP connection whose handshake has not
+// completed (never longer than the first); a TCP connection after a FIN from each
+// side; after a RST; a fragmented datagram's entry.
 volatile const __u64 ct_timeout_ns = 300ull * 1000 * 1000 * 1000;
+volatile const __u64 ct_unreplied_timeout_ns = 30ull * 1000 * 1000 * 1000;
 volatile const __u64 ct_closing_timeout_ns = 10ull * 1000 * 1000 * 1000;
 volatile const __u64 ct_reset_timeout_ns = 2ull * 1000 * 1000 * 1000;
 volatile const __u64 ct_fragment_timeout_ns = 10ull * 1000 * 1000 * 1000;
@@ -264,6 +292,8 @@ static __always_inline __u64 ct_timeout(__u32 state)
 		return ct_closing_timeout_ns;
 	if (state & CT_FRAGMENT)
 		return ct_fragment_timeout_ns;
+	if (!(state & CT_REPLIED) || state & CT_SYN)
+		return ct_unreplied_timeout_ns;
 	return ct_timeout_ns;
 }
 
@@ -284,6 +314,9 @@ struct packet {
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u8 tcp_flags;
+	__u16 tcp_win; // TCP: the window field (unscaled), and the sequence and
+	__u32 tcp_seq; // acknowledgement numbers (host order), for the connection table
+	__u32 tcp_ack;
 	__u8 frag; // FRAG_FIRST, FRAG_LATER or 0 (not a fragment)
 	__u8 frag_proto; // the protocol after the fragment header (IPv6), or the protocol
 	__u8 icmp; // ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY, ICMP_UNTRACKED; 0 for other protocols
@@ -353,11 +386,15 @@ static __always_inline int parse_echo(struct __sk_buff *skb, __u32 off, struct p
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct packet *p)
 {
 	if (p->proto == IPPROTO_TCP) {
-		// Ports and flags (byte 13) in one load. A first fragment may end before the
-		// flags: its ports still count, its flags are taken as none.
-		__u8 h[14];
+		// Ports, sequence and acknowledgement numbers, flags (byte 13) and window in
+		// one load. A first fragment may end before the flags: its ports still count,
+		// its flags are taken as none.
+		__u8 h[16];
 		if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) == 0) {
 			p->tcp_flags = h[13];
+			p->tcp_seq = (__u32)h[4] << 24 | (__u32)h[5] << 16 | (__u32)h[6] << 8 | h[7];
+			p->tcp_ack = (__u32)h[8] << 24 | (__u32)h[9] << 16 | (__u32)h[10] << 8 | h[11];
+			p->tcp_win = h[14] << 8 | h[15];
 		} else if (bpf_skb_load_bytes(skb, off, h, 4) < 0) {
 			return PARSE_INCOMPLETE;
 		}
@@ -670,10 +707,18 @@ static __always_inline void ct_fill(struct ct_key *k, __u32 ifindex, const int d
 	}
 }
 
-// ct_table returns the pod's connection table, NULL if it has none.
-static __always_inline void *ct_table(__u32 ifindex)
+// ct_table returns a pod's table of a kind (ct_table_key), NULL if it has none.
+static __always_inline void *ct_table(__u32 ifindex, __u32 kind)
 {
-	return bpf_map_lookup_elem(&npa_ct_pods, &ifindex);
+	struct ct_table_key k = {.ifindex = ifindex, .kind = kind};
+	return bpf_map_lookup_elem(&npa_ct_tables, &k);
+}
+
+// ct_lookup returns the entry of k in the table its direction (or CT_FRAGMENT) names.
+static __always_inline struct ct_value *ct_lookup(const struct ct_key *k)
+{
+	void *ct = ct_table(k->ifindex, k->dir & CT_FRAGMENT ? CT_TABLE_FRAGMENTS : k->dir);
+	return ct ? bpf_map_lookup_elem(ct, k) : 0;
 }
 
 // related reports whether an ICMP or ICMPv6 error (p->quoted set) quotes a packet of
@@ -689,9 +734,6 @@ static __always_inline void *ct_table(__u32 ifindex)
 __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int dir, const struct packet *p)
 {
 	if (!p || !p->quoted)
-		return 0;
-	void *ct = ct_table(ifindex);
-	if (!ct)
 		return 0;
 	struct packet q = {.family = p->family};
 	__u32 off = p->quoted;
@@ -727,10 +769,10 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key k = {};
 	ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &q, 0);
-	if (ct_live(bpf_map_lookup_elem(ct, &k), now))
+	if (ct_live(ct_lookup(&k), now))
 		return 1;
 	ct_fill(&k, ifindex, dir, &q, 1);
-	return ct_live(bpf_map_lookup_elem(ct, &k), now);
+	return ct_live(ct_lookup(&k), now);
 }
 
 // frag_key is the entry of a fragmented datagram: its addresses, protocol and IP ID,
@@ -748,41 +790,135 @@ static __always_inline void frag_key(struct ct_key *k, __u32 ifindex, const int 
 }
 
 // passed is the verdict for a packet that passes. A first fragment passing a
-// direction with any policy leaves an entry, so the datagram's later fragments (no
-// ports: the policy cannot judge them) pass too.
-static __always_inline int passed(void *ct, __u32 ifindex, const int dir, __u64 word, const struct packet *p)
+// direction with any policy leaves an entry in the pod's fragment table, so the
+// datagram's later fragments (no ports: the policy cannot judge them) pass too.
+static __always_inline int passed(__u32 ifindex, const int dir, __u64 word, const struct packet *p)
 {
-	if (p->frag == FRAG_FIRST && ct && WORD_FLAGS(word)) {
-		struct ct_key k = {};
-		frag_key(&k, ifindex, dir, p);
-		struct ct_value v = {.last_seen_ns = bpf_ktime_get_ns(), .state = CT_FRAGMENT};
-		bpf_map_update_elem(ct, &k, &v, BPF_ANY);
+	if (p->frag == FRAG_FIRST && WORD_FLAGS(word)) {
+		void *ct = ct_table(ifindex, CT_TABLE_FRAGMENTS);
+		if (ct) {
+			struct ct_key k = {};
+			frag_key(&k, ifindex, dir, p);
+			struct ct_value v = {.last_seen_ns = bpf_ktime_get_ns(), .state = CT_FRAGMENT};
+			bpf_map_update_elem(ct, &k, &v, BPF_ANY);
+		}
 	}
 	return VERDICT_NEXT;
 }
 
-// tcp_state is an entry's state after a TCP packet with flags, seen from the
-// connection's opener (fwd) or its peer.
-static __always_inline __u32 tcp_state(__u32 state, __u8 flags, int fwd)
+// ct_in_window reports whether a TCP packet from the opener (fwd) or its peer lies in
+// the receiver's window as the receiver last announced it: its sequence number in
+// [the receiver's last ACK, + its window << shift]. A receiver that has acknowledged
+// nothing yet (a SYN awaiting its answer) admits any.
+//
+// An RST is checked with shift 0, the window as sent (unscaled): window scaling can
+// only widen the real window, so this is the tightest bound that holds, and a blind
+// attacker needs 2^32 / (window + 1) guesses (64k or more) where the scaled window
+// (up to 2^30 bytes) would need 4. A genuine RST that falls outside it (data in
+// flight beyond the unscaled window) still reaches the pod, whose kernel handles it;
+// the entry merely keeps its normal timeout, and expires or is evicted as an idle one.
+// A FIN is checked against the widest scaled window (shift 14, RFC 7323's limit): a
+// forged FIN alone changes no timeout (it takes one from each side, and the pod's
+// side cannot be forged from outside), while a genuine FIN after bulk data may lie a
+// whole scaled window beyond the receiver's last ACK.
+static __always_inline int ct_in_window(const struct ct_value *v, __u32 state, const struct packet *p, int fwd,
+					int shift)
 {
+	if (!(state & (fwd ? CT_ACK_REV : CT_ACK_FWD)))
+		return 1;
+	__u32 ack = fwd ? v->ack[1] : v->ack[0];
+	__u32 win = fwd ? v->win[1] : v->win[0];
+	return p->tcp_seq - ack <= win << shift;
+}
+
+// tcp_state is an entry's state after a TCP packet, seen from the connection's opener
+// (fwd) or its peer; it records the sender's acknowledgement and window in v.
+//   - a SYN (without ACK): a new connection on these ports, CT_SYN, all else forgotten;
+//   - an RST: CT_RST (the reset timeout) if within the receiver's window, no other
+//     change (a forged one, even with a bad checksum, never reaches a live connection's
+//     entry; ct_in_window);
+//   - any other packet clears CT_RST (the connection lives on: an RST the window
+//     admitted yet the receiver ignored, or one forged with a guessed sequence number,
+//     lasts only until the next packet); a FIN within the window marks its side; the
+//     peer's packet marks the entry answered (CT_REPLIED), and the opener's ACK after
+//     that completes the handshake (clears CT_SYN).
+static __always_inline __u32 tcp_state(struct ct_value *v, __u32 state, const struct packet *p, int fwd)
+{
+	__u8 flags = p->tcp_flags;
 	if ((flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
-		return 0; // a new connection on these ports
+		return CT_SYN;
 	if (flags & TCP_RST)
-		state |= CT_RST;
-	if (flags & TCP_FIN)
+		return ct_in_window(v, state, p, fwd, 0) ? state | CT_RST : state;
+	state &= ~CT_RST;
+	if (flags & TCP_FIN && ct_in_window(v, state, p, fwd, 14))
 		state |= fwd ? CT_FIN_FWD : CT_FIN_REV;
+	if (!fwd)
+		state |= CT_REPLIED;
+	else if (state & CT_REPLIED && flags & TCP_ACK && !(flags & TCP_SYN))
+		state &= ~CT_SYN;
+	if (flags & TCP_ACK) {
+		if (fwd) {
+			v->ack[0] = p->tcp_ack;
+			v->win[0] = p->tcp_win;
+			state |= CT_ACK_FWD;
+		} else {
+			v->ack[1] = p->tcp_ack;
+			v->win[1] = p->tcp_win;
+			state |= CT_ACK_REV;
+		}
+	}
 	return state;
 }
 
-// ct_seen refreshes an entry for a packet of its connection.
+// ct_seen refreshes an entry for a packet of its connection from the opener (fwd) or
+// its peer. Any packet from the peer marks it answered; TCP: tcp_state.
 static __always_inline void ct_seen(struct ct_value *v, const struct packet *p, __u64 now, int fwd)
 {
 	v->last_seen_ns = now;
-	if (p->proto == IPPROTO_TCP && p->tcp_flags & (TCP_SYN | TCP_RST | TCP_FIN)) {
-		__u32 st = tcp_state(v->state, p->tcp_flags, fwd);
-		if (st != v->state)
-			v->state = st;
+	__u32 st = v->state;
+	if (p->proto == IPPROTO_TCP)
+		st = tcp_state(v, st, p, fwd);
+	else if (!fwd)
+		st |= CT_REPLIED;
+	if (st != v->state)
+		v->state = st;
+}
+
+// ct_track records an allowed packet in the table of the direction that allowed it
+// (the connection's opener is this side): it refreshes the connection's entry, or, for
+// a packet of a connection the other direction opened (a reply this direction's policy
+// allows as well), refreshes that one, and otherwise makes an entry — but not for a
+// TCP SYN-ACK or RST, which answer a connection and never open one (so peers cannot
+// make a pod fill its own table of opened connections by sending it SYNs). An entry
+// that timed out is made afresh.
+static __always_inline void ct_track(__u32 ifindex, const int dir, const struct packet *p)
+{
+	void *ct = ct_table(ifindex, dir);
+	if (!ct)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key k = {};
+	ct_fill(&k, ifindex, dir, p, 0);
+	struct ct_value *v = bpf_map_lookup_elem(ct, &k);
+	if (ct_live(v, now)) {
+		ct_seen(v, p, now, 1);
+		return;
 	}
+	if (p->icmp == 0) {
+		struct ct_key r = {};
+		ct_fill(&r, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, p, 1);
+		struct ct_value *o = ct_lookup(&r);
+		if (ct_live(o, now)) {
+			ct_seen(o, p, now, 0);
+			return;
+		}
+	}
+	__u8 f = p->tcp_flags;
+	if (p->proto == IPPROTO_TCP && (f & TCP_RST || (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)))
+		return;
+	struct ct_value nv = {};
+	ct_seen(&nv, p, now, 1);
+	bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
 }
 
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
@@ -826,12 +962,9 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// ct_fragment_timeout_ns ago is dropped.
 		if (!WORD_FLAGS(word))
 			return VERDICT_NEXT;
-		void *ct = ct_table(ifindex);
-		if (ct) {
-			frag_key(&k, ifindex, dir, &p);
-			if (ct_live(bpf_map_lookup_elem(ct, &k), bpf_ktime_get_ns()))
-				return VERDICT_NEXT;
-		}
+		frag_key(&k, ifindex, dir, &p);
+		if (ct_live(ct_lookup(&k), bpf_ktime_get_ns()))
+			return VERDICT_NEXT;
 		return is_node(&p, peer) ? VERDICT_NEXT : VERDICT_DROP;
 	}
 
@@ -850,7 +983,6 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		verdict = DENY; // fail closed if the word keeps changing
 	}
 
-	void *ct = ct_table(ifindex);
 	if (verdict == ALLOW) {
 		// Remember the connection so its replies pass the other direction — only if
 		// that direction has a policy (isolated, or admin or baseline rules) that could
@@ -858,23 +990,12 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// packet (not only a connection's first) makes a missing entry, so a
 		// connection opened while the other direction was open is tracked from its
 		// next packet after that direction gets a policy (ICMP: only an echo request
-		// makes one, packet.icmp). The other direction's word is read without
-		// ordering: it only says whether to track.
+		// makes one, packet.icmp; TCP: ct_track). The other direction's word is read
+		// without ordering: it only says whether to track.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
-		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other) || !ct_opens(&p))
-			return passed(ct, ifindex, dir, word, &p);
-		now = bpf_ktime_get_ns();
-		ct_fill(&k, ifindex, dir, &p, 0);
-		struct ct_value *v = bpf_map_lookup_elem(ct, &k);
-		if (v) {
-			ct_seen(v, &p, now, 1);
-		} else {
-			struct ct_value nv = {.last_seen_ns = now};
-			if (p.proto == IPPROTO_TCP)
-				nv.state = tcp_state(0, p.tcp_flags, 1);
-			bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
-		}
-		return passed(ct, ifindex, dir, word, &p);
+		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p))
+			ct_track(ifindex, dir, &p);
+		return passed(ifindex, dir, word, &p);
 	}
 	// Denied by this direction's policy: pass a reply of a connection the other
 	// direction allowed, traffic between the pod and its own node, and an ICMP error
@@ -883,17 +1004,17 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	// order does not change it, and a packet the policy allows (the common path) pays
 	// no extra lookup. Node traffic passing here makes no connection entry: its replies
 	// have the node as peer too and pass the same way.
-	if (ct && ct_replies(&p)) {
+	if (ct_replies(&p)) {
 		now = bpf_ktime_get_ns();
 		ct_fill(&k, ifindex, dir == DIR_INGRESS ? DIR_EGRESS : DIR_INGRESS, &p, 1);
-		struct ct_value *v = bpf_map_lookup_elem(ct, &k);
+		struct ct_value *v = ct_lookup(&k);
 		if (ct_live(v, now)) {
 			ct_seen(v, &p, now, 0);
-			return passed(ct, ifindex, dir, word, &p);
+			return passed(ifindex, dir, word, &p);
 		}
 	}
 	if (is_node(&p, peer))
-		return passed(ct, ifindex, dir, word, &p);
+		return passed(ifindex, dir, word, &p);
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))

@@ -167,7 +167,12 @@ type PodPolicy struct {
 // Verdict denies, and decides some it never asks Verdict about:
 //
 //   - Replies: a packet of a connection the other direction allowed (the connection
-//     table) passes.
+//     table) passes while the connection's entry lives: 5 minutes after its last
+//     packet (EBPFOptions.ConntrackTimeout), 30 s while the peer has not answered or
+//     a TCP handshake has not completed (ConntrackUnrepliedTimeout), 10 s after a TCP
+//     FIN from each side, 2 s after a TCP RST within the receiver's window until the
+//     connection's next other packet. Entries of connections the pod opened are
+//     never evicted by connections peers open.
 //   - ICMP errors (RELATED): an ICMPv4 destination unreachable (frag-needed
 //     included), time exceeded or parameter problem, or an ICMPv6 destination
 //     unreachable, packet too big, time exceeded or parameter problem, whose quoted

@@ -25,11 +25,18 @@ type policyCtKey struct {
 	Daddr   [16]uint8
 }
 
+type policyCtTableKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Kind    uint32
+}
+
 type policyCtValue struct {
 	_          structs.HostLayout
 	LastSeenNs uint64
 	State      uint32
-	Pad        uint32
+	Ack        [2]uint32
+	Win        [2]uint16
 }
 
 type policyLpmKey4 struct {
@@ -86,23 +93,24 @@ type policyRuleValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapNpaCtPods           = "npa_ct_pods"
-	policyMapNpaEgV4             = "npa_eg_v4"
-	policyMapNpaEgV6             = "npa_eg_v6"
-	policyMapNpaInV4             = "npa_in_v4"
-	policyMapNpaInV6             = "npa_in_v6"
-	policyMapNpaNodeV4           = "npa_node_v4"
-	policyMapNpaNodeV6           = "npa_node_v6"
-	policyMapNpaPodSlot          = "npa_pod_slot"
-	policyMapNpaSlotState        = "npa_slot_state"
-	policyProgFromPod            = "from_pod"
-	policyProgToPod              = "to_pod"
-	policyVarCtClosingTimeoutNs  = "ct_closing_timeout_ns"
-	policyVarCtFragmentTimeoutNs = "ct_fragment_timeout_ns"
-	policyVarCtKeyType           = "ct_key_type"
-	policyVarCtResetTimeoutNs    = "ct_reset_timeout_ns"
-	policyVarCtTimeoutNs         = "ct_timeout_ns"
-	policyVarCtValueType         = "ct_value_type"
+	policyMapNpaCtTables          = "npa_ct_tables"
+	policyMapNpaEgV4              = "npa_eg_v4"
+	policyMapNpaEgV6              = "npa_eg_v6"
+	policyMapNpaInV4              = "npa_in_v4"
+	policyMapNpaInV6              = "npa_in_v6"
+	policyMapNpaNodeV4            = "npa_node_v4"
+	policyMapNpaNodeV6            = "npa_node_v6"
+	policyMapNpaPodSlot           = "npa_pod_slot"
+	policyMapNpaSlotState         = "npa_slot_state"
+	policyProgFromPod             = "from_pod"
+	policyProgToPod               = "to_pod"
+	policyVarCtClosingTimeoutNs   = "ct_closing_timeout_ns"
+	policyVarCtFragmentTimeoutNs  = "ct_fragment_timeout_ns"
+	policyVarCtKeyType            = "ct_key_type"
+	policyVarCtResetTimeoutNs     = "ct_reset_timeout_ns"
+	policyVarCtTimeoutNs          = "ct_timeout_ns"
+	policyVarCtUnrepliedTimeoutNs = "ct_unreplied_timeout_ns"
+	policyVarCtValueType          = "ct_value_type"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -155,7 +163,7 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaCtPods    *ebpf.MapSpec `ebpf:"npa_ct_pods"`
+	NpaCtTables  *ebpf.MapSpec `ebpf:"npa_ct_tables"`
 	NpaEgV4      *ebpf.MapSpec `ebpf:"npa_eg_v4"`
 	NpaEgV6      *ebpf.MapSpec `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.MapSpec `ebpf:"npa_in_v4"`
@@ -170,12 +178,13 @@ type policyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyVariableSpecs struct {
-	CtClosingTimeoutNs  *ebpf.VariableSpec `ebpf:"ct_closing_timeout_ns"`
-	CtFragmentTimeoutNs *ebpf.VariableSpec `ebpf:"ct_fragment_timeout_ns"`
-	CtKeyType           *ebpf.VariableSpec `ebpf:"ct_key_type"`
-	CtResetTimeoutNs    *ebpf.VariableSpec `ebpf:"ct_reset_timeout_ns"`
-	CtTimeoutNs         *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
-	CtValueType         *ebpf.VariableSpec `ebpf:"ct_value_type"`
+	CtClosingTimeoutNs   *ebpf.VariableSpec `ebpf:"ct_closing_timeout_ns"`
+	CtFragmentTimeoutNs  *ebpf.VariableSpec `ebpf:"ct_fragment_timeout_ns"`
+	CtKeyType            *ebpf.VariableSpec `ebpf:"ct_key_type"`
+	CtResetTimeoutNs     *ebpf.VariableSpec `ebpf:"ct_reset_timeout_ns"`
+	CtTimeoutNs          *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
+	CtUnrepliedTimeoutNs *ebpf.VariableSpec `ebpf:"ct_unreplied_timeout_ns"`
+	CtValueType          *ebpf.VariableSpec `ebpf:"ct_value_type"`
 }
 
 // policyObjects contains all objects after they have been loaded into the kernel.
@@ -198,7 +207,7 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaCtPods    *ebpf.Map `ebpf:"npa_ct_pods"`
+	NpaCtTables  *ebpf.Map `ebpf:"npa_ct_tables"`
 	NpaEgV4      *ebpf.Map `ebpf:"npa_eg_v4"`
 	NpaEgV6      *ebpf.Map `ebpf:"npa_eg_v6"`
 	NpaInV4      *ebpf.Map `ebpf:"npa_in_v4"`
@@ -211,7 +220,7 @@ type policyMaps struct {
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
-		m.NpaCtPods,
+		m.NpaCtTables,
 		m.NpaEgV4,
 		m.NpaEgV6,
 		m.NpaInV4,
@@ -227,12 +236,13 @@ func (m *policyMaps) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyVariables struct {
-	CtClosingTimeoutNs  *ebpf.Variable `ebpf:"ct_closing_timeout_ns"`
-	CtFragmentTimeoutNs *ebpf.Variable `ebpf:"ct_fragment_timeout_ns"`
-	CtKeyType           *ebpf.Variable `ebpf:"ct_key_type"`
-	CtResetTimeoutNs    *ebpf.Variable `ebpf:"ct_reset_timeout_ns"`
-	CtTimeoutNs         *ebpf.Variable `ebpf:"ct_timeout_ns"`
-	CtValueType         *ebpf.Variable `ebpf:"ct_value_type"`
+	CtClosingTimeoutNs   *ebpf.Variable `ebpf:"ct_closing_timeout_ns"`
+	CtFragmentTimeoutNs  *ebpf.Variable `ebpf:"ct_fragment_timeout_ns"`
+	CtKeyType            *ebpf.Variable `ebpf:"ct_key_type"`
+	CtResetTimeoutNs     *ebpf.Variable `ebpf:"ct_reset_timeout_ns"`
+	CtTimeoutNs          *ebpf.Variable `ebpf:"ct_timeout_ns"`
+	CtUnrepliedTimeoutNs *ebpf.Variable `ebpf:"ct_unreplied_timeout_ns"`
+	CtValueType          *ebpf.Variable `ebpf:"ct_value_type"`
 }
 
 // policyPrograms contains all programs after they have been loaded into the kernel.

@@ -186,7 +186,7 @@ func TestFailedAdoptClosesLinks(t *testing.T) {
 	if err := prev.links[uint32(pod)].toPod.Unpin(); err != nil {
 		t.Fatal(err)
 	}
-	if err := prev.objs.NpaCtPods.Pin(toPod); err != nil { // not a link
+	if err := prev.objs.NpaCtTables.Pin(toPod); err != nil { // not a link
 		t.Fatal(err)
 	}
 	if err := prev.Close(); err != nil {

@@ -62,7 +62,7 @@ func TestEBPFUsageCountsWhatTheMapsHold(t *testing.T) {
 		if want := (MapUse{Used: pods, Max: 8}); u.Pods != want {
 			t.Errorf("%s: pods %+v, want %+v", stage, u.Pods, want)
 		}
-		want := MapUse{Max: 2048 * pods} // a table per pod
+		want := MapUse{Max: (2*2048 + 512) * pods} // two connection tables and a fragment table per pod
 		for _, m := range e.ctTables {
 			want.Used += countKeys(t, m)
 		}
