@@ -59,6 +59,11 @@
 //     changes nothing. Usage reports each map's entries against its capacity.
 //   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
 //     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
+//   - Attach order: the programs go at the head of each interface's tcx chain
+//     (link.Head()), ahead of programs attached before them or later without a head
+//     anchor (a CNI's): none of those can end the chain (TCX_PASS, a redirect) before
+//     the policy judged the packet. npagent's verdicts are TCX_NEXT or TCX_DROP, so
+//     the programs behind it see every packet it allows.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
 //     what a previous process pinned, so enforcement never lapses: a pod whose
 //     interface is there but whose link was removed or detached while no agent ran

@@ -374,8 +374,15 @@ func (e *EBPF) dropNewConntrack(t *ctInstall) {
 	}
 }
 
+// attachOne attaches prog at the head of the interface's tcx chain and pins its link.
+// At the head, npagent judges a packet before any program attached before it or
+// later without an anchor of its own (a CNI's, appended at the tail by default): a
+// program ahead of it could end the chain (TCX_PASS, a redirect) and the policy would
+// never see the packet. npagent's own verdicts are TCX_NEXT or TCX_DROP, so the
+// programs behind it still see every packet it allows. A program attached later
+// with the head anchor itself goes before npagent's: that order is its choice.
 func (e *EBPF) attachOne(ifindex uint32, name string, prog *ebpf.Program, at ebpf.AttachType) (link.Link, error) {
-	l, err := link.AttachTCX(link.TCXOptions{Interface: int(ifindex), Program: prog, Attach: at})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: int(ifindex), Program: prog, Attach: at, Anchor: link.Head()})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s to interface %d: %w", name, ifindex, permissionHint(err, "CAP_NET_ADMIN"))
 	}
