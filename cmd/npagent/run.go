@@ -375,6 +375,9 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 	if len(a.Vanished) > 0 {
 		log.Info("dropped the pinned state of pods whose interface is gone", "ifindexes", a.Vanished)
 	}
+	if len(a.Replaced) > 0 {
+		log.Info("dropped the pinned state of pods whose interface index now names another interface (not inherited)", "ifindexes", a.Replaced)
+	}
 	return dp, nil
 }
 

@@ -1,10 +1,5 @@
 package bpfmaps
 
-import (
-	"fmt"
-	"net"
-)
-
 // Adoption is what OpenEBPF found pinned by a previous process and what it did
 // about it, for the agent to log.
 type Adoption struct {
@@ -17,6 +12,11 @@ type Adoption struct {
 	// Vanished lists the interfaces, ascending, whose pod had pinned state but
 	// which no longer exist: their state was deleted.
 	Vanished []int
+	// Replaced lists the indexes, ascending, whose pod had pinned state but which
+	// now name another interface (the pod's was deleted and its index reused, by
+	// name and hardware address: ifidentity.go): the old pod's state and connection
+	// table were deleted, not inherited by the new interface.
+	Replaced []int
 }
 
 // Adoption returns what OpenEBPF adopted and repaired.
@@ -24,18 +24,6 @@ func (e *EBPF) Adoption() Adoption {
 	a := e.adoption
 	a.Reattached = append([]int(nil), a.Reattached...)
 	a.Vanished = append([]int(nil), a.Vanished...)
+	a.Replaced = append([]int(nil), a.Replaced...)
 	return a
-}
-
-// interfaceIndexes returns the indexes of the interfaces of this network namespace.
-func interfaceIndexes() (map[uint32]bool, error) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, fmt.Errorf("list interfaces: %w", err)
-	}
-	present := make(map[uint32]bool, len(ifs))
-	for _, i := range ifs {
-		present[uint32(i.Index)] = true
-	}
-	return present, nil
 }

@@ -59,10 +59,21 @@
 //     changes nothing. Usage reports each map's entries against its capacity.
 //   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
 //     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
+//   - Attach order: the programs go at the head of each interface's tcx chain
+//     (link.Head()), ahead of programs attached before them or later without a head
+//     anchor (a CNI's): none of those can end the chain (TCX_PASS, a redirect) before
+//     the policy judged the packet. npagent's verdicts are TCX_NEXT or TCX_DROP, so
+//     the programs behind it see every packet it allows.
 //   - Survives restarts: maps and tcx links are pinned under bpffs; OpenEBPF adopts
 //     what a previous process pinned, so enforcement never lapses: a pod whose
 //     interface is there but whose link was removed or detached while no agent ran
-//     gets its programs attached again at open (EBPF.Adoption names it). It repairs what a
+//     gets its programs attached again at open (EBPF.Adoption names it). An index
+//     that names another interface now (the pod's veth deleted and its index given to
+//     a new one) is not the pod's: each attached interface's name and hardware
+//     address are recorded in a pinned map (npa_if_ident), and a pod whose links are
+//     no longer live and whose index's interface differs from the record is removed
+//     at open (Adoption.Replaced), so the new interface inherits neither its policy
+//     nor its connection table. It repairs what a
 //     process that died mid-commit left (an inactive entry set that is not level with
 //     the active one — written before the switch or not yet levelled after it — is
 //     deleted; a slot filled but not mapped; a mapping to a slot its pod does not

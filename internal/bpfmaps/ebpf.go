@@ -78,6 +78,7 @@ type EBPF struct {
 	states  *podStates // guarded by core.mu
 	pinPath string
 	links   map[uint32]*podLinks // guarded by core.mu
+	idents  *ifIdentities        // each attached interface's identity (ifidentity.go); guarded by core.mu
 	nodeMu  sync.Mutex           // serializes SetNodeAddrs
 	closed  atomic.Bool
 	pinLock *os.File // the pin directory, flock'ed for as long as this process uses it
@@ -299,10 +300,11 @@ func (e *EBPF) Close() error {
 	return errors.Join(errs...)
 }
 
-// closeLinks closes this process's link handles; the pins, and the attachments,
-// stay.
+// closeLinks closes this process's link handles and the identity map recorded with
+// them; the pins, and the attachments, stay.
 func (e *EBPF) closeLinks() error {
-	var errs []error
+	errs := []error{e.idents.close()}
+	e.idents = nil
 	for _, l := range e.links {
 		for _, x := range []link.Link{l.fromPod, l.toPod} {
 			if x != nil {
@@ -368,6 +370,9 @@ func (e *EBPF) attach(ifindex int) (func(), error) {
 			err = werr
 		}
 	}
+	if err == nil {
+		err = e.idents.record(idx) // attached to this interface: it is what the links name
+	}
 	if err != nil {
 		undo()
 		return nil, err
@@ -388,8 +393,15 @@ func (e *EBPF) dropNewConntrack(c *ctInstall) {
 	}
 }
 
+// attachOne attaches prog at the head of the interface's tcx chain and pins its link.
+// At the head, npagent judges a packet before any program attached before it or
+// later without an anchor of its own (a CNI's, appended at the tail by default): a
+// program ahead of it could end the chain (TCX_PASS, a redirect) and the policy would
+// never see the packet. npagent's own verdicts are TCX_NEXT or TCX_DROP, so the
+// programs behind it still see every packet it allows. A program attached later
+// with the head anchor itself goes before npagent's: that order is its choice.
 func (e *EBPF) attachOne(ifindex uint32, name string, prog *ebpf.Program, at ebpf.AttachType) (link.Link, error) {
-	l, err := link.AttachTCX(link.TCXOptions{Interface: int(ifindex), Program: prog, Attach: at})
+	l, err := link.AttachTCX(link.TCXOptions{Interface: int(ifindex), Program: prog, Attach: at, Anchor: link.Head()})
 	if err != nil {
 		return nil, fmt.Errorf("attach %s to interface %d: %w", name, ifindex, permissionHint(err, "CAP_NET_ADMIN"))
 	}
@@ -421,7 +433,7 @@ func (e *EBPF) detach(ifindex int) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, e.dropConntrack(idx))
+	errs = append(errs, e.dropConntrack(idx), e.idents.forget(idx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach interface %d: %w", ifindex, err)
 	}
@@ -434,11 +446,18 @@ func (e *EBPF) detach(ifindex int) error {
 // before or after its switch). Entries of pods without state are deleted, pods
 // whose interface is gone are removed, and pods whose interface is there but whose
 // links are not (a link pin removed, or the link detached: its tcx link is defunct)
-// have their programs attached again. Entries without
+// have their programs attached again — unless the index now names another interface
+// (ifidentity.go): then the pod is removed as if its interface were gone, and the new
+// interface inherits neither its policy nor its connection table. Entries without
 // an entry-set mark were written by an unreleased build with one generation per
 // commit; no release wrote that layout, so it is not migrated: adopt refuses with
 // ErrIncompatiblePins, naming the pin directory to remove.
 func (e *EBPF) adopt() error {
+	idents, err := openIfIdentities(e.pinPath)
+	if err != nil {
+		return err
+	}
+	e.idents = idents // closed with the links
 	for ifindex, st := range e.states.all() {
 		e.pods[ifindex] = &podRecord{state: st}
 	}
@@ -541,16 +560,22 @@ func (e *EBPF) adopt() error {
 			pl.toPod = l
 		}
 	}
-	// Pods whose interface is gone lose their state; pods whose interface is there
-	// but a link is not (its pin removed, or the link detached, while no agent ran)
-	// get their programs attached again, so enforcement resumes before any commit
-	// (an unchanged re-commit is skipped and would not attach them).
-	present, err := interfaceIndexes()
+	// Pods whose interface is gone, or whose index names another interface now, lose
+	// their state; pods whose interface is there but a link is not (its pin removed,
+	// or the link detached, while no agent ran) get their programs attached again, so
+	// enforcement resumes before any commit (an unchanged re-commit is skipped and
+	// would not attach them).
+	present, err := currentInterfaces()
 	if err != nil {
 		return err
 	}
 	for _, idx := range slices.Sorted(maps.Keys(e.pods)) {
-		if !present[idx] {
+		cur, ok := present[idx]
+		pl := e.links[idx]
+		live := pl != nil && (pl.fromPod != nil || pl.toPod != nil) // not defunct: the same interface
+		rec, recorded := e.idents.lookup(idx)
+		replaced := ok && !live && recorded && rec != cur
+		if !ok || replaced {
 			if pl := e.links[idx]; pl != nil {
 				for _, x := range []link.Link{pl.fromPod, pl.toPod} {
 					if x != nil {
@@ -564,10 +589,19 @@ func (e *EBPF) adopt() error {
 				return fmt.Errorf("delete state of vanished interface %d: %w", idx, err)
 			}
 			delete(e.pods, idx)
-			e.adoption.Vanished = append(e.adoption.Vanished, int(idx))
+			if replaced {
+				e.adoption.Replaced = append(e.adoption.Replaced, int(idx))
+			} else {
+				e.adoption.Vanished = append(e.adoption.Vanished, int(idx))
+			}
 			continue
 		}
-		if pl := e.links[idx]; pl != nil && pl.fromPod != nil && pl.toPod != nil {
+		if live && (!recorded || rec != cur) { // an older build's pin, or renamed while attached
+			if err := e.idents.put(idx, cur); err != nil {
+				return err
+			}
+		}
+		if pl != nil && pl.fromPod != nil && pl.toPod != nil {
 			continue
 		}
 		if _, err := e.attach(int(idx)); err != nil {
@@ -576,6 +610,9 @@ func (e *EBPF) adopt() error {
 		e.adoption.Reattached = append(e.adoption.Reattached, int(idx))
 	}
 	e.adoption.Pods = len(e.pods)
+	if err := e.idents.prune(func(idx uint32) bool { return e.pods[idx] != nil }); err != nil {
+		return err
+	}
 
 	// Entry sets: the active one's entries are the committed ones; the inactive one
 	// is kept if level, deleted otherwise.

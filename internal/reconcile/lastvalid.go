@@ -1,6 +1,8 @@
 package reconcile
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/atomicfile"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -23,9 +26,13 @@ import (
 // it their re-commit would merge the other objects alone (for a pod that object alone
 // isolated in a direction, that direction would open).
 //
-// A file is written (temp, fsync, rename) when a valid version with work on this node
-// was committed, read only when a version is rejected and no valid one is known, and
-// removed when the object is deleted. nil stores nothing.
+// A file is written (internal/atomicfile: temp, fsync, rename, fsync the directory)
+// when a valid version with work on this node was committed, read only when a version
+// is rejected and no valid one is known, and removed when the object is deleted; the
+// temporaries a crash left are removed when the store opens. A file is named
+// kind_namespace_name.json; a name that would pass the file system's 255 bytes is cut
+// and ends in a hash of the whole key (lastValidFileName), and the key is read back
+// from the object the file holds. nil stores nothing.
 type lastValidStore struct {
 	dir string
 	mu  sync.Mutex
@@ -39,6 +46,8 @@ func newLastValidStore(dir string) (*lastValidStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("last valid versions: %w", err)
 	}
+	// A temporary left by a crash is never read: failing to remove it is harmless.
+	_, _ = atomicfile.RemoveStale(dir)
 	return &lastValidStore{dir: dir, rv: map[objectKey]string{}}, nil
 }
 
@@ -48,8 +57,35 @@ type lastValidFile struct {
 	ClusterPolicyEndpoint *v1alpha1.ClusterPolicyEndpoint `json:"clusterPolicyEndpoint,omitempty"`
 }
 
+// lastValidFileName is key's file name: kind_namespace_name.json, or, when that would
+// pass maxFileName bytes (a 253-byte name can), its first bytes, "~" (never in a
+// Kubernetes name) and a hash of the whole, so the name stays readable and unique.
+func lastValidFileName(key objectKey) string {
+	full := fmt.Sprintf("%s_%s_%s", key.kind, key.namespace, key.name)
+	if len(full)+len(".json") <= maxFileName {
+		return full + ".json"
+	}
+	sum := sha256.Sum256([]byte(full))
+	hash := hex.EncodeToString(sum[:16])
+	return full[:maxFileName-len(".json")-len(hash)-1] + "~" + hash + ".json"
+}
+
+// maxFileName is the longest file name Linux file systems take (NAME_MAX).
+const maxFileName = 255
+
 func (s *lastValidStore) path(key objectKey) string {
-	return filepath.Join(s.dir, fmt.Sprintf("%s_%s_%s.json", key.kind, key.namespace, key.name))
+	return filepath.Join(s.dir, lastValidFileName(key))
+}
+
+// key returns the key of the object the file holds.
+func (f *lastValidFile) key() (objectKey, bool) {
+	switch {
+	case f.PolicyEndpoint != nil:
+		return keyOf(report.KindPolicyEndpoint, f.PolicyEndpoint), true
+	case f.ClusterPolicyEndpoint != nil:
+		return keyOf(report.KindClusterPolicyEndpoint, f.ClusterPolicyEndpoint), true
+	}
+	return objectKey{}, false
 }
 
 // save records obj, a valid version of key just committed.
@@ -76,7 +112,7 @@ func (s *lastValidStore) save(key objectKey, obj any) error {
 	if err != nil {
 		return fmt.Errorf("last valid version of %s: %w", key, err)
 	}
-	if err := writeFileAtomic(s.path(key), data); err != nil {
+	if err := atomicfile.Write(s.path(key), data, 0o600); err != nil {
 		return fmt.Errorf("last valid version of %s: %w", key, err)
 	}
 	s.rv[key] = rv
@@ -100,6 +136,9 @@ func (s *lastValidStore) load(key objectKey, uid types.UID) (any, error) {
 	var f lastValidFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("last valid version of %s: %w", key, err)
+	}
+	if got, ok := f.key(); !ok || got != key { // a hashed name is another key's only if the hash collides
+		return nil, fmt.Errorf("last valid version of %s: the file holds %s", key, got)
 	}
 	switch {
 	case key.kind == report.KindPolicyEndpoint && f.PolicyEndpoint != nil && f.PolicyEndpoint.UID == uid:
@@ -135,11 +174,34 @@ func (s *lastValidStore) keys() []objectKey {
 	}
 	var keys []objectKey
 	for _, e := range ents {
+		if strings.Contains(e.Name(), "~") {
+			if key, ok := s.hashedKey(e.Name()); ok {
+				keys = append(keys, key)
+			}
+			continue
+		}
 		if kind, ns, name, ok := parseLastValidName(e.Name()); ok {
 			keys = append(keys, objectKey{kind: kind, namespace: ns, name: name})
 		}
 	}
 	return keys
+}
+
+// hashedKey reads the key of a file whose name was cut (lastValidFileName) from the
+// object it holds.
+func (s *lastValidStore) hashedKey(file string) (objectKey, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	data, err := os.ReadFile(filepath.Join(s.dir, file))
+	if err != nil {
+		return objectKey{}, false
+	}
+	var f lastValidFile
+	if json.Unmarshal(data, &f) != nil {
+		return objectKey{}, false
+	}
+	key, ok := f.key()
+	return key, ok && lastValidFileName(key) == file
 }
 
 // prune removes the files of keys live does not hold (objects deleted while the agent
@@ -169,26 +231,4 @@ func parseLastValidName(file string) (report.Kind, string, string, bool) {
 		}
 	}
 	return 0, "", "", false
-}
-
-// writeFileAtomic writes data to path through a temporary file, fsynced and renamed,
-// so a crash leaves the old file or the new one.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename: already gone
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -3,8 +3,8 @@
 // annotation), whether it is reported as a programming latency, and
 // guarantees each (uid, trigger) pair is reported at most once — across
 // informer resyncs, relists, workqueue requeues and agent restarts. It uses
-// the standard library and the hand-over types of internal/report only, and
-// never sees Kubernetes types.
+// the standard library, internal/atomicfile and the hand-over types of
+// internal/report only, and never sees Kubernetes types.
 //
 // # State
 //
@@ -41,7 +41,8 @@
 //
 // With WithStatePath, the set persists every tracked uid — consumed, pending
 // triggers with their receipt times and attempts, the guarded flag — plus a
-// watermark W, atomically (write temp, fsync, rename, fsync dir), before
+// watermark W, atomically (internal/atomicfile: a uniquely named temporary,
+// never through a symlink, fsync, rename, fsync dir), before
 // Committed returns reports (so a reported trigger is durable before anyone
 // records it), and at Persist. On restart the guard is min(W, start) instead
 // of the process start, so changes made while the agent was down are

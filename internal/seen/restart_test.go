@@ -386,3 +386,52 @@ func TestWatermarkAgeBounded(t *testing.T) {
 	mustObserve(t, s2, uidA, start.Add(-2*time.Hour), start, report.BeforeStart)
 	mustObserve(t, s2, uidB, start.Add(-30*time.Minute), start, report.Accepted)
 }
+
+// TestNewRemovesStaleTemporaries: New removes the temporaries a process stopped
+// mid-write left beside the state file, an older build's fixed path+".tmp"
+// included.
+func TestNewRemovesStaleTemporaries(t *testing.T) {
+	path := statePath(t)
+	dir := filepath.Dir(path)
+	for _, stale := range []string{path + ".tmp", filepath.Join(dir, ".seen.state.tmp-5eed")} {
+		if err := os.WriteFile(stale, []byte("half a write"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart(t, at(0), path)
+	for _, stale := range []string{path + ".tmp", filepath.Join(dir, ".seen.state.tmp-5eed")} {
+		if _, err := os.Lstat(stale); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("stale temporary %s still there after New: %v", filepath.Base(stale), err)
+		}
+	}
+}
+
+// TestPersistNeverFollowsSymlinks: a symlink planted where an older build wrote
+// its temporary (path+".tmp", a fixed name) is never written through: its target
+// keeps its content and the state file stays a regular file the next process
+// restores.
+func TestPersistNeverFollowsSymlinks(t *testing.T) {
+	path := statePath(t)
+	dir := filepath.Dir(path)
+	s := restart(t, at(0), path)
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, path+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	mustObserve(t, s, uidA, at(10), at(10.1), report.Accepted)
+	mustCommit(t, s, uidA, at(10), at(10.2))
+	if err := s.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "precious" {
+		t.Errorf("the planted symlink's target was written: %q, %v", b, err)
+	}
+	if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("state file is not a regular file: %v", err)
+	}
+	s2 := restart(t, at(20), path)
+	mustObserve(t, s2, uidA, at(10), at(21), report.Redelivered)
+}

@@ -25,8 +25,9 @@ type Option func(*config)
 
 // WithStatePath sets the file the set persists to and restores from.
 // Default "": no persistence (every restart falls back to the start guard).
-// The directory must exist; the file is replaced atomically and a sibling
-// path+".tmp" is used while writing.
+// The directory must exist and be the agent's own: the file is replaced
+// atomically through a uniquely named temporary beside it (internal/atomicfile),
+// and New removes the temporaries a process stopped mid-write left in it.
 func WithStatePath(path string) Option { return func(c *config) { c.statePath = path } }
 
 // WithMaxPending bounds the pending triggers kept per object. Default 8;
@@ -250,6 +251,7 @@ func New(start time.Time, opts ...Option) (s *Set, restoreErr error) {
 	if cfg.statePath == "" {
 		return s, nil
 	}
+	removeStaleTemps(cfg.statePath)
 	st, err := readState(cfg.statePath)
 	if err != nil {
 		return s, err

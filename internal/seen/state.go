@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/npagent/npagent/internal/atomicfile"
 )
 
 // State file format, version 1, little endian:
@@ -260,6 +262,15 @@ func validEntry(e entry) error {
 	return nil
 }
 
+// removeStaleTemps removes the temporaries a process stopped mid-write left beside
+// the state file: this build's and an older build's fixed path+".tmp". Failing to
+// is harmless (a temporary is never read, and writes never reuse a name), so it is
+// not reported.
+func removeStaleTemps(path string) {
+	_, _ = atomicfile.RemoveStale(filepath.Dir(path))
+	_ = os.Remove(path + ".tmp") // the symlink itself if it is one, never its target
+}
+
 // readState returns nil, nil when the file does not exist.
 func readState(path string) (*restoredState, error) {
 	b, err := os.ReadFile(path)
@@ -292,50 +303,12 @@ func (s *Set) persistThrough(seq uint64, force bool) error {
 	// includes them all.
 	snapSeq := s.changeSeq.Load()
 	s.encodeBuf = s.appendState(s.encodeBuf[:0])
-	if err := writeFileAtomic(s.cfg.statePath, s.encodeBuf); err != nil {
+	if err := atomicfile.Write(s.cfg.statePath, s.encodeBuf, 0o600); err != nil {
+		err = fmt.Errorf("persist seen-set state: %w", err)
 		s.persistErrors.Add(1)
 		return err
 	}
 	s.persists.Add(1)
 	s.durableSeq = snapSeq
-	return nil
-}
-
-// writeFileAtomic replaces path with data: write a sibling temp file, fsync
-// it, rename it over path, fsync the directory so the rename is durable.
-// A crash leaves either the old file or the new one, never a mix.
-func writeFileAtomic(path string, data []byte) (err error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("persist seen-set state: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("persist seen-set state: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("persist seen-set state: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("persist seen-set state: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("persist seen-set state: %w", err)
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("persist seen-set state: sync directory: %w", err)
-	}
-	defer dir.Close()
-	if err := dir.Sync(); err != nil {
-		return fmt.Errorf("persist seen-set state: sync directory: %w", err)
-	}
 	return nil
 }
