@@ -243,6 +243,28 @@ struct node_key6 {
 NODE_TRIE(npa_node_v4, node_key4);
 NODE_TRIE(npa_node_v6, node_key6);
 
+// A pod's own addresses (anti-spoofing): the addresses whose host route names the
+// pod's interface, written by each commit (PodPolicy.Addrs). from_pod drops a packet
+// whose source is none of them (own_source); to_pod makes no connection entry for a
+// packet whose source is one of them (a hairpin: the pod talking to itself through
+// the node can never create state that later passes its own egress). A key with
+// family 0 and a zero address marks a pod whose addresses are known: a pod without
+// it (committed without addresses) is not checked. Sized by the loader: pods times
+// (MaxPodAddrs + 1).
+struct addr_key {
+	__u32 ifindex;
+	__u32 family; // 4 or 6; 0 for the pod's marker
+	__u8 addr[16]; // IPv4: the first 4 bytes, the rest zero
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct addr_key);
+	__type(value, __u8);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} npa_pod_addrs SEC(".maps");
+
 // Never read: they put the connection table's key and value types into BTF for
 // bpf2go (the inner map is declared by sizes).
 const volatile struct ct_key ct_key_type;
@@ -278,7 +300,7 @@ static __always_inline int ct_live(const struct ct_value *v, __u64 now)
 struct packet {
 	__u16 family; // 4 or 6
 	__u8 proto;
-	__u8 ndp; // ICMPv6 neighbour discovery: always passes
+	__u8 ndp; // ICMPv6 neighbour discovery (NDP_ND) or multicast listener (NDP_MLD) message
 	__u16 sport;
 	__u16 dport; // 0 for port-less protocols
 	__u8 saddr[16];
@@ -292,7 +314,16 @@ struct packet {
 	// ICMPv6 packet too big; time exceeded; parameter problem): the offset of the
 	// packet it quotes. 0 otherwise.
 	__u32 quoted;
+	__u8 hop_limit; // IPv6 only
 };
+
+// packet.ndp. Neighbour discovery (router and neighbour solicitation and
+// advertisement, redirect: ICMPv6 133..137) passes without policy; multicast listener
+// discovery (130..132, 143) is judged by the policy.
+// Both may come from the unspecified address (duplicate address detection), the
+// only packets a pod may send from it (own_source).
+#define NDP_ND 1
+#define NDP_MLD 2
 
 // packet.icmp. An ICMP or ICMPv6 echo is tracked by its identifier: a request carries
 // it as sport (dport 0), a reply as dport (sport 0), so the entry a request makes is
@@ -373,9 +404,12 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		__u8 type;
 		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
 			return PARSE_INCOMPLETE;
-		// Router/neighbour solicitation/advertisement and redirect (133..137): without
-		// them a pod's IPv6 stops working whatever its policy says.
-		p->ndp = type >= 133 && type <= 137;
+		// Router/neighbour solicitation/advertisement and redirect (133..137):
+		// without them a pod's IPv6 stops working whatever its policy says.
+		if (type >= 133 && type <= 137)
+			p->ndp = NDP_ND;
+		else if ((type >= 130 && type <= 132) || type == 143)
+			p->ndp = NDP_MLD;
 		// Destination unreachable, packet too big, time exceeded, parameter problem.
 		if (type >= 1 && type <= 4)
 			p->quoted = off + 8;
@@ -477,6 +511,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
 			return PARSE_BAD;
 		p->family = 6;
+		p->hop_limit = ip6.hop_limit;
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		__u8 next = ip6.nexthdr;
@@ -555,6 +590,84 @@ static __always_inline int is_node(const struct packet *p, const __u8 *peer)
 	struct node_key6 k = {.prefixlen = 128};
 	__builtin_memcpy(k.addr, peer, 16);
 	return bpf_map_lookup_elem(&npa_node_v6, &k) != 0;
+}
+
+// node_peer reports whether a packet is traffic between the pod and its node: its
+// peer is a node address and, toward the pod, the node itself sent it. A packet the
+// node forwards from another interface (another pod, the uplink) with a node address
+// as source is not the node's: skb->ingress_ifindex is 0 only for a packet generated
+// on the node, so a pod forging the node's address is judged by the policy.
+static __always_inline int node_peer(struct __sk_buff *skb, const int dir, const struct packet *p, const __u8 *peer)
+{
+	if (dir == DIR_INGRESS && skb->ingress_ifindex != 0)
+		return 0;
+	return is_node(p, peer);
+}
+
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+static __always_inline int link_local6(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80; // fe80::/10
+}
+
+static __always_inline int link_multicast6(const __u8 *a)
+{
+	return a[0] == 0xff && a[1] == 0x02; // ff02::/16
+}
+
+// own_addr reports whether addr is one of the pod's own addresses.
+static __always_inline int own_addr(__u32 ifindex, const struct packet *p, const __u8 *addr)
+{
+	struct addr_key k = {.ifindex = ifindex, .family = p->family};
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
+}
+
+// checked reports whether the pod's addresses are known (its marker, npa_pod_addrs).
+static __always_inline int checked(__u32 ifindex)
+{
+	struct addr_key k = {.ifindex = ifindex};
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
+}
+
+// spoof_exempt reports whether a packet from the pod may carry a source that is not
+// one of its addresses, because the pod has none yet or the address is link scope:
+// IPv6 :: only for neighbour discovery and multicast listener messages (duplicate
+// address detection), an IPv6 link-local source only toward link-local or link-scope
+// multicast destinations (the pod's own fe80:: address, which npagent does not
+// resolve), IPv4 0.0.0.0 only for DHCP (UDP 68 -> 67).
+static __always_inline int spoof_exempt(const struct packet *p)
+{
+	if (p->family == 6) {
+		if (link_local6(p->saddr))
+			return link_local6(p->daddr) || link_multicast6(p->daddr);
+		__u8 zero[16] = {};
+		return p->ndp && addr_eq(p->saddr, zero);
+	}
+	__u32 s;
+	__builtin_memcpy(&s, p->saddr, 4);
+	return s == 0 && p->proto == IPPROTO_UDP && p->sport == 68 && p->dport == 67;
+}
+
+// own_source reports whether a packet from the pod may leave with its source
+// address (anti-spoofing): one of the pod's addresses, or a spoof_exempt one. A forged
+// source would widen other pods' ingress and make connection entries (the pod's own
+// when the node hairpins the packet back). A packet whose IP header cannot be read
+// has no source to check: it leaves only a pod whose addresses are unknown.
+static __always_inline int own_source(__u32 ifindex, int r, const struct packet *p)
+{
+	if (r != PARSE_BAD && (own_addr(ifindex, p, p->saddr) || spoof_exempt(p)))
+		return 1;
+	return !checked(ifindex);
 }
 
 // load_word loads a state word with (at least) acquire semantics, so that the lookups
@@ -799,6 +912,9 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	int r = parse(skb, &p);
 	if (r == PARSE_NOT_IP)
 		return VERDICT_NEXT; // ARP and friends
+	// Anti-spoofing, whatever the direction's flags.
+	if (dir == DIR_EGRESS && !own_source(ifindex, r, &p))
+		return VERDICT_DROP;
 	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
 	if (r != PARSE_OK) {
 		// An IP packet whose headers cannot be fully read (truncated, or an IPv6
@@ -809,11 +925,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// policy would allow whatever it carries.
 		if (!WORD_FLAGS(word))
 			return VERDICT_NEXT;
-		if (r == PARSE_INCOMPLETE && is_node(&p, peer))
+		if (r == PARSE_INCOMPLETE && node_peer(skb, dir, &p, peer))
 			return VERDICT_NEXT;
 		return VERDICT_DROP;
 	}
-	if (p.ndp)
+	if (p.ndp == NDP_ND)
 		return VERDICT_NEXT;
 
 	__u64 now;
@@ -832,7 +948,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			if (ct_live(bpf_map_lookup_elem(ct, &k), bpf_ktime_get_ns()))
 				return VERDICT_NEXT;
 		}
-		return is_node(&p, peer) ? VERDICT_NEXT : VERDICT_DROP;
+		return node_peer(skb, dir, &p, peer) ? VERDICT_NEXT : VERDICT_DROP;
 	}
 
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
@@ -859,9 +975,12 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// connection opened while the other direction was open is tracked from its
 		// next packet after that direction gets a policy (ICMP: only an echo request
 		// makes one, packet.icmp). The other direction's word is read without
-		// ordering: it only says whether to track.
+		// ordering: it only says whether to track. A packet to the pod from its own
+		// address (hairpinned by the node) makes none.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
 		if (!ct || WORD_OWNER(other) != ifindex || !WORD_FLAGS(other) || !ct_opens(&p))
+			return passed(ct, ifindex, dir, word, &p);
+		if (dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr))
 			return passed(ct, ifindex, dir, word, &p);
 		now = bpf_ktime_get_ns();
 		ct_fill(&k, ifindex, dir, &p, 0);
@@ -892,7 +1011,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return passed(ct, ifindex, dir, word, &p);
 		}
 	}
-	if (is_node(&p, peer))
+	if (node_peer(skb, dir, &p, peer))
 		return passed(ct, ifindex, dir, word, &p);
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.

@@ -145,8 +145,15 @@ type DirectionPolicy struct {
 // PodPolicy is a pod's policy in both directions. Ingress is about packets the pod
 // receives (the peer is their source); Egress about packets it sends (the peer is
 // their destination).
+//
+// Addrs are the pod's own addresses (at most MaxPodAddrs; the order does not matter):
+// the only sources its packets may leave with (anti-spoofing, see Verdict), whatever
+// its policy, and the sources that never make connection state toward it (a hairpin).
+// A commit that changes only them writes only them. No addresses: the pod's sources
+// are not checked.
 type PodPolicy struct {
 	Ingress, Egress DirectionPolicy
+	Addrs           []netip.Addr
 }
 
 // Verdict evaluates the policy in Go; it is the reference semantics the dataplanes are
