@@ -318,8 +318,8 @@ struct packet {
 };
 
 // packet.ndp. Neighbour discovery (router and neighbour solicitation and
-// advertisement, redirect: ICMPv6 133..137) passes without policy; multicast listener
-// discovery (130..132, 143) is judged by the policy.
+// advertisement, redirect: ICMPv6 133..137) passes without policy only at link scope
+// (link_ndp); multicast listener discovery (130..132, 143) is judged by the policy.
 // Both may come from the unspecified address (duplicate address detection), the
 // only packets a pod may send from it (own_source).
 #define NDP_ND 1
@@ -405,7 +405,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
 			return PARSE_INCOMPLETE;
 		// Router/neighbour solicitation/advertisement and redirect (133..137):
-		// without them a pod's IPv6 stops working whatever its policy says.
+		// without them a pod's IPv6 stops working whatever its policy says (link_ndp).
 		if (type >= 133 && type <= 137)
 			p->ndp = NDP_ND;
 		else if ((type >= 130 && type <= 132) || type == 143)
@@ -670,6 +670,38 @@ static __always_inline int own_source(__u32 ifindex, int r, const struct packet 
 	return !checked(ifindex);
 }
 
+// link_ndp reports whether a packet is neighbour discovery (hop limit 255, as RFC
+// 4861 sends it) that stays on the link between the pod and the node: its peer is
+// link-local or link-scope multicast, or the node is at the other end (node_ndp).
+// Such packets pass without policy (a pod must resolve its gateway, and the node the
+// pod); other NDP messages — to or from a peer beyond the node, which the node would
+// forward — are judged as ICMPv6.
+static __always_inline int link_ndp(const struct packet *p, const __u8 *peer)
+{
+	return p->ndp == NDP_ND && p->hop_limit == 255 && (link_local6(peer) || link_multicast6(peer));
+}
+
+#define AF_INET6_ 10
+
+// node_ndp reports whether neighbour discovery with a global peer is between the pod
+// and the node: toward the pod, the node sent it (not forwarded: ingress_ifindex 0);
+// from the pod, the node would not forward it (its destination is the node's, e.g.
+// a gateway address on the pod's host-side interface that is not in the node set).
+// Global, so the verifier checks the route lookup once; only NDP with hop limit 255
+// and a global peer gets here.
+__attribute__((noinline)) int node_ndp(struct __sk_buff *skb, int dir, const struct packet *p)
+{
+	if (!p || p->ndp != NDP_ND || p->hop_limit != 255)
+		return 0;
+	if (dir == DIR_INGRESS)
+		return skb->ingress_ifindex == 0;
+	struct bpf_fib_lookup f = {.family = AF_INET6_, .ifindex = skb->ifindex};
+	__builtin_memcpy(f.ipv6_src, p->saddr, 16);
+	__builtin_memcpy(f.ipv6_dst, p->daddr, 16);
+	int r = bpf_fib_lookup(skb, &f, sizeof(f), 0);
+	return r == BPF_FIB_LKUP_RET_NOT_FWDED || r == BPF_FIB_LKUP_RET_FWD_DISABLED;
+}
+
 // load_word loads a state word with (at least) acquire semantics, so that the lookups
 // after it see every entry written before the word was stored.
 static __always_inline __u64 load_word(__u64 *p)
@@ -792,7 +824,8 @@ static __always_inline void *ct_table(__u32 ifindex)
 // related reports whether an ICMP or ICMPv6 error (p->quoted set) quotes a packet of
 // a connection in the table that has not timed out: RELATED traffic, which passes as
 // a reply would (path-MTU discovery: IPv4 frag-needed, ICMPv6 packet too big; time
-// exceeded; unreachable). Its own source is usually a router the policy never names.
+// exceeded; unreachable). Its own source is usually a router the policy never names
+// (toward the pod; from the pod, its outer addresses are the quoted packet's, swapped).
 // The quoted packet is one the pod sent or received in the other direction, so it is
 // the forward packet of a connection the other direction allowed, or a reply of one
 // this direction allowed. A quoted IPv6 header's extension-header chain is walked as
@@ -834,6 +867,15 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 		q.proto = w.next;
 		off = w.off;
 	}
+	// The error's own addresses must be the quoted flow's: it goes to the quoted
+	// packet's source, always; from the pod (no router) it comes from the quoted
+	// packet's destination too. Toward the pod any router may send it. Otherwise a
+	// pod could send errors quoting a tracked flow to any denied destination, and
+	// anyone could send them to the pod.
+	if (!addr_eq(p->daddr, q.saddr))
+		return 0;
+	if (dir == DIR_EGRESS && !addr_eq(p->saddr, q.daddr))
+		return 0;
 	// The quoted packet's ports, or its echo identifier as its entry has it.
 	if (parse_l4(skb, off, &q) != PARSE_OK || q.icmp == ICMP_UNTRACKED)
 		return 0;
@@ -910,8 +952,18 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 
 	struct packet p = {};
 	int r = parse(skb, &p);
-	if (r == PARSE_NOT_IP)
-		return VERDICT_NEXT; // ARP and friends
+	if (r == PARSE_NOT_IP) {
+		// ARP passes. Any other ethertype is dropped where a policy applies: the node
+		// may still turn it into IP (a frame with two VLAN tags shows 0x8100 here:
+		// the kernel stripped the outer tag and strips the inner one later, then
+		// routes the IP packet), which the policy never judged. From a pod whose
+		// addresses are known, always: it would also pass a forged source.
+		if (skb->protocol == bpf_htons(ETH_P_ARP))
+			return VERDICT_NEXT;
+		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
+			return VERDICT_DROP;
+		return VERDICT_NEXT;
+	}
 	// Anti-spoofing, whatever the direction's flags.
 	if (dir == DIR_EGRESS && !own_source(ifindex, r, &p))
 		return VERDICT_DROP;
@@ -929,7 +981,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return VERDICT_NEXT;
 		return VERDICT_DROP;
 	}
-	if (p.ndp == NDP_ND)
+	if (p.ndp == NDP_ND && (link_ndp(&p, peer) || node_ndp(skb, dir, &p)))
 		return VERDICT_NEXT;
 
 	__u64 now;
