@@ -68,6 +68,7 @@ var mapSetting = map[string]string{
 	policyMapNpaInV6:      "Limits.EntriesV6",
 	policyMapNpaEgV6:      "Limits.EntriesV6",
 	policyMapNpaCtTables:  "Limits.Pods",
+	policyMapNpaPodAddrs:  "Limits.Pods",
 }
 
 // checkPinnedCapacities compares the capacity of each map already pinned under dir

@@ -2,6 +2,7 @@ package bpfmaps
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -85,12 +86,17 @@ type store interface {
 	deleteEntries(d Direction, k4 []policyLpmKey4, k6 []policyLpmKey6) error
 	putPod(ifindex uint32, st *policyPodState) error
 	deletePod(ifindex uint32) error
+	// putAddrs inserts pods' address keys (anti-spoofing); deleteAddrs deletes them,
+	// skipping keys already gone.
+	putAddrs(keys []policyAddrKey) error
+	deleteAddrs(keys []policyAddrKey) error
 }
 
 // podRecord is what the core remembers of a pod with committed state.
 type podRecord struct {
 	state policyPodState
 	dirs  [2]dirRecord
+	addrs []netip.Addr // the pod's own addresses (PodPolicy.Addrs), normalized
 }
 
 // dirRecord is a direction's committed entries. The active entry set (the one the
@@ -189,6 +195,12 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	for d := range pols {
 		rests[d], hashes[d] = directionHash(pols[d])
 	}
+	// The pod's addresses are not part of the direction hashes: those name compiles
+	// that pods with the same rules share.
+	addrs, err := normalizeAddrs(p.Addrs)
+	if err != nil {
+		return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -199,9 +211,22 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	for d := range changed {
 		changed[d] = rec == nil || rec.state.Hash[d] != hashes[d]
 	}
+	var oldAddrs []netip.Addr
+	if rec != nil {
+		oldAddrs = rec.addrs
+	}
 	if !changed[0] && !changed[1] {
-		res.Skipped = true
 		res.Compile = time.Since(start)
+		if slices.Equal(oldAddrs, addrs) {
+			res.Skipped = true
+			return res, nil
+		}
+		if _, err := c.writeAddrs(idx, oldAddrs, addrs); err != nil {
+			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+		}
+		c.wrote()
+		rec.addrs = c.keptAddrs(idx, oldAddrs, addrs)
+		res.Switched = time.Now()
 		return res, nil
 	}
 	// Content some pod has committed was validated and compiled then: it is shared.
@@ -350,9 +375,16 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	res.Write = time.Since(t)
 
 	t = time.Now()
-	err := c.store.putPod(idx, &newState)
+	// The pod's new addresses before its word: a pod's first word finds them there.
+	undoAddrs, err := c.writeAddrs(idx, oldAddrs, addrs)
+	if err != nil {
+		rollback()
+		return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+	}
+	err = c.store.putPod(idx, &newState)
 	c.wrote()
 	if err != nil {
+		undoAddrs()
 		rollback()
 		return res, fmt.Errorf("commit pod %d: switch entry set: %w", ifindex, err)
 	}
@@ -366,6 +398,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		c.pods[idx] = rec
 	}
 	rec.state = newState
+	rec.addrs = c.keptAddrs(idx, oldAddrs, addrs)
 	for d := range changed {
 		if !changed[d] {
 			continue
@@ -577,6 +610,9 @@ func (c *core) remove(ifindex int, detach func(ifindex int) error) (CommitResult
 	res.Switched = time.Now()
 	res.Switch = res.Switched.Sub(t)
 	delete(c.pods, idx)
+	// The marker too, whatever the record says: a later pod on this ifindex starts
+	// unchecked until its commit names its addresses.
+	_ = c.store.deleteAddrs(addrKeys(idx, rec.addrs, true))
 	t = time.Now()
 	for d := range rec.dirs {
 		dr := &rec.dirs[d]

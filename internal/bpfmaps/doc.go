@@ -83,7 +83,9 @@
 //     changes nothing; so does a pinned map of another shape.
 //   - Node traffic is exempt: traffic between a pod and its own node is always
 //     allowed, in every tier (admin Deny included) and both directions (kubelet
-//     probes; the NetworkPolicy rule and the AWS agent's). The node set (every address
+//     probes; the NetworkPolicy rule and the AWS agent's) — toward the pod only what
+//     the node itself sent (ingress_ifindex 0), never a packet forwarded from another
+//     interface that claims a node address. The node set (every address
 //     of the node, and extra CIDRs; NodeExemption.SetNodeAddrs) is one LPM trie per
 //     family, shared by all pods and pinned. The programs consult it only for a packet
 //     the policy and the connection table deny: the verdict is "node or policy", so a
@@ -101,12 +103,21 @@
 //     flooding it (SYNs to an open port, fragments) never evict the flows it opened. ICMP echoes are tracked by their identifier: a pod's ping lets
 //     back only echo replies with its identifier, not the peer's own echo requests;
 //     other ICMP informational types make no entry. ICMP errors quoting a tracked
-//     connection pass too (RELATED: path-MTU discovery works whoever sends them),
-//     IPv6 extension headers in the quote included.
+//     connection pass too (RELATED: path-MTU discovery works whichever router sends
+//     them toward the pod), IPv6 extension headers in the quote included.
 //   - Never misjudged: a packet whose headers cannot be fully parsed (truncated, or
 //     more than 8 IPv6 extension headers) is dropped in a direction with any policy,
 //     never judged as something it is not; later fragments follow their first
-//     fragment's verdict.
+//     fragment's verdict. Any ethertype but IPv4, IPv6 and ARP (stacked VLAN tags
+//     included, which the node may still route as IP) is dropped there too.
+//   - Never widened by a forged packet: a pod's packets leave only with its own
+//     addresses as source (PodPolicy.Addrs, kept in a pinned hash of pod, family and
+//     address with a per-pod marker; a pod committed without addresses is not
+//     checked), except IPv6 :: for NDP/MLD, IPv6 link-local toward link scope and
+//     IPv4 0.0.0.0 for DHCP; a packet to the pod from its own address makes no
+//     connection entry; RELATED ICMP errors pass only between the quoted flow's
+//     endpoints; neighbour discovery passes without policy only on the pod's link
+//     (hop limit 255, a link-scope peer or the node at the other end).
 //     DirectionPolicy.Verdict's doc is the reference for these cases.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -164,7 +165,8 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	sizes := map[string]int{
 		policyMapNpaPodSlot: limits.Pods, policyMapNpaSlotState: limits.Pods, policyMapNpaCtTables: limits.Pods * len(ctKinds),
-		policyMapNpaInV4: limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
+		policyMapNpaPodAddrs: limits.Pods * (MaxPodAddrs + 1),
+		policyMapNpaInV4:     limits.EntriesV4, policyMapNpaEgV4: limits.EntriesV4,
 		policyMapNpaInV6: limits.EntriesV6, policyMapNpaEgV6: limits.EntriesV6,
 	}
 	for name, n := range sizes {
@@ -644,6 +646,9 @@ func (e *EBPF) adopt() error {
 		}
 	}
 	e.collectGarbage()
+	if err := e.adoptAddrs(); err != nil {
+		return fmt.Errorf("pod addresses: %w", err)
+	}
 	if err := e.adoptConntrack(); err != nil {
 		return fmt.Errorf("connection tables: %w", err)
 	}
@@ -729,5 +734,57 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 func (m *ebpfMaps) putPod(ifindex uint32, st *policyPodState) error { return m.states.put(ifindex, st) }
 
 func (m *ebpfMaps) deletePod(ifindex uint32) error { return m.states.delete(ifindex) }
+
+func (m *ebpfMaps) putAddrs(keys []policyAddrKey) error {
+	for _, k := range keys {
+		if err := m.NpaPodAddrs.Update(&k, uint8(1), ebpf.UpdateAny); err != nil {
+			return capacityErr(fmt.Errorf("address map: %w", err))
+		}
+	}
+	return nil
+}
+
+func (m *ebpfMaps) deleteAddrs(keys []policyAddrKey) error {
+	for _, k := range keys {
+		if err := m.NpaPodAddrs.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("address map: %w", err)
+		}
+	}
+	return nil
+}
+
+// adoptAddrs reads the pods' addresses from the address map: a pod with state gets
+// its addresses back (an unchanged re-commit writes nothing); the keys of pods
+// without state are deleted. A pod whose marker is missing (a crash between the
+// writes) gets no addresses back, so its next commit writes them all again.
+func (e *EBPF) adoptAddrs() error {
+	var k policyAddrKey
+	var v uint8
+	var stale []policyAddrKey
+	found := map[uint32][]netip.Addr{}
+	marked := map[uint32]bool{}
+	it := e.objs.NpaPodAddrs.Iterate()
+	for it.Next(&k, &v) {
+		if e.pods[k.Ifindex] == nil {
+			stale = append(stale, k)
+			continue
+		}
+		if a := addrOf(k); a.IsValid() {
+			found[k.Ifindex] = append(found[k.Ifindex], a)
+		} else {
+			marked[k.Ifindex] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate address map: %w", err)
+	}
+	for idx, addrs := range found {
+		if marked[idx] {
+			slices.SortFunc(addrs, netip.Addr.Compare)
+			e.pods[idx].addrs = addrs
+		}
+	}
+	return e.store.deleteAddrs(stale)
+}
 
 var _ Dataplane = (*EBPF)(nil)

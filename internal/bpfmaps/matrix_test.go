@@ -221,10 +221,17 @@ const (
 	// A later fragment (offset 64 bytes) whose payload looks like the L4 header: its
 	// ports never read; it follows its datagram's first fragment (matrixLaterWant).
 	matrixLaterFragment
+	// Egress only: a plain packet whose source is another pod's address (anti-
+	// spoofing: dropped from a managed pod whatever its policy).
+	matrixForgedSource
+	// Egress only: a plain packet behind two VID-0 VLAN tags (802.1ad, 802.1Q), which
+	// the node strips before routing it: dropped from a managed pod (its addresses
+	// are known) whatever its policy.
+	matrixStackedVLAN
 )
 
 func (v matrixVariant) String() string {
-	return [...]string{"plain", "2 dest opts", "first fragment", "later fragment"}[v]
+	return [...]string{"plain", "2 dest opts", "first fragment", "later fragment", "forged source", "stacked VLAN"}[v]
 }
 
 // matrixVariants are the shapes of a family's probes. Fragments are not sent to the
@@ -303,12 +310,15 @@ func (p *matrixProbe) frame() []byte {
 			ip = ipv6Chain(k.src, k.dst, nil, k.proto, l4)
 		}
 	}
-	eth := append(append(append([]byte{}, p.dstMAC...), p.srcMAC...), 0, 0)
+	eth := append(append([]byte{}, p.dstMAC...), p.srcMAC...)
+	if p.variant == matrixStackedVLAN {
+		eth = append(eth, 0x88, 0xa8, 0, 0, 0x81, 0x00, 0, 0)
+	}
 	typ := uint16(unix.ETH_P_IP)
 	if k.src.Is6() {
 		typ = unix.ETH_P_IPV6
 	}
-	binary.BigEndian.PutUint16(eth[12:], typ)
+	eth = binary.BigEndian.AppendUint16(eth, typ)
 	return append(eth, ip...)
 }
 
@@ -557,6 +567,18 @@ func (l *matrixLab) probes(sc matrixScenario) [2][]matrixProbe {
 						want:   want,
 						sendFD: l.podSend[i], ifindex: l.podIfindex[i], srcMAC: podMAC, dstMAC: hostMAC})
 				})
+				// Forged and hidden packets, allowed by every policy but not from a
+				// managed pod (run commits its addresses).
+				for _, v := range []matrixVariant{matrixForgedSource, matrixStackedVLAN} {
+					src := pod.addr(v6)
+					if v == matrixForgedSource {
+						src = matrixPods[(i+1)%len(matrixPods)].addr(v6)
+					}
+					out[batch] = append(out[batch], matrixProbe{dir: "egress", pod: pod.name, peer: peer.name, scenario: sc.name, variant: v,
+						key:    matrixKey{at: at, proto: ProtocolUDP, src: src, dst: peer.addr(v6), sport: next(), dport: 8080},
+						want:   pol == nil,
+						sendFD: l.podSend[i], ifindex: l.podIfindex[i], srcMAC: podMAC, dstMAC: hostMAC})
+				}
 			}
 			for j, to := range matrixPods {
 				if j == i {
@@ -590,7 +612,9 @@ func (l *matrixLab) run(t *testing.T, e *EBPF, sc matrixScenario) ([]matrixProbe
 		if pol == nil {
 			_, err = e.Remove(l.hostIfindex[i])
 		} else {
-			_, err = e.Commit(l.hostIfindex[i], *pol)
+			p := *pol
+			p.Addrs = []netip.Addr{matrixPods[i].addr(false), matrixPods[i].addr(true)}
+			_, err = e.Commit(l.hostIfindex[i], p)
 		}
 		if err != nil {
 			t.Fatalf("scenario %s: %s: %v", sc.name, matrixPods[i].name, err)
@@ -647,7 +671,10 @@ func (l *matrixLab) run(t *testing.T, e *EBPF, sc matrixScenario) ([]matrixProbe
 // protocol (TCP, UDP, SCTP, ICMP), port at every range boundary and shape (plain,
 // IPv6 destination options, first and later fragments): about 68,000 new flows in
 // all, each compared with Verdict (with the node exemption; a later fragment with
-// matrixLaterWant: it follows its first fragment). Any difference fails with the table of them.
+// matrixLaterWant: it follows its first fragment). Each pod also sends every peer, per
+// family, a UDP packet with another pod's address as source and one behind two VLAN
+// tags: dropped whatever the policy (the pods are committed with their addresses),
+// passed from a pod without state. Any difference fails with the table of them.
 func TestVerdictMatrix(t *testing.T) {
 	lab := newMatrixLab(t)
 	(&trafficLab{node: lab.node}).enterNode(t) // programs attach to the node's interfaces

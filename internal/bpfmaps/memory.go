@@ -19,7 +19,7 @@ func NewMemory() *Memory { return NewMemoryWithLimits(Limits{}) }
 
 // NewMemoryWithLimits returns the in-memory backend with the given capacities.
 func NewMemoryWithLimits(l Limits) *Memory {
-	maps := &memoryMaps{pods: map[uint32]policyPodState{}}
+	maps := &memoryMaps{pods: map[uint32]policyPodState{}, addrs: map[policyAddrKey]struct{}{}}
 	for d := range maps.v4 {
 		maps.v4[d] = map[policyLpmKey4]policyRuleValue{}
 		maps.v6[d] = map[policyLpmKey6]policyRuleValue{}
@@ -60,6 +60,27 @@ func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protoc
 	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordSet(st.Dir[d]), peer), proto, port)
 }
 
+// SourceAllowed reports whether a packet the pod sends with source src to dst passes
+// the anti-spoofing check as the eBPF program decides it (PodPolicy.Addrs): src is one
+// of the pod's addresses, or an exempt link-scope source (icmpv6 is the ICMPv6 type,
+// 0 for other packets). A pod without state, or committed without addresses, is not
+// checked.
+func (m *Memory) SourceAllowed(ifindex int, src, dst netip.Addr, proto Protocol, sport, dport uint16, icmpv6 uint8) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	idx := uint32(ifindex)
+	if _, ok := m.maps.addrs[policyAddrKey{Ifindex: idx}]; !ok {
+		return true
+	}
+	var own []netip.Addr
+	for k := range m.maps.addrs {
+		if a := addrOf(k); k.Ifindex == idx && a.IsValid() {
+			own = append(own, a)
+		}
+	}
+	return sourceAllowed(own, src.Unmap(), dst.Unmap(), proto, sport, dport, icmpv6)
+}
+
 // entryCount returns how many trie entries the maps hold for a direction.
 func (m *Memory) entryCount(d Direction) int {
 	m.mu.Lock()
@@ -69,10 +90,11 @@ func (m *Memory) entryCount(d Direction) int {
 
 // memoryMaps models the kernel maps; guarded by core.mu.
 type memoryMaps struct {
-	v4   [2]map[policyLpmKey4]policyRuleValue
-	v6   [2]map[policyLpmKey6]policyRuleValue
-	pods map[uint32]policyPodState
-	node []netip.Prefix // normalized (SetNodeAddrs)
+	v4    [2]map[policyLpmKey4]policyRuleValue
+	v6    [2]map[policyLpmKey6]policyRuleValue
+	pods  map[uint32]policyPodState
+	node  []netip.Prefix // normalized (SetNodeAddrs)
+	addrs map[policyAddrKey]struct{}
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.
@@ -125,5 +147,19 @@ func (s *memoryMaps) putPod(ifindex uint32, st *policyPodState) error {
 
 func (s *memoryMaps) deletePod(ifindex uint32) error {
 	delete(s.pods, ifindex)
+	return nil
+}
+
+func (s *memoryMaps) putAddrs(keys []policyAddrKey) error {
+	for _, k := range keys {
+		s.addrs[k] = struct{}{}
+	}
+	return nil
+}
+
+func (s *memoryMaps) deleteAddrs(keys []policyAddrKey) error {
+	for _, k := range keys {
+		delete(s.addrs, k)
+	}
 	return nil
 }

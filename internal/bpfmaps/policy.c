@@ -268,6 +268,28 @@ struct node_key6 {
 NODE_TRIE(npa_node_v4, node_key4);
 NODE_TRIE(npa_node_v6, node_key6);
 
+// A pod's own addresses (anti-spoofing): the addresses whose host route names the
+// pod's interface, written by each commit (PodPolicy.Addrs). from_pod drops a packet
+// whose source is none of them (own_source); to_pod makes no connection entry for a
+// packet whose source is one of them (a hairpin: the pod talking to itself through
+// the node can never create state that later passes its own egress). A key with
+// family 0 and a zero address marks a pod whose addresses are known: a pod without
+// it (committed without addresses) is not checked. Sized by the loader: pods times
+// (MaxPodAddrs + 1).
+struct addr_key {
+	__u32 ifindex;
+	__u32 family; // 4 or 6; 0 for the pod's marker
+	__u8 addr[16]; // IPv4: the first 4 bytes, the rest zero
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct addr_key);
+	__type(value, __u8);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} npa_pod_addrs SEC(".maps");
+
 // Never read: they put the connection table's key and value types into BTF for
 // bpf2go (the inner map is declared by sizes).
 const volatile struct ct_key ct_key_type;
@@ -308,7 +330,7 @@ static __always_inline int ct_live(const struct ct_value *v, __u64 now)
 struct packet {
 	__u16 family; // 4 or 6
 	__u8 proto;
-	__u8 ndp; // ICMPv6 neighbour discovery: always passes
+	__u8 ndp; // ICMPv6 neighbour discovery (NDP_ND) or multicast listener (NDP_MLD) message
 	__u16 sport;
 	__u16 dport; // 0 for port-less protocols
 	__u8 saddr[16];
@@ -325,7 +347,16 @@ struct packet {
 	// ICMPv6 packet too big; time exceeded; parameter problem): the offset of the
 	// packet it quotes. 0 otherwise.
 	__u32 quoted;
+	__u8 hop_limit; // IPv6 only
 };
+
+// packet.ndp. Neighbour discovery (router and neighbour solicitation and
+// advertisement, redirect: ICMPv6 133..137) passes without policy only at link scope
+// (link_ndp); multicast listener discovery (130..132, 143) is judged by the policy.
+// Both may come from the unspecified address (duplicate address detection), the
+// only packets a pod may send from it (own_source).
+#define NDP_ND 1
+#define NDP_MLD 2
 
 // packet.icmp. An ICMP or ICMPv6 echo is tracked by its identifier: a request carries
 // it as sport (dport 0), a reply as dport (sport 0), so the entry a request makes is
@@ -410,9 +441,12 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct pac
 		__u8 type;
 		if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
 			return PARSE_INCOMPLETE;
-		// Router/neighbour solicitation/advertisement and redirect (133..137): without
-		// them a pod's IPv6 stops working whatever its policy says.
-		p->ndp = type >= 133 && type <= 137;
+		// Router/neighbour solicitation/advertisement and redirect (133..137):
+		// without them a pod's IPv6 stops working whatever its policy says (link_ndp).
+		if (type >= 133 && type <= 137)
+			p->ndp = NDP_ND;
+		else if ((type >= 130 && type <= 132) || type == 143)
+			p->ndp = NDP_MLD;
 		// Destination unreachable, packet too big, time exceeded, parameter problem.
 		if (type >= 1 && type <= 4)
 			p->quoted = off + 8;
@@ -514,6 +548,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
 			return PARSE_BAD;
 		p->family = 6;
+		p->hop_limit = ip6.hop_limit;
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		__u8 next = ip6.nexthdr;
@@ -592,6 +627,116 @@ static __always_inline int is_node(const struct packet *p, const __u8 *peer)
 	struct node_key6 k = {.prefixlen = 128};
 	__builtin_memcpy(k.addr, peer, 16);
 	return bpf_map_lookup_elem(&npa_node_v6, &k) != 0;
+}
+
+// node_peer reports whether a packet is traffic between the pod and its node: its
+// peer is a node address and, toward the pod, the node itself sent it. A packet the
+// node forwards from another interface (another pod, the uplink) with a node address
+// as source is not the node's: skb->ingress_ifindex is 0 only for a packet generated
+// on the node, so a pod forging the node's address is judged by the policy.
+static __always_inline int node_peer(struct __sk_buff *skb, const int dir, const struct packet *p, const __u8 *peer)
+{
+	if (dir == DIR_INGRESS && skb->ingress_ifindex != 0)
+		return 0;
+	return is_node(p, peer);
+}
+
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+static __always_inline int link_local6(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80; // fe80::/10
+}
+
+static __always_inline int link_multicast6(const __u8 *a)
+{
+	return a[0] == 0xff && a[1] == 0x02; // ff02::/16
+}
+
+// own_addr reports whether addr is one of the pod's own addresses.
+static __always_inline int own_addr(__u32 ifindex, const struct packet *p, const __u8 *addr)
+{
+	struct addr_key k = {.ifindex = ifindex, .family = p->family};
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
+}
+
+// checked reports whether the pod's addresses are known (its marker, npa_pod_addrs).
+static __always_inline int checked(__u32 ifindex)
+{
+	struct addr_key k = {.ifindex = ifindex};
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
+}
+
+// spoof_exempt reports whether a packet from the pod may carry a source that is not
+// one of its addresses, because the pod has none yet or the address is link scope:
+// IPv6 :: only for neighbour discovery and multicast listener messages (duplicate
+// address detection), an IPv6 link-local source only toward link-local or link-scope
+// multicast destinations (the pod's own fe80:: address, which npagent does not
+// resolve), IPv4 0.0.0.0 only for DHCP (UDP 68 -> 67).
+static __always_inline int spoof_exempt(const struct packet *p)
+{
+	if (p->family == 6) {
+		if (link_local6(p->saddr))
+			return link_local6(p->daddr) || link_multicast6(p->daddr);
+		__u8 zero[16] = {};
+		return p->ndp && addr_eq(p->saddr, zero);
+	}
+	__u32 s;
+	__builtin_memcpy(&s, p->saddr, 4);
+	return s == 0 && p->proto == IPPROTO_UDP && p->sport == 68 && p->dport == 67;
+}
+
+// own_source reports whether a packet from the pod may leave with its source
+// address (anti-spoofing): one of the pod's addresses, or a spoof_exempt one. A forged
+// source would widen other pods' ingress and make connection entries (the pod's own
+// when the node hairpins the packet back). A packet whose IP header cannot be read
+// has no source to check: it leaves only a pod whose addresses are unknown.
+static __always_inline int own_source(__u32 ifindex, int r, const struct packet *p)
+{
+	if (r != PARSE_BAD && (own_addr(ifindex, p, p->saddr) || spoof_exempt(p)))
+		return 1;
+	return !checked(ifindex);
+}
+
+// link_ndp reports whether a packet is neighbour discovery (hop limit 255, as RFC
+// 4861 sends it) that stays on the link between the pod and the node: its peer is
+// link-local or link-scope multicast, or the node is at the other end (node_ndp).
+// Such packets pass without policy (a pod must resolve its gateway, and the node the
+// pod); other NDP messages — to or from a peer beyond the node, which the node would
+// forward — are judged as ICMPv6.
+static __always_inline int link_ndp(const struct packet *p, const __u8 *peer)
+{
+	return p->ndp == NDP_ND && p->hop_limit == 255 && (link_local6(peer) || link_multicast6(peer));
+}
+
+#define AF_INET6_ 10
+
+// node_ndp reports whether neighbour discovery with a global peer is between the pod
+// and the node: toward the pod, the node sent it (not forwarded: ingress_ifindex 0);
+// from the pod, the node would not forward it (its destination is the node's, e.g.
+// a gateway address on the pod's host-side interface that is not in the node set).
+// Global, so the verifier checks the route lookup once; only NDP with hop limit 255
+// and a global peer gets here.
+__attribute__((noinline)) int node_ndp(struct __sk_buff *skb, int dir, const struct packet *p)
+{
+	if (!p || p->ndp != NDP_ND || p->hop_limit != 255)
+		return 0;
+	if (dir == DIR_INGRESS)
+		return skb->ingress_ifindex == 0;
+	struct bpf_fib_lookup f = {.family = AF_INET6_, .ifindex = skb->ifindex};
+	__builtin_memcpy(f.ipv6_src, p->saddr, 16);
+	__builtin_memcpy(f.ipv6_dst, p->daddr, 16);
+	int r = bpf_fib_lookup(skb, &f, sizeof(f), 0);
+	return r == BPF_FIB_LKUP_RET_NOT_FWDED || r == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }
 
 // load_word loads a state word with (at least) acquire semantics, so that the lookups
@@ -724,7 +869,8 @@ static __always_inline struct ct_value *ct_lookup(const struct ct_key *k)
 // related reports whether an ICMP or ICMPv6 error (p->quoted set) quotes a packet of
 // a connection in the table that has not timed out: RELATED traffic, which passes as
 // a reply would (path-MTU discovery: IPv4 frag-needed, ICMPv6 packet too big; time
-// exceeded; unreachable). Its own source is usually a router the policy never names.
+// exceeded; unreachable). Its own source is usually a router the policy never names
+// (toward the pod; from the pod, its outer addresses are the quoted packet's, swapped).
 // The quoted packet is one the pod sent or received in the other direction, so it is
 // the forward packet of a connection the other direction allowed, or a reply of one
 // this direction allowed. A quoted IPv6 header's extension-header chain is walked as
@@ -763,6 +909,15 @@ __attribute__((noinline)) int related(struct __sk_buff *skb, __u32 ifindex, int 
 		q.proto = w.next;
 		off = w.off;
 	}
+	// The error's own addresses must be the quoted flow's: it goes to the quoted
+	// packet's source, always; from the pod (no router) it comes from the quoted
+	// packet's destination too. Toward the pod any router may send it. Otherwise a
+	// pod could send errors quoting a tracked flow to any denied destination, and
+	// anyone could send them to the pod.
+	if (!addr_eq(p->daddr, q.saddr))
+		return 0;
+	if (dir == DIR_EGRESS && !addr_eq(p->saddr, q.daddr))
+		return 0;
 	// The quoted packet's ports, or its echo identifier as its entry has it.
 	if (parse_l4(skb, off, &q) != PARSE_OK || q.icmp == ICMP_UNTRACKED)
 		return 0;
@@ -933,8 +1088,21 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 
 	struct packet p = {};
 	int r = parse(skb, &p);
-	if (r == PARSE_NOT_IP)
-		return VERDICT_NEXT; // ARP and friends
+	if (r == PARSE_NOT_IP) {
+		// ARP passes. Any other ethertype is dropped where a policy applies: the node
+		// may still turn it into IP (a frame with two VLAN tags shows 0x8100 here:
+		// the kernel stripped the outer tag and strips the inner one later, then
+		// routes the IP packet), which the policy never judged. From a pod whose
+		// addresses are known, always: it would also pass a forged source.
+		if (skb->protocol == bpf_htons(ETH_P_ARP))
+			return VERDICT_NEXT;
+		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
+			return VERDICT_DROP;
+		return VERDICT_NEXT;
+	}
+	// Anti-spoofing, whatever the direction's flags.
+	if (dir == DIR_EGRESS && !own_source(ifindex, r, &p))
+		return VERDICT_DROP;
 	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
 	if (r != PARSE_OK) {
 		// An IP packet whose headers cannot be fully read (truncated, or an IPv6
@@ -945,11 +1113,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// policy would allow whatever it carries.
 		if (!WORD_FLAGS(word))
 			return VERDICT_NEXT;
-		if (r == PARSE_INCOMPLETE && is_node(&p, peer))
+		if (r == PARSE_INCOMPLETE && node_peer(skb, dir, &p, peer))
 			return VERDICT_NEXT;
 		return VERDICT_DROP;
 	}
-	if (p.ndp)
+	if (p.ndp == NDP_ND && (link_ndp(&p, peer) || node_ndp(skb, dir, &p)))
 		return VERDICT_NEXT;
 
 	__u64 now;
@@ -965,7 +1133,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		frag_key(&k, ifindex, dir, &p);
 		if (ct_live(ct_lookup(&k), bpf_ktime_get_ns()))
 			return VERDICT_NEXT;
-		return is_node(&p, peer) ? VERDICT_NEXT : VERDICT_DROP;
+		return node_peer(skb, dir, &p, peer) ? VERDICT_NEXT : VERDICT_DROP;
 	}
 
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
@@ -991,9 +1159,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// connection opened while the other direction was open is tracked from its
 		// next packet after that direction gets a policy (ICMP: only an echo request
 		// makes one, packet.icmp; TCP: ct_track). The other direction's word is read
-		// without ordering: it only says whether to track.
+		// without ordering: it only says whether to track. A packet to the pod from
+		// its own address (hairpinned by the node) makes none.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
-		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p))
+		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p) &&
+		    !(dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr)))
 			ct_track(ifindex, dir, &p);
 		return passed(ifindex, dir, word, &p);
 	}
@@ -1013,7 +1183,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return passed(ifindex, dir, word, &p);
 		}
 	}
-	if (is_node(&p, peer))
+	if (node_peer(skb, dir, &p, peer))
 		return passed(ifindex, dir, word, &p);
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.

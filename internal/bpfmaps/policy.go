@@ -145,8 +145,15 @@ type DirectionPolicy struct {
 // PodPolicy is a pod's policy in both directions. Ingress is about packets the pod
 // receives (the peer is their source); Egress about packets it sends (the peer is
 // their destination).
+//
+// Addrs are the pod's own addresses (at most MaxPodAddrs; the order does not matter):
+// the only sources its packets may leave with (anti-spoofing, see Verdict), whatever
+// its policy, and the sources that never make connection state toward it (a hairpin).
+// A commit that changes only them writes only them. No addresses: the pod's sources
+// are not checked.
 type PodPolicy struct {
 	Ingress, Egress DirectionPolicy
+	Addrs           []netip.Addr
 }
 
 // Verdict evaluates the policy in Go; it is the reference semantics the dataplanes are
@@ -177,10 +184,26 @@ type PodPolicy struct {
 //     included), time exceeded or parameter problem, or an ICMPv6 destination
 //     unreachable, packet too big, time exceeded or parameter problem, whose quoted
 //     IP header and ports are those of a connection in the table — a packet the pod
-//     sent on a connection either direction allowed — passes whatever its source
-//     (path-MTU discovery). Any other ICMP packet is judged as protocol ICMP or
-//     ICMPv6, port 0.
-//   - Node traffic: a packet whose peer is one of the node's addresses passes.
+//     sent on a connection either direction allowed — passes if it goes to the quoted
+//     packet's source: toward the pod whatever its own source (a router: path-MTU
+//     discovery), from the pod only from the quoted packet's destination. Any other
+//     ICMP packet is judged as protocol ICMP or ICMPv6, port 0.
+//   - Neighbour discovery (ICMPv6 133–137) with hop limit 255 passes when its peer
+//     is link-local (fe80::/10) or link-scope multicast (ff02::/16), or the node is
+//     at the other end (toward the pod: the node sent it; from the pod: the node
+//     would not forward it). Other NDP is judged as ICMPv6, port 0.
+//   - Node traffic: a packet whose peer is one of the node's addresses passes —
+//     toward the pod only if the node sent it (not forwarded from another
+//     interface).
+//   - Anti-spoofing (PodPolicy.Addrs): a packet from a pod whose addresses are known
+//     leaves only with one of them as source, whatever the policy; the exceptions
+//     are IPv6 :: for NDP and MLD (duplicate address detection), an IPv6 link-local
+//     source toward a link-local or ff02::/16 destination, IPv4 0.0.0.0 for DHCP (UDP
+//     68 → 67). A packet to the pod from one of its addresses (a hairpin) makes no
+//     connection entry.
+//   - Not IP: ARP passes; any other ethertype (VLAN-tagged frames included) is
+//     dropped in a direction with any policy, and from a pod whose addresses are
+//     known always; without either it passes.
 //   - Fragments: a first fragment is judged with its ports; a later one carries none
 //     and is not judged by the policy: in a direction with any policy it passes only
 //     if its datagram's first fragment (same addresses, protocol and IP ID) passed

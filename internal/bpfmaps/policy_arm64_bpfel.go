@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type policyAddrKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint32
+	Addr    [16]uint8
+}
+
 type policyCtKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -100,6 +107,7 @@ const (
 	policyMapNpaInV6              = "npa_in_v6"
 	policyMapNpaNodeV4            = "npa_node_v4"
 	policyMapNpaNodeV6            = "npa_node_v6"
+	policyMapNpaPodAddrs          = "npa_pod_addrs"
 	policyMapNpaPodSlot           = "npa_pod_slot"
 	policyMapNpaSlotState         = "npa_slot_state"
 	policyProgFromPod             = "from_pod"
@@ -170,6 +178,7 @@ type policyMapSpecs struct {
 	NpaInV6      *ebpf.MapSpec `ebpf:"npa_in_v6"`
 	NpaNodeV4    *ebpf.MapSpec `ebpf:"npa_node_v4"`
 	NpaNodeV6    *ebpf.MapSpec `ebpf:"npa_node_v6"`
+	NpaPodAddrs  *ebpf.MapSpec `ebpf:"npa_pod_addrs"`
 	NpaPodSlot   *ebpf.MapSpec `ebpf:"npa_pod_slot"`
 	NpaSlotState *ebpf.MapSpec `ebpf:"npa_slot_state"`
 }
@@ -214,6 +223,7 @@ type policyMaps struct {
 	NpaInV6      *ebpf.Map `ebpf:"npa_in_v6"`
 	NpaNodeV4    *ebpf.Map `ebpf:"npa_node_v4"`
 	NpaNodeV6    *ebpf.Map `ebpf:"npa_node_v6"`
+	NpaPodAddrs  *ebpf.Map `ebpf:"npa_pod_addrs"`
 	NpaPodSlot   *ebpf.Map `ebpf:"npa_pod_slot"`
 	NpaSlotState *ebpf.Map `ebpf:"npa_slot_state"`
 }
@@ -227,6 +237,7 @@ func (m *policyMaps) Close() error {
 		m.NpaInV6,
 		m.NpaNodeV4,
 		m.NpaNodeV6,
+		m.NpaPodAddrs,
 		m.NpaPodSlot,
 		m.NpaSlotState,
 	)

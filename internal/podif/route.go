@@ -129,6 +129,33 @@ func (r *routeResolver) Resolve(podIP netip.Addr) (int, error) {
 	return ifindex, nil
 }
 
+// AddrLister is implemented by resolvers that can list a pod's own addresses from its
+// interface (NewRouteResolver's does).
+type AddrLister interface {
+	// HostAddrs returns the addresses whose host route (/32 or /128, main table,
+	// no gateway) names ifindex, both families, ascending: every address of a
+	// dual-stack pod, where the pod IPs an object names may be only one of them.
+	HostAddrs(ifindex int) ([]netip.Addr, error)
+}
+
+// HostAddrs implements AddrLister by the same host routes Resolve follows, so an
+// address that resolves to the interface is one of them.
+func (r *routeResolver) HostAddrs(ifindex int) ([]netip.Addr, error) {
+	var addrs []netip.Addr
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, LinkIndex: ifindex}
+	err := r.nl.RouteListFilteredIter(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF, func(rt netlink.Route) bool {
+		if dst := routeDst(rt); rt.LinkIndex == ifindex && rt.Gw == nil && len(rt.MultiPath) == 0 && dst.IsSingleIP() {
+			addrs = append(addrs, dst.Addr())
+		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list host routes to interface %d: %w", ifindex, err)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs), nil
+}
+
 // plausibleFor is how long an interface found plausible stays so without another
 // check. Resolve runs for every pod of every commit, inside the node-wide commit lock,
 // and the check costs two route dumps and a link lookup (about 4× the route lookup

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -128,5 +129,50 @@ func TestRouteResolverRejectsNodeInterfaces(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHostAddrs: a pod's own addresses are the host routes (both families, no
+// gateway) that name its interface; a subnet route on it, a host route through a
+// gateway and another interface's host routes are not.
+func TestHostAddrs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skip.Unmet(t, "needs root: creates a network namespace, links and routes in it (CAP_NET_ADMIN)")
+	}
+	netlab.RequireIP(t, "build the node's network namespace")
+	ns := fmt.Sprintf("npifa-%d", os.Getpid()%100000)
+	netlab.AddNamespace(t, ns)
+	ip := func(args ...string) { netlab.Run(t, append([]string{"ip", "-n", ns}, args...)...) }
+	for _, dev := range []string{"vethpod0", "vethpod1"} {
+		ip("link", "add", dev, "type", "veth", "peer", "name", dev+"p")
+		ip("link", "set", dev, "up")
+		ip("link", "set", dev+"p", "up")
+	}
+	ip("addr", "add", "10.249.8.1/24", "dev", "vethpod0")
+	ip("route", "add", "10.249.7.2", "dev", "vethpod0")
+	ip("route", "add", "fd00:249::2", "dev", "vethpod0")
+	ip("route", "add", "10.249.9.0/24", "dev", "vethpod0")
+	ip("route", "add", "10.249.7.9", "via", "10.249.8.2", "dev", "vethpod0")
+	ip("route", "add", "10.249.7.3", "dev", "vethpod1")
+
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nl.Close)
+	veth, err := nl.LinkByName("vethpod0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRouteResolver(WithNetlinkHandle(nl))
+	got, err := r.(AddrLister).HostAddrs(veth.Attrs().Index)
+	want := []netip.Addr{netip.MustParseAddr("10.249.7.2"), netip.MustParseAddr("fd00:249::2")}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("HostAddrs(vethpod0) = %v, %v; want %v", got, err, want)
 	}
 }

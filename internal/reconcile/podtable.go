@@ -441,7 +441,9 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 		delete(t.programmed, pod)
 	}
 	res.calls++
-	cr, err := t.dp.Commit(ifindex, *policy)
+	p := *policy
+	p.Addrs = t.podAddrs(pod, ifindex)
+	cr, err := t.dp.Commit(ifindex, p)
 	if err != nil {
 		t.stats.commitFailures.Add(1)
 		res.err = firstErr(res.err, fmt.Errorf("commit pod %s (ifindex %d): %w", pod, ifindex, err))
@@ -503,6 +505,7 @@ func (t *podTable) commitDeny(res *commitResult, pod netip.Addr, ifindex int, in
 	deny := bpfmaps.PodPolicy{
 		Ingress: bpfmaps.DirectionPolicy{Isolated: ingress},
 		Egress:  bpfmaps.DirectionPolicy{Isolated: egress},
+		Addrs:   t.podAddrs(pod, ifindex),
 	}
 	res.calls++
 	cr, err := t.dp.Commit(ifindex, deny)
@@ -512,6 +515,38 @@ func (t *podTable) commitDeny(res *commitResult, pod netip.Addr, ifindex int, in
 	}
 	t.programmed[pod] = ifindex
 	return cr, nil
+}
+
+// podAddrs returns the addresses the pod on ifindex may send from (anti-spoofing:
+// bpfmaps.PodPolicy.Addrs): every address whose host route names the interface, when
+// the resolver lists them (podif.AddrLister: both addresses of a dual-stack pod,
+// whichever of them this commit is for), else the pod IPs this table committed to
+// the interface. pod is always one of them; the list stops at bpfmaps.MaxPodAddrs.
+// Called with mu held.
+func (t *podTable) podAddrs(pod netip.Addr, ifindex int) []netip.Addr {
+	addrs := []netip.Addr{pod.Unmap()}
+	var more []netip.Addr
+	if l, ok := t.resolver.(podif.AddrLister); ok {
+		var err error
+		if more, err = l.HostAddrs(ifindex); err != nil {
+			t.log.Warn("list pod addresses: only the committed pod IPs are its own", "pod", pod, "ifindex", ifindex, "err", err)
+			more = nil
+		}
+	}
+	if more == nil {
+		for other, i := range t.programmed {
+			if i == ifindex {
+				more = append(more, other.Unmap())
+			}
+		}
+		slices.SortFunc(more, netip.Addr.Compare)
+	}
+	for _, a := range more {
+		if len(addrs) < bpfmaps.MaxPodAddrs && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // constrains reports whether a direction's policy restricts anything: without it
