@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -273,8 +274,9 @@ func TestTriggerParsedOncePerVersion(t *testing.T) {
 }
 
 // TestCompileOptionsReachTheWorker: Config.Compile decides what a domainName rule
-// does: by default its object is rejected (nothing programmed, counted by field);
-// with DropDomainAllowRules the object is programmed without it.
+// does: by default its object is rejected (its rules not programmed, counted by
+// field; with no valid version, its pod isolated both ways as it names); with
+// DropDomainAllowRules the object is programmed without it.
 func TestCompileOptionsReachTheWorker(t *testing.T) {
 	for _, drop := range []bool{false, true} {
 		mem := bpfmaps.NewMemory()
@@ -291,8 +293,9 @@ func TestCompileOptionsReachTheWorker(t *testing.T) {
 		got := c.sync(keyOf(report.KindPolicyEndpoint, pe), time.Now())
 		invalid := invalidCount(c, report.KindPolicyEndpoint, "spec.egress.domainName")
 		switch {
-		case !drop && (got != outcomeGiveUp || invalid != 1 || len(mem.Pods()) != 0):
-			t.Errorf("strict: sync = %v, invalid %d, pods %v; want give-up, 1, none", got, invalid, mem.Pods())
+		case !drop && (got != outcomeGiveUp || invalid != 1 || !slices.Equal(mem.Pods(), []int{7}) ||
+			mem.Verdict(7, bpfmaps.Ingress, addr("10.70.0.1"), tcp, 8000) || mem.Verdict(7, bpfmaps.Egress, addr("10.70.0.1"), tcp, 8000)):
+			t.Errorf("strict: sync = %v, invalid %d, pods %v; want give-up, 1, the pod isolated both ways", got, invalid, mem.Pods())
 		case drop && (got != outcomeDone || invalid != 0 || len(mem.Pods()) != 1):
 			t.Errorf("drop: sync = %v, invalid %d, pods %v; want done, 0, the pod", got, invalid, mem.Pods())
 		}

@@ -45,9 +45,22 @@
 //     new sync). The object's last valid version stays in force for its pods (fail
 //     static, as a dataplane should when its control plane sends garbage), and its
 //     pending triggers stay pending until a valid version is committed or it is
-//     deleted. Other objects keep being programmed. A malformed trigger annotation is
-//     counted (invalid_annotation) and logged, but the object is still programmed:
-//     a timestamp must not cost enforcement.
+//     deleted. Other objects keep being programmed. An object with no valid version
+//     (never accepted: a new policy with a domainName rule, say) fails closed
+//     instead: the local pods of its own namespace it names are isolated in the
+//     directions its podIsolation names (node traffic still allowed), merged with
+//     their other objects — it adds isolation and no allow rule, so an isolated
+//     direction allows only what a valid object allows, as NetworkPolicy would with
+//     its rules unknown — counted (PodsIsolated, each pod once per object) and
+//     logged naming pod and object; its first valid version replaces the
+//     isolation, its delete releases it. Endpoints whose addresses do not parse
+//     cannot be found: counted (PodsUnisolable) and logged. A ClusterPolicyEndpoint
+//     with no valid version isolates nothing: the admin and baseline tiers have no
+//     isolation to fall back to (isolating would impose a default deny no policy of
+//     the pod's namespace asked for, and silence the baseline tier), so its pods get
+//     what their other objects give: a rejected admin Deny does not drop. A
+//     malformed trigger annotation is counted (invalid_annotation) and logged, but
+//     the object is still programmed: a timestamp must not cost enforcement.
 //   - The informers deliver again within about a second of the apiserver being
 //     ready after a restart, however often it restarts: their ListWatch waits for
 //     the apiserver instead of failing fast, reopens an ended watch, and lists again
@@ -66,9 +79,10 @@
 //   - Never open by mistake: across a restart an object whose current version is
 //     invalid keeps its last valid version in force (saved per object under
 //     Config.LastValidDir, restored before the workers start); without a saved one,
-//     the pinned state of the pods it names is kept. A pod whose commit fails and
-//     that holds no state is isolated, counted and logged, while the commit is
-//     retried.
+//     the pinned state of the pods it names is kept (what the previous process
+//     enforced: its valid version, or its isolation), and a pod it names with no
+//     state is isolated as above. A pod whose commit fails and that holds no state
+//     is isolated, counted and logged, while the commit is retried.
 //
 // Where each job lives:
 //

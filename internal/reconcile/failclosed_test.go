@@ -12,6 +12,7 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
@@ -440,4 +441,207 @@ func TestHeldPodReleasedByAValidVersion(t *testing.T) {
 	if !mem.Verdict(272, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || mem.Verdict(272, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
 		t.Errorf("pod 272: the valid version not in force")
 	}
+}
+
+// TestEBPFRejectedObjectIsolatesItsPods: a PolicyEndpoint that has never had a valid
+// version (here: one domainName rule, rejected by default) isolates its pod in the
+// directions its podIsolation names, both families, node traffic still allowed,
+// counted and logged naming pod and object (finding 10 of issue 24: the pod stayed
+// open). A valid object on the same pod keeps its allows; the rejected object adds
+// none. Its first valid version replaces the isolation with its rules; deleting both
+// opens the pod. Real apiserver, real eBPF, real packets.
+func TestEBPFRejectedObjectIsolatesItsPods(t *testing.T) {
+	l := newStrictLab(t, "r")
+	// Services the pod dials out to: on the node, on the allowed and the denied peer.
+	for _, a := range []string{l.hostIP, l.allowed[0], l.denied[0]} {
+		netlab.ServeEcho(t, "", "tcp4", a+":8090")
+	}
+	for _, a := range []string{l.hostIP6, l.allowed[1], l.denied[1]} {
+		netlab.ServeEcho(t, "", "tcp6", "["+a+"]:8090")
+	}
+	out := func(dst string) error {
+		if strings.Contains(dst, ":") {
+			return netlab.Exchange(l.ns, "tcp6", "["+dst+"]:8090", 400*time.Millisecond)
+		}
+		return netlab.Exchange(l.ns, "tcp4", dst+":8090", 400*time.Millisecond)
+	}
+	egressTo := []string{l.hostIP, l.hostIP6, l.allowed[0], l.allowed[1], l.denied[0], l.denied[1]}
+	for _, dst := range egressTo {
+		testenv.Eventually(t, 10*time.Second, "pod reaches "+dst+" before any policy", func() bool { return out(dst) == nil })
+	}
+	expectOut := func(when string, pass ...string) {
+		t.Helper()
+		for _, dst := range egressTo {
+			err := out(dst)
+			switch want := slices.Contains(pass, dst); {
+			case want && err != nil:
+				t.Errorf("%s: pod to %s: %v, want it to connect", when, dst, err)
+			case !want && err == nil:
+				t.Errorf("%s: pod connected to %s, want it dropped", when, dst)
+			}
+		}
+	}
+	dp := openKernelDataplane(t, "rejected")
+	if err := dp.SetNodeAddrs(l.nodeAddrs); err != nil {
+		t.Fatal(err)
+	}
+	cp := testenv.Start(t)
+	const node = "192.0.2.28"
+	createNamespace(t, cp, "rejected")
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp, logger: slog.New(slog.NewTextHandler(logs, nil))})
+
+	// Both directions isolated, each allowing the allowed peers, plus one FQDN rule.
+	fqdn := l.strictPE("rejected", node)
+	fqdn.Name, fqdn.Spec.PolicyRef.Name = "fqdn", "fqdn"
+	fqdn.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	for _, peer := range []string{l.allowed[0] + "/32", l.allowed[1] + "/128"} {
+		fqdn.Spec.Egress = append(fqdn.Spec.Egress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(peer), Ports: []v1alpha1.Port{{Port: ptr[int32](8090)}}})
+	}
+	fqdn.Spec.Egress = append(fqdn.Spec.Egress, v1alpha1.EndpointInfo{DomainName: "api.example.com", Ports: []v1alpha1.Port{{Port: ptr[int32](443)}}})
+	create(t, cp, fqdn)
+	testenv.Eventually(t, 20*time.Second, "the FQDN object counted invalid", func() bool {
+		return invalidCount(a.c, report.KindPolicyEndpoint, "spec.egress.domainName") == 1
+	})
+	// Counted after its commit: the isolation is in force now.
+	l.expect(t, "rejected object, no valid version", l.hostIP, l.hostIP6)
+	expectOut("rejected object, no valid version", l.hostIP, l.hostIP6)
+	testenv.Eventually(t, 5*time.Second, "pod isolated", func() bool { return a.c.Stats().PodsIsolated == 2 }) // its two addresses
+	for _, ip := range []string{l.podIP, l.podIP6} {
+		if got := logs.lines("pod isolated", "pod="+ip, "name=fqdn", "ingressDenied=true", "egressDenied=true"); len(got) != 1 {
+			t.Errorf("want one log line naming the isolated pod %s and object fqdn; logs:\n%s", ip, logs.String())
+		}
+	}
+
+	// A valid object next to it: its allows work; the rejected one adds none.
+	web := l.strictPE("rejected", node)
+	create(t, cp, web)
+	testenv.Eventually(t, 20*time.Second, "record for the valid object", func() bool { return len(a.sink.recordsFor(string(web.UID))) == 1 })
+	l.expect(t, "valid object beside the rejected one", l.hostIP, l.hostIP6, l.allowed[0], l.allowed[1])
+	expectOut("valid object beside the rejected one", l.hostIP, l.hostIP6)
+	if n := a.c.Stats().PodsIsolated; n != 2 {
+		t.Errorf("pods isolated = %d after another object's commit, want still 2", n)
+	}
+
+	// Its first valid version replaces the isolation with its rules.
+	fix := update(t, cp, fqdn, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Egress = pe.Spec.Egress[:2] })
+	testenv.Eventually(t, 20*time.Second, "record for the valid version", func() bool { return reported(a, fqdn, fix) })
+	l.expect(t, "valid version", l.hostIP, l.hostIP6, l.allowed[0], l.allowed[1])
+	expectOut("valid version", l.hostIP, l.hostIP6, l.allowed[0], l.allowed[1])
+
+	remove(t, cp, fqdn)
+	remove(t, cp, web)
+	testenv.Eventually(t, 20*time.Second, "pod state removed", func() bool { return len(dp.Pods()) == 0 })
+	l.expect(t, "objects deleted", l.sources()...)
+	expectOut("objects deleted", egressTo...)
+}
+
+// TestRejectedObjectIsolation: which pods a rejected object with no valid version
+// isolates, and what it cannot. Its pods of its own namespace are isolated in the
+// directions it names (podIsolation empty: Ingress, plus Egress with egress rules),
+// both families; a pod of another namespace it names is not touched; endpoints whose
+// addresses do not parse cannot be isolated (counted, logged); a rejected
+// ClusterPolicyEndpoint isolates nothing (the admin and baseline tiers have no
+// isolation to fall back to); a rejected object whose merge the dataplane refuses
+// isolates like one that does not compile; deleting the rejected object releases the
+// pod. Real apiserver, in-memory dataplane.
+func TestRejectedObjectIsolation(t *testing.T) {
+	cp := testenv.Start(t)
+	const node = "192.0.2.29"
+	createNamespace(t, cp, "closed")
+	mem := bpfmaps.NewMemory()
+	logs := &logBuffer{}
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem,
+		resolver: newLookupTableResolver("10.1.29.1", 291, "fd00:29::1", 291, "10.1.29.2", 292, "10.1.29.3", 293, "10.1.29.4", 294),
+		logger:   slog.New(slog.NewTextHandler(logs, nil))})
+
+	fqdn := ingressPE("closed", "fqdn", []v1alpha1.PodEndpoint{pod(node, "10.1.29.1"), pod(node, "fd00:29::1")}, "10.2.0.0/16", 80)
+	fqdn.Spec.PodIsolation = nil
+	fqdn.Spec.Egress = []v1alpha1.EndpointInfo{{DomainName: "api.example.com"}}
+	victim := pod(node, "10.1.29.2")
+	victim.Namespace = "kube-system"
+	fqdn.Spec.PodSelectorEndpoints = append(fqdn.Spec.PodSelectorEndpoints, victim)
+	create(t, cp, fqdn)
+	unreadable := ingressPE("closed", "unreadable", []v1alpha1.PodEndpoint{pod("node-29", "10.1.29.4")}, "10.2.0.0/16", 80)
+	create(t, cp, unreadable)
+	cpe := &v1alpha1.ClusterPolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "closed-deny-fqdn"},
+		Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "deny-fqdn"}, Tier: v1alpha1.TierAdmin, Priority: 5,
+			Subject:              v1alpha1.ClusterPolicySubject{Namespaces: &metav1.LabelSelector{}},
+			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod(node, "10.1.29.3")},
+			Egress:               []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, DomainName: "evil.example.com"}},
+		},
+	}
+	create(t, cp, cpe)
+	testenv.Eventually(t, 20*time.Second, "three invalid objects counted", func() bool { return a.c.Stats().InvalidObjects == 3 })
+	// Counted after their commits: what they commit is in force now.
+	if got := mem.Pods(); !slices.Equal(got, []int{291}) {
+		t.Errorf("dataplane pods = %v, want only 291: another namespace's pod (292), a cluster policy's (293) and an unreadable one (294) are not isolated", got)
+	}
+	for _, peer := range []string{"10.2.0.1", "fd00:2::1"} {
+		if mem.Verdict(291, bpfmaps.Ingress, addr(peer), tcp, 80) || mem.Verdict(291, bpfmaps.Egress, addr(peer), tcp, 443) {
+			t.Errorf("pod 291: %s passes a direction the rejected object isolates", peer)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "pod 291 isolated", func() bool { return a.c.Stats().PodsIsolated == 2 })
+	if n := a.c.Stats().PodsUnisolable; n != 1 {
+		t.Errorf("pods unisolable = %d, want 1 (the endpoint with hostIP node-29)", n)
+	}
+	if got := logs.lines("cannot be isolated", "name=unreadable", "endpoints=1"); len(got) != 1 {
+		t.Errorf("want one log line naming the object whose pods cannot be read; logs:\n%s", logs.String())
+	}
+
+	// A new object whose merge with fqdn's isolation and another object's rules the
+	// dataplane refuses isolates too (nothing to add here: 291 is isolated both
+	// ways); on 293, where only the cluster policy is rejected, it is what isolates.
+	ports := func(first, n int) []v1alpha1.Port {
+		var out []v1alpha1.Port
+		for i := range n {
+			out = append(out, v1alpha1.Port{Port: ptr(int32(first + 2*i))})
+		}
+		return out
+	}
+	wide := ingressPE("closed", "wide", []v1alpha1.PodEndpoint{pod(node, "10.1.29.3")}, "10.5.0.0/16", 1)
+	wide.Spec.Ingress[0].Ports = ports(1000, 20)
+	create(t, cp, wide)
+	testenv.Eventually(t, 20*time.Second, "wide reported", func() bool { return len(a.sink.recordsFor(string(wide.UID))) == 1 })
+	grow := ingressPE("closed", "grow", []v1alpha1.PodEndpoint{pod(node, "10.1.29.3")}, "10.5.0.0/16", 1)
+	grow.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	grow.Spec.Ingress[0].Ports = ports(2000, 5)
+	create(t, cp, grow)
+	testenv.Eventually(t, 20*time.Second, "the refused object isolates 293's egress", func() bool { return a.c.Stats().PodsIsolated == 3 })
+	if !mem.Verdict(293, bpfmaps.Ingress, addr("10.5.0.1"), tcp, 1002) || mem.Verdict(293, bpfmaps.Ingress, addr("10.5.0.1"), tcp, 2002) {
+		t.Errorf("pod 293: wide's rules must be in force, grow's refused ones not")
+	}
+	if mem.Verdict(293, bpfmaps.Egress, addr("10.9.0.1"), tcp, 443) {
+		t.Errorf("pod 293: egress open, want it isolated by the refused object")
+	}
+
+	// fqdn's first valid version replaces the isolation: its ingress rule, its
+	// egress (no egress rule any more) open.
+	fix := update(t, cp, fqdn, func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Spec.Egress = nil
+		pe.Spec.PodSelectorEndpoints = pe.Spec.PodSelectorEndpoints[:2]
+	})
+	testenv.Eventually(t, 20*time.Second, "record for the valid version", func() bool { return reported(a, fqdn, fix) })
+	if !mem.Verdict(291, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || mem.Verdict(291, bpfmaps.Ingress, addr("10.3.0.1"), tcp, 80) {
+		t.Errorf("pod 291: the valid version's ingress not in force")
+	}
+	if !mem.Verdict(291, bpfmaps.Egress, addr("10.9.0.1"), tcp, 443) {
+		t.Errorf("pod 291: egress still isolated after a valid version that does not isolate it")
+	}
+
+	// Deleting the refused object releases 293's egress.
+	remove(t, cp, grow)
+	testenv.Eventually(t, 20*time.Second, "293's egress open once grow is deleted", func() bool {
+		return mem.Verdict(293, bpfmaps.Egress, addr("10.9.0.1"), tcp, 443)
+	})
+}
+
+// reported tells whether the object's trigger was reported (the rejected versions'
+// triggers are reported with the first valid one, like coalesced writes).
+func reported(a *agent, obj *v1alpha1.PolicyEndpoint, trigger time.Time) bool {
+	recs := a.sink.recordsFor(string(obj.UID))
+	return len(recs) > 0 && recs[len(recs)-1].Trigger.Equal(trigger)
 }

@@ -284,8 +284,16 @@ func testBadInput(t *testing.T, cp *testenv.ControlPlane) {
 			t.Errorf("InvalidObject %s = %d, want %d", field, got, want)
 		}
 	}
-	if got := mem.Pods(); len(got) != 1 || got[0] != 52 {
-		t.Errorf("dataplane pods = %v: only the good object's pod may be programmed", got)
+	// The bad objects have no valid version: their pod is isolated (ingress, as they
+	// name), never programmed with their rules; the unreadable one isolates nothing.
+	if got := mem.Pods(); !slices.Equal(got, []int{51, 52}) {
+		t.Errorf("dataplane pods = %v: want the good object's pod 52 and the bad objects' pod 51 isolated", got)
+	}
+	if mem.Verdict(51, bpfmaps.Ingress, addr("10.2.0.1"), tcp, 80) || !mem.Verdict(51, bpfmaps.Egress, addr("10.2.0.1"), tcp, 80) {
+		t.Errorf("pod 51: want its ingress isolated with no rule, its egress open")
+	}
+	if s := a.c.Stats(); s.PodsIsolated != 2 || s.PodsUnisolable != 1 {
+		t.Errorf("pods isolated %d, unisolable %d: want 2 (pod 51, once per object) and 1 (the endpoint with hostIP node-5)", s.PodsIsolated, s.PodsUnisolable)
 	}
 	// No hot retry loop: the syncs settle.
 	syncs := a.c.Stats().Syncs

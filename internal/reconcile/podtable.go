@@ -67,6 +67,13 @@ type objectState struct {
 	// collected as a leftover, and a pod only held is never removed. A valid version
 	// or the delete re-commits them.
 	held []netip.Addr
+	// isolation is, while the object has no valid version, what its rejected
+	// version adds to the policy of the pods it names: the directions it isolates,
+	// no allow rule (fail closed: an isolated direction allows only what a valid
+	// object allows). Its pods are a subset of held. isolatedLogged are those
+	// whose isolation was counted and logged.
+	isolation      isolation
+	isolatedLogged []netip.Addr
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
 }
@@ -104,6 +111,13 @@ type commitResult struct {
 	// reaches, is a policy the dataplane can never take: the version was dropped and
 	// the object's previous version re-committed (see commitVersion).
 	rejected *FieldError
+	// isolated are the pods this commit isolated, newly, because the object has no
+	// valid version (objectState.isolation), with the directions; for the caller to
+	// count and log. unisolable is the rejected version's endpoints that could not be
+	// read, when the object has no valid version (nothing could be isolated for them).
+	isolated     []netip.Addr
+	isolatedDirs [2]bool
+	unisolable   int
 }
 
 // attemptWith returns the attempt with err's message ("" for nil).
@@ -125,11 +139,17 @@ func (t *podTable) lock() commitResult {
 }
 
 // commitVersion makes compiled the key's version (nil: the version read is invalid,
-// and the last valid one stays; named are the local pods it names) and commits every
+// rej is what could be read of it, and the last valid one stays) and commits every
 // pod that depends on the change: the pods it selects, those it selected before, and
 // those an earlier commit left undone. A recreated object (new uid) starts over: its
 // predecessor's pods are re-committed without it.
-func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject, named []netip.Addr) commitResult {
+//
+// An invalid version of an object with no valid version (never accepted, or its
+// merge refused) fails closed: the pods of its own namespace it names are isolated in
+// the directions it names, merged with their other objects (see objectState.isolation)
+// — except a pod whose interface holds state a previous process pinned, which is
+// that process's last valid enforcement and is kept (held).
+func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject, rej *rejectedVersion) commitResult {
 	res := t.lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
@@ -138,25 +158,29 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		if st != nil {
 			next.dirty = union(st.dirty, t.reach(st.compiled), st.held)
 			t.index(st, nil)
-			t.hold(key, st, nil)
+			t.hold(key, st, nil, isolation{})
 			res.replaced = st.uid
 		}
 		st = next
 		t.objects[key] = st
 	}
 	affected := st.dirty
-	prev, prevHeld := st.compiled, st.held
+	prev, prevHeld, prevIsolation := st.compiled, st.held, st.isolation
 	switch {
 	case compiled != nil:
 		before := t.reach(st.compiled)
 		affected = union(st.dirty, before, st.held)
-		t.hold(key, st, nil)
+		t.hold(key, st, nil, isolation{})
 		t.index(st, compiled)
 		affected = union(affected, t.reach(compiled))
 	case st.compiled == nil:
 		// No valid version known here: whatever the previous process pinned for the
-		// pods this version names is the last valid enforcement; keep it.
-		t.hold(key, st, union(st.held, named))
+		// pods this version names is the last valid enforcement; keep it. The others
+		// it isolates (and those it isolated before and names no more) are committed.
+		iso := rej.isolation
+		affected = union(st.dirty, t.notPinned(union(st.isolation.pods, iso.pods)))
+		t.hold(key, st, union(st.held, rej.named), iso)
+		res.unisolable = rej.unreadable
 	}
 	if len(affected) == 0 {
 		res.noLocalWork = true
@@ -167,14 +191,20 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		// Every other object on these pods was committed with them before: this
 		// version is what does not fit. Left indexed, it would fail every later
 		// commit of these pods and be blamed on their objects; drop it instead, and
-		// re-commit the previous version where this one was committed.
+		// re-commit the previous version where this one was committed. Without a
+		// previous version, this one's pods are isolated in its directions.
 		res.rejected = &FieldError{Path: "spec", Field: "spec", Value: key.String(),
 			Msg: fmt.Sprintf("merged with the other objects selecting its pods, not a policy the dataplane can take: %v", res.err)}
 		t.index(st, prev)
-		t.hold(key, st, prevHeld)
+		if prev == nil && compiled.key.kind == report.KindPolicyEndpoint {
+			prevIsolation = isolation{pods: compiled.pods, dirs: compiled.isolated}
+			prevHeld = union(prevHeld, compiled.pods)
+		}
+		t.hold(key, st, prevHeld, prevIsolation)
 		res.err, res.notDone, res.refused = nil, nil, false
 		t.commitLocked(&res, affected)
 	}
+	t.noteIsolated(&res, st)
 	st.dirty = res.notDone
 	if compiled != nil && res.rejected == nil && res.err == nil && len(res.notDone) == 0 {
 		st.waitingRV, st.rejectedRV = "", "" // committed: a later wait or rejection logs again
@@ -204,7 +234,7 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	}
 	affected := union(st.dirty, t.reach(st.compiled), st.held)
 	t.index(st, nil)
-	t.hold(key, st, nil)
+	t.hold(key, st, nil, isolation{})
 	t.commitLocked(&res, affected)
 	st.dirty = res.notDone
 	if res.err == nil && len(res.notDone) == 0 {
@@ -304,8 +334,15 @@ func (t *podTable) index(st *objectState, compiled *compiledObject) {
 	}
 }
 
-// hold makes pods the held pods of key's state st and updates heldIndex. Called with mu held.
-func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr) {
+// hold makes pods the held pods of key's state st, and iso (its pods among them) its
+// isolation, and updates heldIndex. Called with mu held.
+func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr, iso isolation) {
+	if len(iso.pods) == 0 {
+		st.isolatedLogged = nil
+	} else {
+		st.isolatedLogged = slices.DeleteFunc(st.isolatedLogged, func(p netip.Addr) bool { return !slices.Contains(iso.pods, p) })
+	}
+	st.isolation = iso
 	for _, pod := range st.held {
 		keys := t.heldIndex[pod]
 		delete(keys, key)
@@ -374,12 +411,16 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 	objs := make([]*compiledObject, 0, 4)
 	for _, pod := range pods {
 		objs = t.objectsFor(pod, objs[:0])
-		if len(objs) == 0 {
+		iso := t.isolatedBy(pod)
+		if len(objs) == 0 && (iso == [2]bool{} || t.strict != nil) {
+			// Strict mode denies both ways a pod no valid object selects.
 			t.unselected(res, pod)
 			continue
 		}
 		mergeStart := time.Now()
 		policy := mergePodPolicy(objs)
+		policy.Ingress.Isolated = policy.Ingress.Isolated || iso[bpfmaps.Ingress]
+		policy.Egress.Isolated = policy.Egress.Isolated || iso[bpfmaps.Egress]
 		res.attempt.Phases.Merge += time.Since(mergeStart)
 		// A policy the dataplane can never take is not isolated: the caller drops
 		// the version that made it so (see commitVersion).
@@ -392,6 +433,56 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 		}
 	}
 	res.attempt.End = time.Now()
+}
+
+// isolatedBy returns the directions the objects with no valid version that name the
+// pod isolate (objectState.isolation). Called with mu held.
+func (t *podTable) isolatedBy(pod netip.Addr) (dirs [2]bool) {
+	for key := range t.heldIndex[pod] {
+		if st := t.objects[key]; st != nil {
+			if _, ok := slices.BinarySearchFunc(st.isolation.pods, pod, netip.Addr.Compare); ok {
+				dirs[0] = dirs[0] || st.isolation.dirs[0]
+				dirs[1] = dirs[1] || st.isolation.dirs[1]
+			}
+		}
+	}
+	return dirs
+}
+
+// notPinned returns the pods whose interface holds no state a previous process
+// pinned and this one did not replace: those an isolation may be committed to. A pod
+// whose interface cannot be resolved is kept (its commit waits for it). Called with
+// mu held.
+func (t *podTable) notPinned(pods []netip.Addr) []netip.Addr {
+	var keep []netip.Addr
+	for _, pod := range pods {
+		if _, ok := t.programmed[pod]; !ok {
+			if ifindex, err := t.resolver.Resolve(pod); err == nil && t.pinnedOnly(ifindex) {
+				continue
+			}
+		}
+		keep = append(keep, pod)
+	}
+	return keep
+}
+
+// noteIsolated lists in res the pods of st's isolation this commit reached that were
+// not counted and logged yet (see objectState.isolation). Called with mu held.
+func (t *podTable) noteIsolated(res *commitResult, st *objectState) {
+	for _, pod := range st.isolation.pods {
+		if slices.Contains(st.isolatedLogged, pod) || slices.Contains(res.notDone, pod) {
+			continue
+		}
+		if _, ok := t.programmed[pod]; !ok {
+			continue // not committed here: its pinned state is kept
+		}
+		if _, ok := t.strictDenied[pod]; ok {
+			continue // strict mode denies it, and counts that
+		}
+		st.isolatedLogged = append(st.isolatedLogged, pod)
+		res.isolated = append(res.isolated, pod)
+	}
+	res.isolatedDirs = st.isolation.dirs
 }
 
 // removePod removes the state of a pod no object selects any more: what this process

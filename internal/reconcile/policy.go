@@ -339,29 +339,89 @@ func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]ne
 	return slices.Compact(pods), nil
 }
 
-// namedLocalPods returns the local pods an object names, read best-effort: endpoints
-// whose addresses do not parse are skipped. It is for versions that did not compile,
-// whose pods keep the enforcement they had (see podTable.commitVersion).
-func namedLocalPods(obj any, nodeIP netip.Addr) []netip.Addr {
-	var eps []v1alpha1.PodEndpoint
+// rejectedVersion is what can be read of a version that did not compile, for its
+// pods: they keep the enforcement they had (see podTable.commitVersion), and when the
+// object has no valid version, those of a PolicyEndpoint are isolated.
+type rejectedVersion struct {
+	// named are the local pods it names, read best-effort (endpoints whose
+	// addresses do not parse are skipped).
+	named []netip.Addr
+	// isolation is, for a PolicyEndpoint, the local pods of its own namespace it
+	// names and the directions its podIsolation isolates; zero for a
+	// ClusterPolicyEndpoint (the admin and baseline tiers isolate nothing).
+	isolation isolation
+	// unreadable counts the endpoints a PolicyEndpoint names whose hostIP or podIP
+	// does not parse: a pod of this node among them cannot be found, nor isolated.
+	unreadable int
+}
+
+// isolation is what a PolicyEndpoint with no valid version adds to its pods' policy:
+// the directions it names isolated, and no allow rule (its rules could not be read).
+type isolation struct {
+	pods []netip.Addr // sorted, no duplicates
+	dirs [2]bool      // ingress, egress
+}
+
+// readRejected reads what it can of a version that did not compile: the local pods it
+// names and, for a PolicyEndpoint, the directions it isolates. A PolicyEndpoint's
+// pods of another namespace are named (their pinned state is kept) but never isolated:
+// that would let a namespace isolate another's pods with an invalid object. Its
+// directions follow podIsolation as policyEndpoint reads it; a value that is neither
+// Ingress nor Egress isolates both (what it meant cannot be known).
+func readRejected(obj any, nodeIP netip.Addr) rejectedVersion {
+	var (
+		r         rejectedVersion
+		eps       []v1alpha1.PodEndpoint
+		namespace string
+		pe        *v1alpha1.PolicyEndpoint
+	)
 	switch o := obj.(type) {
 	case *v1alpha1.PolicyEndpoint:
-		eps = o.Spec.PodSelectorEndpoints
+		pe, eps, namespace = o, o.Spec.PodSelectorEndpoints, o.Namespace
 	case *v1alpha1.ClusterPolicyEndpoint:
 		eps = o.Spec.PodSelectorEndpoints
 	}
-	var pods []netip.Addr
 	for i := range eps {
 		host, err := netip.ParseAddr(string(eps[i].HostIP))
-		if err != nil || host.Unmap() != nodeIP {
+		if err != nil {
+			r.unreadable++
 			continue
 		}
-		if pod, err := netip.ParseAddr(string(eps[i].PodIP)); err == nil && pod.Zone() == "" {
-			pods = append(pods, pod.Unmap())
+		if host.Unmap() != nodeIP {
+			continue
+		}
+		pod, err := netip.ParseAddr(string(eps[i].PodIP))
+		if err != nil || pod.Zone() != "" {
+			r.unreadable++
+			continue
+		}
+		r.named = append(r.named, pod.Unmap())
+		if pe != nil && eps[i].Namespace == namespace {
+			r.isolation.pods = append(r.isolation.pods, pod.Unmap())
 		}
 	}
-	slices.SortFunc(pods, netip.Addr.Compare)
-	return slices.Compact(pods)
+	slices.SortFunc(r.named, netip.Addr.Compare)
+	r.named = slices.Compact(r.named)
+	if pe == nil {
+		r.unreadable = 0 // nothing would be isolated anyway
+		return r
+	}
+	slices.SortFunc(r.isolation.pods, netip.Addr.Compare)
+	r.isolation.pods = slices.Compact(r.isolation.pods)
+	if len(pe.Spec.PodIsolation) == 0 {
+		r.isolation.dirs = [2]bool{bpfmaps.Ingress: true, bpfmaps.Egress: len(pe.Spec.Egress) > 0}
+	}
+	for _, t := range pe.Spec.PodIsolation {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			r.isolation.dirs[bpfmaps.Ingress] = true
+		case networkingv1.PolicyTypeEgress:
+			r.isolation.dirs[bpfmaps.Egress] = true
+		default:
+			r.isolation.dirs = [2]bool{true, true}
+		}
+	}
+	return r
 }
 
 // convertRule converts one peer rule. The CIDR may be a bare address (a /32 or /128),

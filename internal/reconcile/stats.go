@@ -31,8 +31,14 @@ type Stats struct {
 	// annotation, or a merged policy the dataplane refuses).
 	InvalidObjects uint64
 	// PodsIsolated counts pods denied (node traffic excepted) because their policy
-	// could not be committed and they held no state: never left open.
+	// could not be committed and they held no state, or because a PolicyEndpoint
+	// naming them was rejected and has no valid version (in the directions it
+	// names, each pod once per object): never left open.
 	PodsIsolated uint64
+	// PodsUnisolable counts endpoints of rejected PolicyEndpoints with no valid
+	// version whose hostIP or podIP does not parse: a pod of this node among them
+	// cannot be found, so it is not isolated.
+	PodsUnisolable uint64
 	// StrictDenials counts pods strict mode denied (node traffic excepted) because no
 	// policy selecting them was committed: new pods, and pods whose last policy went.
 	StrictDenials uint64
@@ -65,6 +71,7 @@ type counters struct {
 	invalidObjects atomic.Uint64
 	interfaceWaits atomic.Uint64
 	podsIsolated   atomic.Uint64
+	podsUnisolable atomic.Uint64
 	strictDenials  atomic.Uint64
 	reports        atomic.Uint64
 
@@ -116,6 +123,7 @@ func (c *Controller) Stats() Stats {
 	s.InvalidObjects = c.stats.invalidObjects.Load()
 	s.InterfaceWaits = c.stats.interfaceWaits.Load()
 	s.PodsIsolated = c.stats.podsIsolated.Load()
+	s.PodsUnisolable = c.stats.podsUnisolable.Load()
 	s.StrictDenials = c.stats.strictDenials.Load()
 	s.Reports = c.stats.reports.Load()
 	s.Objects, s.Pods, s.PodsStrictDenied = c.pods.size()

@@ -68,10 +68,12 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 
 	if err != nil {
 		// Not programmed: the last valid version (if any) stays in force for its pods,
-		// and the triggers stay pending until a later version is committed. A retry
+		// and the triggers stay pending until a later version is committed. Without
+		// one, the pods it names are isolated in the directions it names. A retry
 		// cannot heal bad input; the next write of the object brings a new sync. Pods
 		// a recreated object's predecessor left are still re-committed without it.
-		res := c.pods.commitVersion(key, v.uid, nil, namedLocalPods(obj, c.cfg.NodeIP))
+		rej := readRejected(obj, c.cfg.NodeIP)
+		res := c.pods.commitVersion(key, v.uid, nil, &rej)
 		c.explain.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		return c.rejected(key, v, err, &res, log)
@@ -108,6 +110,19 @@ func (c *Controller) rejected(key objectKey, v objectVersion, err error, res *co
 		}
 		c.stats.invalid(key.kind, field)
 		log.Error("policy object rejected, not programmed", "err", err)
+		if res.unisolable > 0 {
+			// Its pods cannot all be found: those of this node among the endpoints
+			// that do not parse stay as they are (open, if nothing else selects them).
+			c.stats.podsUnisolable.Add(uint64(res.unisolable))
+			log.Error("rejected object has no valid version and names pods whose addresses do not parse: they cannot be isolated", "endpoints", res.unisolable)
+		}
+	}
+	for _, pod := range res.isolated {
+		// Fail closed, as for a pod whose policy cannot be committed: the object's
+		// rules are unknown, so its directions allow only what valid objects allow.
+		c.stats.podsIsolated.Add(1)
+		log.Error("pod isolated: an object naming it was rejected and has no valid version", "pod", pod,
+			"ingressDenied", res.isolatedDirs[0], "egressDenied", res.isolatedDirs[1], "err", err)
 	}
 	c.recordCommit(key, res, log)
 	if len(res.notDone) > 0 && !res.invalidPolicy() {
