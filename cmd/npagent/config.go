@@ -29,6 +29,10 @@ const (
 // defaultMetricsPort is --metrics-addr's port when the flag is empty.
 const defaultMetricsPort = "9090"
 
+// defaultHealthAddr is --health-addr's default: loopback, which pods cannot reach
+// (newHealthServer), on the port after the chart's metrics port.
+const defaultHealthAddr = "127.0.0.1:9438"
+
 // config is everything the agent is told at start. parseConfig fills it from the
 // command line, falling back to the environment for every flag not given.
 type config struct {
@@ -46,6 +50,7 @@ type config struct {
 	ResyncPeriod          time.Duration
 	Workers               int
 	MetricsAddr           string // "" at parse time becomes <node-ip>:9090
+	HealthAddr            string // /livez, /healthz, /readyz; a listener of its own
 	StallTimeout          time.Duration
 	WatchStallTimeout     time.Duration
 	APIServerTimeout      time.Duration
@@ -82,6 +87,7 @@ var flagEnv = map[string]string{
 	"resync-period":          "NPAGENT_RESYNC_PERIOD",
 	"workers":                "NPAGENT_WORKERS",
 	"metrics-addr":           "NPAGENT_METRICS_ADDR",
+	"health-addr":            "NPAGENT_HEALTH_ADDR",
 	"stall-timeout":          "NPAGENT_STALL_TIMEOUT",
 	"watch-stall-timeout":    "NPAGENT_WATCH_STALL_TIMEOUT",
 	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
@@ -126,7 +132,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
+	fs.StringVar(&c.HealthAddr, "health-addr", defaultHealthAddr, "host:port serving /livez (alias /healthz) and /readyz, apart from /metrics with a limiter of its own; keep it on loopback, which pods cannot reach (the kubelet probes it with httpGet host 127.0.0.1: the agent is on the host network)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
@@ -198,8 +205,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		c.NodeIP = ip.Unmap()
 		if c.MetricsAddr == "" {
 			// The node IP, not every interface: on the host network every interface
-			// is the node's. The kubelet's probes and Prometheus reach the pod IP,
-			// which is the node IP.
+			// is the node's. Prometheus reaches the pod IP, which is the node IP.
 			c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
 		}
 	}
@@ -275,6 +281,11 @@ func (c *config) validate() []error {
 	}
 	if _, _, err := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr != "" && err != nil { // "": node IP missing, reported
 		errs = append(errs, fmt.Errorf("--metrics-addr: %q is not host:port", c.MetricsAddr))
+	}
+	if _, port, err := net.SplitHostPort(c.HealthAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--health-addr: %q is not host:port", c.HealthAddr))
+	} else if c.HealthAddr == c.MetricsAddr && port != "0" {
+		errs = append(errs, fmt.Errorf("--health-addr: %q is --metrics-addr too; the probes need a listener of their own", c.HealthAddr))
 	}
 	if c.APIServerTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--apiserver-timeout: %v, need a positive duration", c.APIServerTimeout))
