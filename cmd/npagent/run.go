@@ -112,7 +112,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	serveErr := make(chan error, len(servers))
 	for _, s := range servers {
 		go func() {
-			if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+			err := s.srv.Serve(s.ln)
+			if !errors.Is(err, http.ErrServerClosed) {
 				err = fmt.Errorf("http server on %s: %w", s.ln.Addr(), err)
 			}
 			serveErr <- err
