@@ -318,6 +318,15 @@ func startControlPlane(t testing.TB) (cp *testenv.ControlPlane, kubeconfig, stat
 	t.Helper()
 	skipIfShort(t)
 	cp = testenv.Start(t)
+	// The agent's Node, as a cluster has it: the agent reads its addresses.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNodeName}}
+	if err := cp.Client.Create(context.Background(), node); err != nil {
+		t.Fatalf("create Node %s: %v", testNodeName, err)
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: testNodeIP}}
+	if err := cp.Client.Status().Update(context.Background(), node); err != nil {
+		t.Fatalf("Node %s status: %v", testNodeName, err)
+	}
 	dir := t.TempDir()
 	kubeconfig = filepath.Join(dir, "kubeconfig")
 	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)

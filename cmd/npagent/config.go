@@ -40,6 +40,7 @@ type config struct {
 	NodeName              string
 	NodeIP                netip.Addr
 	NodeCIDRs             []netip.Prefix // exempt from policy with the node's own addresses
+	NodeAddrInterfaces    []string       // interfaces whose addresses are the node's too; "name*": a prefix
 	PodInterfacePrefixes  []string       // host-side pod interface name prefixes; none: any name
 	Dataplane             string         // dataplaneEBPF or dataplaneMemory
 	BPFFSPath             string
@@ -73,38 +74,39 @@ type config struct {
 // flagEnv maps each flag to the environment variable that supplies it when the flag
 // is absent from the command line. The flag always wins over the variable.
 var flagEnv = map[string]string{
-	"kubeconfig":             "KUBECONFIG",
-	"node-name":              "NODE_NAME",
-	"node-ip":                "NODE_IP",
-	"node-cidrs":             "NPAGENT_NODE_CIDRS",
-	"pod-interface-prefixes": "NPAGENT_POD_INTERFACE_PREFIXES",
-	"dataplane":              "NPAGENT_DATAPLANE",
-	"bpffs-path":             "NPAGENT_BPFFS_PATH",
-	"state-file":             "NPAGENT_STATE_FILE",
-	"trigger-annotation":     "NPAGENT_TRIGGER_ANNOTATION",
-	"traceparent-annotation": "NPAGENT_TRACEPARENT_ANNOTATION",
-	"trace-parenting":        "NPAGENT_TRACE_PARENTING",
-	"resync-period":          "NPAGENT_RESYNC_PERIOD",
-	"workers":                "NPAGENT_WORKERS",
-	"metrics-addr":           "NPAGENT_METRICS_ADDR",
-	"health-addr":            "NPAGENT_HEALTH_ADDR",
-	"stall-timeout":          "NPAGENT_STALL_TIMEOUT",
-	"watch-stall-timeout":    "NPAGENT_WATCH_STALL_TIMEOUT",
-	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
-	"shutdown-timeout":       "NPAGENT_SHUTDOWN_TIMEOUT",
-	"log-level":              "NPAGENT_LOG_LEVEL",
-	"log-format":             "NPAGENT_LOG_FORMAT",
-	"slow-trace-threshold":   "NPAGENT_SLOW_TRACE_THRESHOLD",
-	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
-	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
-	"max-entries-per-object": "NPAGENT_MAX_ENTRIES_PER_OBJECT",
-	"max-entries-ipv4":       "NPAGENT_MAX_ENTRIES_IPV4",
-	"max-entries-ipv6":       "NPAGENT_MAX_ENTRIES_IPV6",
-	"conntrack-entries":      "NPAGENT_CONNTRACK_ENTRIES",
-	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
-	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
-	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
-	"enforcing-mode":         "NPAGENT_ENFORCING_MODE",
+	"kubeconfig":              "KUBECONFIG",
+	"node-name":               "NODE_NAME",
+	"node-ip":                 "NODE_IP",
+	"node-cidrs":              "NPAGENT_NODE_CIDRS",
+	"node-address-interfaces": "NPAGENT_NODE_ADDRESS_INTERFACES",
+	"pod-interface-prefixes":  "NPAGENT_POD_INTERFACE_PREFIXES",
+	"dataplane":               "NPAGENT_DATAPLANE",
+	"bpffs-path":              "NPAGENT_BPFFS_PATH",
+	"state-file":              "NPAGENT_STATE_FILE",
+	"trigger-annotation":      "NPAGENT_TRIGGER_ANNOTATION",
+	"traceparent-annotation":  "NPAGENT_TRACEPARENT_ANNOTATION",
+	"trace-parenting":         "NPAGENT_TRACE_PARENTING",
+	"resync-period":           "NPAGENT_RESYNC_PERIOD",
+	"workers":                 "NPAGENT_WORKERS",
+	"metrics-addr":            "NPAGENT_METRICS_ADDR",
+	"health-addr":             "NPAGENT_HEALTH_ADDR",
+	"stall-timeout":           "NPAGENT_STALL_TIMEOUT",
+	"watch-stall-timeout":     "NPAGENT_WATCH_STALL_TIMEOUT",
+	"apiserver-timeout":       "NPAGENT_APISERVER_TIMEOUT",
+	"shutdown-timeout":        "NPAGENT_SHUTDOWN_TIMEOUT",
+	"log-level":               "NPAGENT_LOG_LEVEL",
+	"log-format":              "NPAGENT_LOG_FORMAT",
+	"slow-trace-threshold":    "NPAGENT_SLOW_TRACE_THRESHOLD",
+	"fast-trace-fraction":     "NPAGENT_FAST_TRACE_FRACTION",
+	"drop-fqdn-allow-rules":   "NPAGENT_DROP_FQDN_ALLOW_RULES",
+	"max-entries-per-object":  "NPAGENT_MAX_ENTRIES_PER_OBJECT",
+	"max-entries-ipv4":        "NPAGENT_MAX_ENTRIES_IPV4",
+	"max-entries-ipv6":        "NPAGENT_MAX_ENTRIES_IPV6",
+	"conntrack-entries":       "NPAGENT_CONNTRACK_ENTRIES",
+	"max-trigger-skew":        "NPAGENT_MAX_TRIGGER_SKEW",
+	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
+	"debug-socket":            "NPAGENT_DEBUG_SOCKET",
+	"enforcing-mode":          "NPAGENT_ENFORCING_MODE",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -118,11 +120,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, nodeCIDRs, podIfPrefixes, logLevel, parenting, enforcingMode string
+	var nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
-	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses (every address of the host's interfaces and the node IP) always are")
+	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses always are (the node IP, the Node object's InternalIP and ExternalIP addresses, every address of the interfaces that hold them; not dummy devices, kube-ipvs0 or pods' veths)")
+	fs.StringVar(&nodeAddrIfaces, "node-address-interfaces", "", "more interfaces (comma-separated names; \"name*\" matches a prefix) whose addresses are the node's own, exempt from policy. E.g. a CNI that puts a gateway address on each pod's host-side veth (the ptp plugin): the kubelet's probes come from it")
 	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
@@ -219,6 +222,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			continue
 		}
 		c.NodeCIDRs = append(c.NodeCIDRs, p.Masked())
+	}
+	for _, f := range strings.Split(nodeAddrIfaces, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			c.NodeAddrInterfaces = append(c.NodeAddrInterfaces, f)
+		}
 	}
 	for _, f := range strings.Split(podIfPrefixes, ",") {
 		if f = strings.TrimSpace(f); f != "" {

@@ -193,15 +193,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if !ok {
 		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
 	}
-	stopNodeAddrs, err := startNodeAddrs(runCtx, &nodeAddrs{dp: dpNode, nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs,
-		list: listHostAddrs, watch: watchHostAddrs, log: log.With("component", "node-addrs")}, nodeAddrsRefresh)
+	nodes := &nodeAddrs{dp: dpNode, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
+		list: listHostIfaces, watch: watchHostAddrs, log: log.With("component", "node-addrs"),
+		statusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"}
+	stopNodeAddrs, err := startNodeAddrs(runCtx, nodes, nodeAddrsRefresh)
 	if err != nil {
 		return err
 	}
 	defer stopNodeAddrs() // before the dataplane closes
+	health.addCheck(nodes.health)
 	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
 		return stopped()
 	}
+	// The Node's own addresses (status.addresses) before the first commit.
+	stopNode, err := watchNode(runCtx, restConfig, cfg.NodeName, nodes, cfg.APIServerTimeout, log.With("component", "node-addrs"))
+	if err != nil {
+		return err
+	}
+	defer stopNode()
 
 	seenSet, err := openSeenSet(cfg, start, log)
 	if err != nil {
@@ -245,6 +254,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 			loop := ctrl.Stats()
 			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
+			c.NodeAddrsLeftOut = int64(nodes.leftOut())
 			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
 				c.Maps = mapUsage(ur)
 			}

@@ -426,13 +426,15 @@ func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string,
 }
 
 // TestClusterRoleByEnforcingMode: only strict mode, which watches the node's pods,
-// may read pods; standard reads the policy endpoint objects alone.
+// may read pods; standard reads the policy endpoint objects and nodes (its own
+// Node's addresses) alone.
 func TestClusterRoleByEnforcingMode(t *testing.T) {
 	endpoints := rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}
 	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
+	nodes := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}
 	for mode, want := range map[string][]rbacv1.PolicyRule{
-		"standard": {endpoints},
-		"strict":   {endpoints, pods},
+		"standard": {endpoints, nodes},
+		"strict":   {endpoints, nodes, pods},
 	} {
 		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode})
 		if err != nil {
@@ -511,7 +513,8 @@ func TestInAPIServer(t *testing.T) {
 		c := cases[0]
 		objs := objects(t, render(t, c))
 		cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
-		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}}
+		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}} // its own Node's addresses
 		if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
 			t.Errorf("ClusterRole rules %+v, want only %+v", cr.Rules, want)
 		}
@@ -607,7 +610,17 @@ func TestInAPIServer(t *testing.T) {
 				}
 			}
 		}
-		for _, r := range []struct{ group, res string }{{"", "secrets"}, {"", "pods"}, {"", "configmaps"}, {"", "nodes"}, {"networking.k8s.io", "networkpolicies"}} {
+		for _, verb := range []string{"get", "list", "watch"} { // its own Node's addresses
+			if !allowed("", "nodes", verb, "") {
+				t.Errorf("%s nodes denied, want allowed", verb)
+			}
+		}
+		for _, verb := range []string{"update", "patch", "delete"} {
+			if allowed("", "nodes", verb, "") {
+				t.Errorf("%s nodes allowed, want denied", verb)
+			}
+		}
+		for _, r := range []struct{ group, res string }{{"", "secrets"}, {"", "pods"}, {"", "configmaps"}, {"networking.k8s.io", "networkpolicies"}} {
 			for _, verb := range []string{"get", "list", "watch"} {
 				if allowed(r.group, r.res, verb, "") {
 					t.Errorf("%s %s allowed, want denied", verb, r.res)

@@ -72,8 +72,9 @@
 //     changes nothing; so does a pinned map of another shape.
 //   - Node traffic is exempt: traffic between a pod and its own node is always
 //     allowed, in every tier (admin Deny included) and both directions (kubelet
-//     probes; the NetworkPolicy rule and the AWS agent's). The node set (every address
-//     of the node, and extra CIDRs; NodeExemption.SetNodeAddrs) is one LPM trie per
+//     probes; the NetworkPolicy rule and the AWS agent's). The node set (the node's own
+//     addresses and extra CIDRs, as cmd/npagent computes them, at most
+//     MaxNodePrefixes per family; NodeExemption.SetNodeAddrs) is one LPM trie per
 //     family, shared by all pods and pinned. The programs consult it only for a packet
 //     the policy and the connection table deny: the verdict is "node or policy", so a
 //     packet the policy allows pays nothing for it. A replace writes the new prefixes
