@@ -88,12 +88,17 @@ func buildAgent(t testing.TB) string {
 // agentProcess is one running agent binary.
 type agentProcess struct {
 	cmd    *exec.Cmd
-	addr   chan string // the HTTP address, once logged
-	url    string
-	done   chan struct{}
-	exit   error
-	mu     sync.Mutex
-	stderr strings.Builder
+	addr   chan string // the /metrics address, once logged
+	url    string      // of /metrics
+	health chan string // the probes' address, once logged
+	// healthURL is where /livez, /healthz and /readyz are served: their own
+	// listener, or url when the agent serves them beside /metrics (before
+	// --health-addr).
+	healthURL string
+	done      chan struct{}
+	exit      error
+	mu        sync.Mutex
+	stderr    strings.Builder
 }
 
 func (a *agentProcess) logs() string {
@@ -119,12 +124,13 @@ func startAgentEnv(t testing.TB, env []string, kubeconfig, stateFile string, ext
 		"--dataplane=memory",
 		"--state-file=" + stateFile,
 		"--metrics-addr=127.0.0.1:0",
+		"--health-addr=127.0.0.1:0",
 		"--log-format=json",
 		"--log-level=debug",
 		"--resync-period=1s",
 		"--debug-socket=" + filepath.Join(shortTempDir(t), "debug.sock"), // not the host's /run
 	}, extra...)
-	a := &agentProcess{cmd: exec.Command(buildAgent(t), args...), addr: make(chan string, 1), done: make(chan struct{})}
+	a := &agentProcess{cmd: exec.Command(buildAgent(t), args...), addr: make(chan string, 1), health: make(chan string, 1), done: make(chan struct{})}
 	// OTLP off: no collector in this test; /metrics is what is checked.
 	a.cmd.Env = append(append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none"), env...)
 	stderr, err := a.cmd.StderrPipe()
@@ -146,15 +152,25 @@ func startAgentEnv(t testing.TB, env []string, kubeconfig, stateFile string, ext
 			t.Logf("agent (pid %d) log:\n%s", a.cmd.Process.Pid, a.logs())
 		}
 	})
-	select {
-	case addr := <-a.addr:
-		a.url = "http://" + addr
-	case <-a.done:
-		t.Fatalf("agent exited before serving HTTP: %v\n%s", a.exit, a.logs())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("agent did not serve HTTP within 60s:\n%s", a.logs())
-	}
+	a.waitHTTP(t)
 	return a
+}
+
+// waitHTTP waits until the agent logs where it serves /metrics and the probes.
+func (a *agentProcess) waitHTTP(t testing.TB) {
+	t.Helper()
+	for a.url == "" || a.healthURL == "" {
+		select {
+		case addr := <-a.addr:
+			a.url = "http://" + addr
+		case addr := <-a.health:
+			a.healthURL = "http://" + addr
+		case <-a.done:
+			t.Fatalf("agent exited before serving HTTP: %v\n%s", a.exit, a.logs())
+		case <-time.After(60 * time.Second):
+			t.Fatalf("agent did not serve HTTP within 60s:\n%s", a.logs())
+		}
+	}
 }
 
 // scan keeps the agent's log and picks the HTTP address out of it.
@@ -167,8 +183,16 @@ func (a *agentProcess) scan(r io.Reader) {
 		a.stderr.WriteString(line + "\n")
 		a.mu.Unlock()
 		var rec struct{ Msg, Addr string }
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving /metrics, /livez, /healthz and /readyz" {
-			a.addr <- rec.Addr
+		if json.Unmarshal([]byte(line), &rec) == nil {
+			switch rec.Msg {
+			case "serving /metrics":
+				a.addr <- rec.Addr
+			case "serving /livez, /healthz and /readyz":
+				a.health <- rec.Addr
+			case "serving /metrics, /livez, /healthz and /readyz": // one listener for all
+				a.addr <- rec.Addr
+				a.health <- rec.Addr
+			}
 		}
 	}
 	a.exit = a.cmd.Wait()
@@ -191,7 +215,12 @@ func (a *agentProcess) stop(t testing.TB) int {
 
 func (a *agentProcess) get(t testing.TB, path string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(a.url + path)
+	base := a.url
+	switch path {
+	case "/livez", "/healthz", "/readyz":
+		base = a.healthURL
+	}
+	resp, err := http.Get(base + path)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}
@@ -289,6 +318,15 @@ func startControlPlane(t testing.TB) (cp *testenv.ControlPlane, kubeconfig, stat
 	t.Helper()
 	skipIfShort(t)
 	cp = testenv.Start(t)
+	// The agent's Node, as a cluster has it: the agent reads its addresses.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNodeName}}
+	if err := cp.Client.Create(context.Background(), node); err != nil {
+		t.Fatalf("create Node %s: %v", testNodeName, err)
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: testNodeIP}}
+	if err := cp.Client.Status().Update(context.Background(), node); err != nil {
+		t.Fatalf("Node %s status: %v", testNodeName, err)
+	}
 	dir := t.TempDir()
 	kubeconfig = filepath.Join(dir, "kubeconfig")
 	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)

@@ -29,6 +29,10 @@ const (
 // defaultMetricsPort is --metrics-addr's port when the flag is empty.
 const defaultMetricsPort = "9090"
 
+// defaultHealthAddr is --health-addr's default: loopback, which pods cannot reach
+// (newHealthServer), on the port after the chart's metrics port.
+const defaultHealthAddr = "127.0.0.1:9438"
+
 // config is everything the agent is told at start. parseConfig fills it from the
 // command line, falling back to the environment for every flag not given.
 type config struct {
@@ -36,6 +40,7 @@ type config struct {
 	NodeName              string
 	NodeIP                netip.Addr
 	NodeCIDRs             []netip.Prefix // exempt from policy with the node's own addresses
+	NodeAddrInterfaces    []string       // interfaces whose addresses are the node's too; "name*": a prefix
 	PodInterfacePrefixes  []string       // host-side pod interface name prefixes; none: any name
 	Dataplane             string         // dataplaneEBPF or dataplaneMemory
 	BPFFSPath             string
@@ -46,6 +51,7 @@ type config struct {
 	ResyncPeriod          time.Duration
 	Workers               int
 	MetricsAddr           string // "" at parse time becomes <node-ip>:9090
+	HealthAddr            string // /livez, /healthz, /readyz; a listener of its own
 	StallTimeout          time.Duration
 	WatchStallTimeout     time.Duration
 	APIServerTimeout      time.Duration
@@ -68,37 +74,39 @@ type config struct {
 // flagEnv maps each flag to the environment variable that supplies it when the flag
 // is absent from the command line. The flag always wins over the variable.
 var flagEnv = map[string]string{
-	"kubeconfig":             "KUBECONFIG",
-	"node-name":              "NODE_NAME",
-	"node-ip":                "NODE_IP",
-	"node-cidrs":             "NPAGENT_NODE_CIDRS",
-	"pod-interface-prefixes": "NPAGENT_POD_INTERFACE_PREFIXES",
-	"dataplane":              "NPAGENT_DATAPLANE",
-	"bpffs-path":             "NPAGENT_BPFFS_PATH",
-	"state-file":             "NPAGENT_STATE_FILE",
-	"trigger-annotation":     "NPAGENT_TRIGGER_ANNOTATION",
-	"traceparent-annotation": "NPAGENT_TRACEPARENT_ANNOTATION",
-	"trace-parenting":        "NPAGENT_TRACE_PARENTING",
-	"resync-period":          "NPAGENT_RESYNC_PERIOD",
-	"workers":                "NPAGENT_WORKERS",
-	"metrics-addr":           "NPAGENT_METRICS_ADDR",
-	"stall-timeout":          "NPAGENT_STALL_TIMEOUT",
-	"watch-stall-timeout":    "NPAGENT_WATCH_STALL_TIMEOUT",
-	"apiserver-timeout":      "NPAGENT_APISERVER_TIMEOUT",
-	"shutdown-timeout":       "NPAGENT_SHUTDOWN_TIMEOUT",
-	"log-level":              "NPAGENT_LOG_LEVEL",
-	"log-format":             "NPAGENT_LOG_FORMAT",
-	"slow-trace-threshold":   "NPAGENT_SLOW_TRACE_THRESHOLD",
-	"fast-trace-fraction":    "NPAGENT_FAST_TRACE_FRACTION",
-	"drop-fqdn-allow-rules":  "NPAGENT_DROP_FQDN_ALLOW_RULES",
-	"max-entries-per-object": "NPAGENT_MAX_ENTRIES_PER_OBJECT",
-	"max-entries-ipv4":       "NPAGENT_MAX_ENTRIES_IPV4",
-	"max-entries-ipv6":       "NPAGENT_MAX_ENTRIES_IPV6",
-	"conntrack-entries":      "NPAGENT_CONNTRACK_ENTRIES",
-	"max-trigger-skew":       "NPAGENT_MAX_TRIGGER_SKEW",
-	"watermark-max-age":      "NPAGENT_WATERMARK_MAX_AGE",
-	"debug-socket":           "NPAGENT_DEBUG_SOCKET",
-	"enforcing-mode":         "NPAGENT_ENFORCING_MODE",
+	"kubeconfig":              "KUBECONFIG",
+	"node-name":               "NODE_NAME",
+	"node-ip":                 "NODE_IP",
+	"node-cidrs":              "NPAGENT_NODE_CIDRS",
+	"node-address-interfaces": "NPAGENT_NODE_ADDRESS_INTERFACES",
+	"pod-interface-prefixes":  "NPAGENT_POD_INTERFACE_PREFIXES",
+	"dataplane":               "NPAGENT_DATAPLANE",
+	"bpffs-path":              "NPAGENT_BPFFS_PATH",
+	"state-file":              "NPAGENT_STATE_FILE",
+	"trigger-annotation":      "NPAGENT_TRIGGER_ANNOTATION",
+	"traceparent-annotation":  "NPAGENT_TRACEPARENT_ANNOTATION",
+	"trace-parenting":         "NPAGENT_TRACE_PARENTING",
+	"resync-period":           "NPAGENT_RESYNC_PERIOD",
+	"workers":                 "NPAGENT_WORKERS",
+	"metrics-addr":            "NPAGENT_METRICS_ADDR",
+	"health-addr":             "NPAGENT_HEALTH_ADDR",
+	"stall-timeout":           "NPAGENT_STALL_TIMEOUT",
+	"watch-stall-timeout":     "NPAGENT_WATCH_STALL_TIMEOUT",
+	"apiserver-timeout":       "NPAGENT_APISERVER_TIMEOUT",
+	"shutdown-timeout":        "NPAGENT_SHUTDOWN_TIMEOUT",
+	"log-level":               "NPAGENT_LOG_LEVEL",
+	"log-format":              "NPAGENT_LOG_FORMAT",
+	"slow-trace-threshold":    "NPAGENT_SLOW_TRACE_THRESHOLD",
+	"fast-trace-fraction":     "NPAGENT_FAST_TRACE_FRACTION",
+	"drop-fqdn-allow-rules":   "NPAGENT_DROP_FQDN_ALLOW_RULES",
+	"max-entries-per-object":  "NPAGENT_MAX_ENTRIES_PER_OBJECT",
+	"max-entries-ipv4":        "NPAGENT_MAX_ENTRIES_IPV4",
+	"max-entries-ipv6":        "NPAGENT_MAX_ENTRIES_IPV6",
+	"conntrack-entries":       "NPAGENT_CONNTRACK_ENTRIES",
+	"max-trigger-skew":        "NPAGENT_MAX_TRIGGER_SKEW",
+	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
+	"debug-socket":            "NPAGENT_DEBUG_SOCKET",
+	"enforcing-mode":          "NPAGENT_ENFORCING_MODE",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -112,11 +120,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
 
-	var nodeIP, nodeCIDRs, podIfPrefixes, logLevel, parenting, enforcingMode string
+	var nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
-	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses (every address of the host's interfaces and the node IP) always are")
+	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses always are (the node IP, the Node object's InternalIP and ExternalIP addresses, every address of the interfaces that hold them; not dummy devices, kube-ipvs0 or pods' veths)")
+	fs.StringVar(&nodeAddrIfaces, "node-address-interfaces", "", "more interfaces (comma-separated names; \"name*\" matches a prefix) whose addresses are the node's own, exempt from policy. E.g. a CNI that puts a gateway address on each pod's host-side veth (the ptp plugin): the kubelet's probes come from it")
 	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
@@ -126,7 +135,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics, /livez (alias /healthz) and /readyz; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
+	fs.StringVar(&c.HealthAddr, "health-addr", defaultHealthAddr, "host:port serving /livez (alias /healthz) and /readyz, apart from /metrics with a limiter of its own; keep it on loopback, which pods cannot reach (the kubelet probes it with httpGet host 127.0.0.1: the agent is on the host network)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
@@ -198,8 +208,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		c.NodeIP = ip.Unmap()
 		if c.MetricsAddr == "" {
 			// The node IP, not every interface: on the host network every interface
-			// is the node's. The kubelet's probes and Prometheus reach the pod IP,
-			// which is the node IP.
+			// is the node's. Prometheus reaches the pod IP, which is the node IP.
 			c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
 		}
 	}
@@ -213,6 +222,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			continue
 		}
 		c.NodeCIDRs = append(c.NodeCIDRs, p.Masked())
+	}
+	for _, f := range strings.Split(nodeAddrIfaces, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			c.NodeAddrInterfaces = append(c.NodeAddrInterfaces, f)
+		}
 	}
 	for _, f := range strings.Split(podIfPrefixes, ",") {
 		if f = strings.TrimSpace(f); f != "" {
@@ -275,6 +289,11 @@ func (c *config) validate() []error {
 	}
 	if _, _, err := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr != "" && err != nil { // "": node IP missing, reported
 		errs = append(errs, fmt.Errorf("--metrics-addr: %q is not host:port", c.MetricsAddr))
+	}
+	if _, port, err := net.SplitHostPort(c.HealthAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--health-addr: %q is not host:port", c.HealthAddr))
+	} else if c.HealthAddr == c.MetricsAddr && port != "0" {
+		errs = append(errs, fmt.Errorf("--health-addr: %q is --metrics-addr too; the probes need a listener of their own", c.HealthAddr))
 	}
 	if c.APIServerTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--apiserver-timeout: %v, need a positive duration", c.APIServerTimeout))

@@ -41,7 +41,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		TraceParenting:        telemetry.ParentingLink, // KEP-5915: a span link, not a parent
 		ResyncPeriod:          10 * time.Minute,
 		Workers:               2,
-		MetricsAddr:           "10.0.0.5:9090", // the node IP, not every interface
+		MetricsAddr:           "10.0.0.5:9090",  // the node IP, not every interface
+		HealthAddr:            "127.0.0.1:9438", // loopback: out of the pods' reach
 		StallTimeout:          2 * time.Minute,
 		WatchStallTimeout:     time.Minute,
 		APIServerTimeout:      10 * time.Second,
@@ -65,37 +66,39 @@ func TestParseConfigDefaults(t *testing.T) {
 
 func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 	env := map[string]string{
-		"KUBECONFIG":                     "/etc/kube/config",
-		"NODE_NAME":                      "env-node",
-		"NODE_IP":                        "10.0.0.5",
-		"NPAGENT_DATAPLANE":              "memory",
-		"NPAGENT_BPFFS_PATH":             "/sys/fs/bpf/other",
-		"NPAGENT_STATE_FILE":             "/tmp/state",
-		"NPAGENT_TRIGGER_ANNOTATION":     "example.com/trigger",
-		"NPAGENT_TRACEPARENT_ANNOTATION": "example.com/tp",
-		"NPAGENT_TRACE_PARENTING":        "child",
-		"NPAGENT_RESYNC_PERIOD":          "30s",
-		"NPAGENT_WORKERS":                "4",
-		"NPAGENT_METRICS_ADDR":           "127.0.0.1:9999",
-		"NPAGENT_STALL_TIMEOUT":          "45s",
-		"NPAGENT_WATCH_STALL_TIMEOUT":    "90s",
-		"NPAGENT_APISERVER_TIMEOUT":      "3s",
-		"NPAGENT_SHUTDOWN_TIMEOUT":       "4s",
-		"NPAGENT_LOG_LEVEL":              "debug",
-		"NPAGENT_LOG_FORMAT":             "json",
-		"NPAGENT_SLOW_TRACE_THRESHOLD":   "250ms",
-		"NPAGENT_FAST_TRACE_FRACTION":    "0.1",
-		"NPAGENT_DROP_FQDN_ALLOW_RULES":  "true",
-		"NPAGENT_MAX_ENTRIES_PER_OBJECT": "500",
-		"NPAGENT_MAX_ENTRIES_IPV4":       "1024",
-		"NPAGENT_MAX_ENTRIES_IPV6":       "512",
-		"NPAGENT_CONNTRACK_ENTRIES":      "1024",
-		"NPAGENT_MAX_TRIGGER_SKEW":       "2s",
-		"NPAGENT_WATERMARK_MAX_AGE":      "30m",
-		"NPAGENT_DEBUG_SOCKET":           "/run/other/debug.sock",
-		"NPAGENT_NODE_CIDRS":             "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
-		"NPAGENT_POD_INTERFACE_PREFIXES": "eni, vlan,",
-		"NPAGENT_ENFORCING_MODE":         "strict",
+		"KUBECONFIG":                      "/etc/kube/config",
+		"NODE_NAME":                       "env-node",
+		"NODE_IP":                         "10.0.0.5",
+		"NPAGENT_DATAPLANE":               "memory",
+		"NPAGENT_BPFFS_PATH":              "/sys/fs/bpf/other",
+		"NPAGENT_STATE_FILE":              "/tmp/state",
+		"NPAGENT_TRIGGER_ANNOTATION":      "example.com/trigger",
+		"NPAGENT_TRACEPARENT_ANNOTATION":  "example.com/tp",
+		"NPAGENT_TRACE_PARENTING":         "child",
+		"NPAGENT_RESYNC_PERIOD":           "30s",
+		"NPAGENT_WORKERS":                 "4",
+		"NPAGENT_METRICS_ADDR":            "127.0.0.1:9999",
+		"NPAGENT_HEALTH_ADDR":             "[::1]:9998",
+		"NPAGENT_STALL_TIMEOUT":           "45s",
+		"NPAGENT_WATCH_STALL_TIMEOUT":     "90s",
+		"NPAGENT_APISERVER_TIMEOUT":       "3s",
+		"NPAGENT_SHUTDOWN_TIMEOUT":        "4s",
+		"NPAGENT_LOG_LEVEL":               "debug",
+		"NPAGENT_LOG_FORMAT":              "json",
+		"NPAGENT_SLOW_TRACE_THRESHOLD":    "250ms",
+		"NPAGENT_FAST_TRACE_FRACTION":     "0.1",
+		"NPAGENT_DROP_FQDN_ALLOW_RULES":   "true",
+		"NPAGENT_MAX_ENTRIES_PER_OBJECT":  "500",
+		"NPAGENT_MAX_ENTRIES_IPV4":        "1024",
+		"NPAGENT_MAX_ENTRIES_IPV6":        "512",
+		"NPAGENT_CONNTRACK_ENTRIES":       "1024",
+		"NPAGENT_MAX_TRIGGER_SKEW":        "2s",
+		"NPAGENT_WATERMARK_MAX_AGE":       "30m",
+		"NPAGENT_DEBUG_SOCKET":            "/run/other/debug.sock",
+		"NPAGENT_NODE_CIDRS":              "169.254.20.10/32, fd00:10::/64,10.9.8.7/24",
+		"NPAGENT_POD_INTERFACE_PREFIXES":  "eni, vlan,",
+		"NPAGENT_NODE_ADDRESS_INTERFACES": "cilium_host, veth*",
+		"NPAGENT_ENFORCING_MODE":          "strict",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -121,6 +124,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		ResyncPeriod:          30 * time.Second,
 		Workers:               4,
 		MetricsAddr:           "127.0.0.1:9999",
+		HealthAddr:            "[::1]:9998",
 		StallTimeout:          45 * time.Second,
 		WatchStallTimeout:     90 * time.Second,
 		APIServerTimeout:      3 * time.Second,
@@ -140,6 +144,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::/64"),
 			netip.MustParsePrefix("10.9.8.0/24")}, // masked
 		PodInterfacePrefixes: []string{"eni", "vlan"},
+		NodeAddrInterfaces:   []string{"cilium_host", "veth*"},
 		EnforcingMode:        reconcile.EnforcingStrict,
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -179,6 +184,8 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"negative IPv6 map entries", []string{"--max-entries-ipv6=-1"}, nil, []string{"--max-entries-ipv6"}},
 		{"no connection table entries", []string{"--conntrack-entries=0"}, nil, []string{"--conntrack-entries"}},
 		{"bad metrics addr", []string{"--metrics-addr=9090"}, nil, []string{"--metrics-addr", `"9090"`}},
+		{"bad health addr", []string{"--health-addr=9438"}, nil, []string{"--health-addr", `"9438"`}},
+		{"health addr shared with metrics", []string{"--health-addr=127.0.0.1:9437", "--metrics-addr=127.0.0.1:9437"}, nil, []string{"--health-addr", "listener of their own"}},
 		{"zero stall timeout", []string{"--stall-timeout=0s"}, nil, []string{"--stall-timeout"}},
 		{"zero watch stall timeout", []string{"--watch-stall-timeout=0s"}, nil, []string{"--watch-stall-timeout"}},
 		{"zero apiserver timeout", []string{"--apiserver-timeout=0s"}, nil, []string{"--apiserver-timeout"}},
@@ -312,25 +319,26 @@ func TestMetricsAddrDefaultsToTheNodeIP(t *testing.T) {
 }
 
 func TestHTTPServerBounds(t *testing.T) {
-	srv := newHTTPServer(http.NotFoundHandler(), nil)
-	for _, tt := range []struct {
-		name string
-		got  time.Duration
-	}{
-		{"ReadHeaderTimeout", srv.ReadHeaderTimeout},
-		{"ReadTimeout", srv.ReadTimeout},
-		{"WriteTimeout", srv.WriteTimeout},
-		{"IdleTimeout", srv.IdleTimeout},
-	} {
-		if tt.got <= 0 || tt.got > time.Minute {
-			t.Errorf("%s = %v, want set, at most a minute", tt.name, tt.got)
+	for name, srv := range map[string]*http.Server{"metrics": newHTTPServer(http.NotFoundHandler(), nil), "health": newHealthServer(http.NotFoundHandler(), nil)} {
+		for _, tt := range []struct {
+			name string
+			got  time.Duration
+		}{
+			{"ReadHeaderTimeout", srv.ReadHeaderTimeout},
+			{"ReadTimeout", srv.ReadTimeout},
+			{"WriteTimeout", srv.WriteTimeout},
+			{"IdleTimeout", srv.IdleTimeout},
+		} {
+			if tt.got <= 0 || tt.got > time.Minute {
+				t.Errorf("%s: %s = %v, want set, at most a minute", name, tt.name, tt.got)
+			}
 		}
-	}
-	if srv.ReadHeaderTimeout > srv.ReadTimeout {
-		t.Errorf("ReadHeaderTimeout %v > ReadTimeout %v", srv.ReadHeaderTimeout, srv.ReadTimeout)
-	}
-	if srv.MaxHeaderBytes <= 0 || srv.MaxHeaderBytes > 64<<10 {
-		t.Errorf("MaxHeaderBytes = %d, want a small bound", srv.MaxHeaderBytes)
+		if srv.ReadHeaderTimeout > srv.ReadTimeout {
+			t.Errorf("%s: ReadHeaderTimeout %v > ReadTimeout %v", name, srv.ReadHeaderTimeout, srv.ReadTimeout)
+		}
+		if srv.MaxHeaderBytes <= 0 || srv.MaxHeaderBytes > 64<<10 {
+			t.Errorf("%s: MaxHeaderBytes = %d, want a small bound", name, srv.MaxHeaderBytes)
+		}
 	}
 }
 
@@ -400,13 +408,15 @@ func TestHTTPHandler(t *testing.T) {
 	var readyErr error = errors.New("informer caches not synced yet")
 	var notes []string
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("npagent_metric 1\n")) })
-	h := newHTTPHandler(metrics, func() error { return liveErr }, func() ([]string, error) { return notes, readyErr })
+	h := newHealthHandler(func() error { return liveErr }, func() ([]string, error) { return notes, readyErr })
+	m := newMetricsHandler(metrics)
 
-	get := func(path string) (int, string) {
+	serve := func(h http.Handler, path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		return rec.Code, rec.Body.String()
 	}
+	get := func(path string) (int, string) { return serve(h, path) }
 	for _, p := range []string{"/livez", "/healthz"} {
 		if code, _ := get(p); code != http.StatusOK {
 			t.Errorf("%s = %d, want 200", p, code)
@@ -429,11 +439,17 @@ func TestHTTPHandler(t *testing.T) {
 			t.Errorf("%s when stalled = %d %q, want 500 with the reason", p, code, body)
 		}
 	}
-	if code, body := get("/metrics"); code != http.StatusOK || body != "npagent_metric 1\n" {
+	if code, body := serve(m, "/metrics"); code != http.StatusOK || body != "npagent_metric 1\n" {
 		t.Errorf("/metrics = %d %q, want the metrics handler's answer", code, body)
 	}
-	if code, _ := get("/other"); code != http.StatusNotFound {
-		t.Errorf("/other = %d, want 404", code)
+	// Each listener serves only its own paths.
+	for _, tt := range []struct {
+		h    http.Handler
+		path string
+	}{{h, "/metrics"}, {h, "/other"}, {m, "/livez"}, {m, "/readyz"}, {m, "/other"}} {
+		if code, _ := serve(tt.h, tt.path); code != http.StatusNotFound {
+			t.Errorf("%s = %d, want 404", tt.path, code)
+		}
 	}
 }
 

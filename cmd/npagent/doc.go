@@ -29,17 +29,19 @@
 //     telemetry degrades (without OTEL_RESOURCE_ATTRIBUTES, else without OTLP
 //     export, else off), listed by /readyz.
 //   - --dataplane=memory polices nothing and logs a warning saying so.
-//   - HTTP on --metrics-addr (default: the node IP, port 9090; ":9090" for every
-//     interface), every timeout set, at most 16 requests in flight (503 beyond):
-//     /livez and its alias /healthz (liveness and startup probe: 500 when one sync
-//     has run, or keys have waited with no sync finishing, for longer than
-//     --stall-timeout; 200 while waiting for the apiserver), /readyz (200 once the
-//     apiserver answered, the informer caches synced, the dataplane is ready, the
-//     loop is not stalled and no informer's watch is stalled (down for longer than
-//     --watch-stall-timeout, or open and silent past its own timeout plus that);
-//     503 naming the first that is not; what runs degraded
-//     listed either way), /metrics (Prometheus; the latency histogram is native,
-//     protobuf exposition).
+//   - /metrics on --metrics-addr (default: the node IP, port 9090; ":9090" for
+//     every interface; Prometheus; the latency histogram is native, protobuf
+//     exposition), every timeout set, at most 16 requests in flight (503 beyond).
+//   - The probes on --health-addr (default 127.0.0.1:9438), a listener with its own
+//     limit and short timeouts, on loopback so that no pod can starve it (every pod
+//     reaches the node IP): /livez and its alias /healthz (liveness and startup
+//     probe: 500 when one sync has run, or keys have waited with no sync finishing,
+//     for longer than --stall-timeout; 200 while waiting for the apiserver), /readyz
+//     (200 once the apiserver answered, the informer caches synced, the dataplane
+//     is ready, the loop is not stalled and no informer's watch is stalled (down for
+//     longer than --watch-stall-timeout, or open and silent past its own timeout
+//     plus that); 503 naming the first that is not; what runs degraded listed
+//     either way).
 //   - A read-only JSON debug API on the unix socket --debug-socket (default
 //     /run/npagent/debug.sock, mode 0600, never TCP; debug.go), 503 until the
 //     reconcile loop exists. A socket that cannot be made degrades (listed by

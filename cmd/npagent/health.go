@@ -28,6 +28,7 @@ type agentHealth struct {
 	loop      loop  // nil until built
 	dataplane func() error
 	degraded  []string
+	checks    []func() (note string, err error)
 	stopping  bool
 }
 
@@ -58,6 +59,14 @@ func (h *agentHealth) addDegraded(what string) {
 	h.degraded = append(h.degraded, what)
 }
 
+// addCheck adds a condition /readyz asks at every request once the loop runs: an
+// error makes the agent not ready, a note is listed as degraded.
+func (h *agentHealth) addCheck(check func() (note string, err error)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checks = append(h.checks, check)
+}
+
 func (h *agentHealth) setStopping() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -77,14 +86,24 @@ func (h *agentHealth) live() error {
 }
 
 // ready is /readyz: nil once the loop runs, its caches synced, the dataplane is ready,
-// the loop is not stalled and no informer's watch is (--watch-stall-timeout); else
-// the first of those that fails. notes are what
-// runs degraded.
+// the loop is not stalled, no informer's watch is (--watch-stall-timeout) and no
+// check (addCheck) fails; else the first of those that fails. notes are what runs
+// degraded.
 func (h *agentHealth) ready() (notes []string, err error) {
 	h.mu.Lock()
-	waiting, l, dataplane, stopping := h.waiting, h.loop, h.dataplane, h.stopping
+	waiting, l, dataplane, stopping, checks := h.waiting, h.loop, h.dataplane, h.stopping, h.checks
 	notes = append(notes, h.degraded...)
 	h.mu.Unlock()
+	var checkErr error
+	for _, check := range checks {
+		note, err := check()
+		if note != "" {
+			notes = append(notes, note)
+		}
+		if checkErr == nil {
+			checkErr = err
+		}
+	}
 	switch {
 	case stopping:
 		return notes, errors.New("shutting down")
@@ -104,7 +123,9 @@ func (h *agentHealth) ready() (notes []string, err error) {
 	if err := l.WatchStalled(h.now()); err != nil {
 		return notes, err
 	}
-	return notes, nil
+	// What the agent found wrong in its own setup (the node's addresses do not fit
+	// the dataplane): it enforces, but not as configured.
+	return notes, checkErr
 }
 
 // stalled reports why the loop makes no progress at now, or nil:

@@ -106,6 +106,22 @@ func TestAgentHealthFollowsTheStart(t *testing.T) {
 		t.Errorf("ready degraded = %v %v, want ready with one note", notes, err)
 	}
 
+	// A failing check (the node's addresses do not fit): not ready, alive; its
+	// note is listed either way.
+	var checkErr error
+	h.addCheck(func() (string, error) { return "node addresses: Node n not found", checkErr })
+	if notes, err := h.ready(); err != nil || len(notes) != 2 {
+		t.Errorf("ready with a passing check = %v %v, want ready with its note", notes, err)
+	}
+	checkErr = errors.New("node addresses: 77 do not fit")
+	if _, err := h.ready(); err == nil || !strings.Contains(err.Error(), "do not fit") {
+		t.Errorf("ready with a failing check = %v, want it named", err)
+	}
+	if err := h.live(); err != nil {
+		t.Errorf("live with a failing check = %v, want alive", err)
+	}
+	checkErr = nil
+
 	// A stalled watch: /readyz fails naming it, /livez does not.
 	loop.watchStall = errors.New("ClusterPolicyEndpoint watch stalled: down, nothing received for 2m1s")
 	if _, err := h.ready(); err == nil || !strings.Contains(err.Error(), "ClusterPolicyEndpoint watch stalled") {

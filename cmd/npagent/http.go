@@ -7,9 +7,11 @@ import (
 	"time"
 )
 
-// Bounds of the HTTP server on --metrics-addr. Its clients are the kubelet's probes
-// and a Prometheus scrape or two; anything beyond is a misbehaving client, answered
-// 503 at once rather than queued.
+// Bounds of the HTTP server on --metrics-addr (/metrics). Its clients are a
+// Prometheus scrape or two; anything beyond is a misbehaving client, answered 503 at
+// once rather than queued. Every pod can reach this listener (it is on the node IP,
+// and node traffic is exempt from policy), so the probes are not served here: a few
+// slow readers filling it must not get the agent restarted (newHealthServer).
 const (
 	httpReadHeaderTimeout = 5 * time.Second
 	httpReadTimeout       = 10 * time.Second
@@ -19,8 +21,19 @@ const (
 	httpMaxInFlight       = 16
 )
 
-// newHTTPServer returns the server for h: every timeout set, headers bounded, and at
-// most httpMaxInFlight requests served at once (limitInFlight).
+// Bounds of the health server on --health-addr (/livez, /healthz, /readyz). Its
+// clients are the kubelet's three probes and an operator's curl; the answers are a
+// few lines computed without I/O, so the timeouts are short.
+const (
+	healthReadHeaderTimeout = 2 * time.Second
+	healthReadTimeout       = 2 * time.Second
+	healthWriteTimeout      = 5 * time.Second
+	healthIdleTimeout       = 30 * time.Second
+	healthMaxInFlight       = 8
+)
+
+// newHTTPServer returns the /metrics server for h: every timeout set, headers
+// bounded, and at most httpMaxInFlight requests served at once (limitInFlight).
 func newHTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
 	return &http.Server{
 		Handler:           limitInFlight(h, httpMaxInFlight),
@@ -33,10 +46,29 @@ func newHTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
 	}
 }
 
+// newHealthServer returns the probes' server for h: a listener, limiter and
+// timeouts of its own, so that nothing done to /metrics delays a probe. It is meant
+// for a loopback address (--health-addr, 127.0.0.1 by default), which pods cannot
+// reach: a pod's packets to 127.0.0.1 never leave its own network namespace, and a
+// forged one arriving at the host is a martian the kernel drops (kube-proxy also
+// drops it when it sets route_localnet). The kubelet reaches it because the agent
+// runs on the host network: an httpGet probe with host 127.0.0.1, as kubeadm's
+// static pods use.
+func newHealthServer(h http.Handler, errorLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           limitInFlight(h, healthMaxInFlight),
+		ReadHeaderTimeout: healthReadHeaderTimeout,
+		ReadTimeout:       healthReadTimeout,
+		WriteTimeout:      healthWriteTimeout,
+		IdleTimeout:       healthIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		ErrorLog:          errorLog,
+	}
+}
+
 // limitInFlight serves at most n requests of h at once; a request beyond that is
 // answered 503 with Retry-After at once, so a flood of slow clients cannot pile up
-// goroutines and memory (a probe that meets a full server fails once; the kubelet
-// needs several failures in a row to act).
+// goroutines and memory.
 func limitInFlight(h http.Handler, n int) http.Handler {
 	sem := make(chan struct{}, n)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -51,7 +83,15 @@ func limitInFlight(h http.Handler, n int) http.Handler {
 	})
 }
 
-// newHTTPHandler serves the agent's endpoints:
+// newMetricsHandler serves /metrics: the Prometheus exposition of every npagent
+// instrument.
+func newMetricsHandler(metrics http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	return mux
+}
+
+// newHealthHandler serves the probes:
 //
 //   - /livez, and /healthz as its alias: 200 while the process makes progress, 500
 //     with the reason when live() says it does not (a sync stuck, the loop wedged;
@@ -61,8 +101,7 @@ func limitInFlight(h http.Handler, n int) http.Handler {
 //     degraded) after "ok"; else 503 with the reason (apiserver unreachable, CRDs
 //     not served, informer caches not synced, dataplane not ready, stalled,
 //     shutting down).
-//   - /metrics: the Prometheus exposition of every npagent instrument.
-func newHTTPHandler(metrics http.Handler, live func() error, ready func() (notes []string, err error)) http.Handler {
+func newHealthHandler(live func() error, ready func() (notes []string, err error)) http.Handler {
 	mux := http.NewServeMux()
 	liveness := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -88,6 +127,5 @@ func newHTTPHandler(metrics http.Handler, live func() error, ready func() (notes
 			fmt.Fprintf(w, "degraded: %s\n", n)
 		}
 	})
-	mux.Handle("GET /metrics", metrics)
 	return mux
 }

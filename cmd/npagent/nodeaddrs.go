@@ -4,12 +4,21 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
 )
@@ -18,21 +27,40 @@ import (
 // netlink's change notifications.
 const nodeAddrsRefresh = 30 * time.Second
 
-// listHostAddrs lists every address of every interface in the agent's network
-// namespace, the host's (the agent runs with hostNetwork).
-func listHostAddrs() ([]netip.Addr, error) {
+// hostIface is one interface of the agent's network namespace (the host's: the
+// agent runs with hostNetwork) and its addresses.
+type hostIface struct {
+	name     string
+	kind     string // netlink's link type: "device", "veth", "dummy", "bridge", ...
+	loopback bool
+	addrs    []netip.Addr
+}
+
+// listHostIfaces lists the interfaces of the agent's network namespace with their
+// addresses.
+func listHostIfaces() ([]hostIface, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list the node's interfaces (netlink): %w", err)
+	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's addresses (netlink): %w", err)
 	}
-	out := make([]netip.Addr, 0, len(addrs))
+	byIndex := make(map[int][]netip.Addr, len(links))
 	for _, a := range addrs {
 		if a.IPNet == nil {
 			continue
 		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out = append(out, ip.Unmap())
+			byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], ip.Unmap())
 		}
+	}
+	out := make([]hostIface, 0, len(links))
+	for _, l := range links {
+		attrs := l.Attrs()
+		out = append(out, hostIface{name: attrs.Name, kind: l.Type(), loopback: attrs.Flags&net.FlagLoopback != 0,
+			addrs: byIndex[attrs.Index]})
 	}
 	return out, nil
 }
@@ -58,54 +86,211 @@ func watchHostAddrs(done <-chan struct{}) (<-chan struct{}, error) {
 	return changed, nil
 }
 
-// nodeSet is the node set the dataplane exempts: every address of the host's
-// interfaces (the node IP, other interfaces' addresses, the host-side veth
-// addresses, link-local ones included: pods reach the node, and the kubelet reaches
-// pods, from any of them) except loopback ones, which never cross a pod's interface;
-// the node IP always, even if no interface holds it here; and the extra CIDRs
-// (--node-cidrs). Sorted and without duplicates.
-func nodeSet(host []netip.Addr, nodeIP netip.Addr, extra []netip.Prefix) []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(host)+1+len(extra))
-	for _, a := range append(slices.Clone(host), nodeIP) {
+// servicesIface is the dummy interface kube-proxy's IPVS mode puts every Service
+// VIP on.
+const servicesIface = "kube-ipvs0"
+
+// carriesOnlyItsOwn reports whether an interface that holds a node address
+// contributes only that address, not its others: loopback, dummy devices (a
+// node-local DNS cache's VIP, kube-ipvs0's Service VIPs, a BGP speaker's anycast
+// addresses) and kube-ipvs0 whatever its type. Their other addresses are Services
+// and VIPs in front of pods and hosts elsewhere, not the node.
+func carriesOnlyItsOwn(i hostIface) bool {
+	return i.loopback || i.kind == "dummy" || i.name == servicesIface
+}
+
+// nodeAddrSources is what the node set is made of.
+type nodeAddrSources struct {
+	nodeIP netip.Addr     // --node-ip
+	status []netip.Addr   // the Node object's status.addresses (InternalIP, ExternalIP)
+	extra  []netip.Prefix // --node-cidrs
+	ifaces []string       // --node-address-interfaces: names; "name*" is a prefix
+}
+
+// matchIface reports whether name is one of patterns (a trailing * matches any
+// rest).
+func matchIface(patterns []string, name string) bool {
+	for _, p := range patterns {
+		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(name, prefix) || p == name {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeSet is the node set the dataplane exempts, the node's own addresses:
+//
+//  1. the node IP and the Node object's addresses;
+//  2. the CIDRs of --node-cidrs;
+//  3. every address of an interface that holds one of (1), except the interfaces
+//     carriesOnlyItsOwn names (the node's uplink: its secondary and link-local
+//     addresses are the node's too);
+//  4. every address of the interfaces --node-address-interfaces names.
+//
+// Nothing else: not a pod's host-side veth (unless named), not kube-ipvs0's Service
+// VIPs, not a dummy's DNS VIP, not an interface toward another network. Loopback,
+// unspecified and multicast addresses are left out (they never cross a pod's
+// interface). At most max prefixes of each family are kept, in the order above
+// (within a tier, in address order): what does not fit is returned as left, so a
+// node with too many addresses still exempts its own IP. set is sorted and without
+// duplicates.
+func nodeSet(ifaces []hostIface, src nodeAddrSources, max int) (set, left []netip.Prefix) {
+	own := append([]netip.Addr{src.nodeIP}, src.status...)
+	var tiers [4][]netip.Prefix
+	host := func(a netip.Addr) (netip.Prefix, bool) {
 		a = a.Unmap().WithZone("")
 		if !a.IsValid() || a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() {
+			return netip.Prefix{}, false
+		}
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	for _, a := range own {
+		if p, ok := host(a); ok {
+			tiers[0] = append(tiers[0], p)
+		}
+	}
+	for _, p := range src.extra {
+		tiers[1] = append(tiers[1], p.Masked())
+	}
+	for _, i := range ifaces {
+		tier := -1
+		switch {
+		case matchIface(src.ifaces, i.name):
+			tier = 3
+		case carriesOnlyItsOwn(i):
+		case slices.ContainsFunc(i.addrs, func(a netip.Addr) bool {
+			return slices.ContainsFunc(own, func(o netip.Addr) bool { return o.IsValid() && o.Unmap() == a.Unmap().WithZone("") })
+		}):
+			tier = 2
+		}
+		if tier < 0 {
 			continue
 		}
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		for _, a := range i.addrs {
+			if p, ok := host(a); ok {
+				tiers[tier] = append(tiers[tier], p)
+			}
+		}
 	}
-	for _, p := range extra {
-		out = append(out, p.Masked())
+	seen := map[netip.Prefix]bool{}
+	n4, n6 := 0, 0
+	for _, tier := range tiers {
+		sortPrefixes(tier)
+		for _, p := range tier {
+			if seen[p] {
+				continue
+			}
+			seen[p] = true
+			n := &n6
+			if p.Addr().Is4() {
+				n = &n4
+			}
+			if *n >= max {
+				left = append(left, p)
+				continue
+			}
+			*n++
+			set = append(set, p)
+		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
+	sortPrefixes(set)
+	return set, left
+}
+
+func sortPrefixes(ps []netip.Prefix) {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
 		if c := a.Addr().Compare(b.Addr()); c != 0 {
 			return c
 		}
 		return a.Bits() - b.Bits()
 	})
-	return slices.Compact(out)
 }
 
 // nodeAddrs keeps the dataplane's node set current: set once before any pod is
 // programmed (so a pod isolated at its first commit is reachable from its node at
-// once), then read again on every address change and every nodeAddrsRefresh (in case
-// a change notification was lost), and written when it changed.
+// once), then computed again on every address change, every change of the Node
+// object's addresses (setStatus) and every nodeAddrsRefresh (in case a change
+// notification was lost), and written when it changed.
 type nodeAddrs struct {
-	dp     bpfmaps.NodeExemption
-	nodeIP netip.Addr
-	extra  []netip.Prefix
-	list   func() ([]netip.Addr, error)
-	watch  func(done <-chan struct{}) (<-chan struct{}, error) // nil: polling only
-	log    *slog.Logger
-	cur    []netip.Prefix
+	dp    bpfmaps.NodeExemption
+	src   nodeAddrSources // status is setStatus's
+	max   int             // prefixes of each family the dataplane holds; 0: bpfmaps.MaxNodePrefixes
+	list  func() ([]hostIface, error)
+	watch func(done <-chan struct{}) (<-chan struct{}, error) // nil: polling only
+	log   *slog.Logger
+	cur   []netip.Prefix // the loop's own: the set in force
+
+	statusChanged chan struct{} // poked by setStatus; made by startNodeAddrs
+
+	mu         sync.Mutex
+	status     []netip.Addr
+	statusRead bool   // the Node object was read at least once
+	statusNote string // why the Node's addresses are not in the set; "" when they are
+	left       int    // prefixes of the last computed set that did not fit
+	leftErr    error  // why, for /readyz
 }
 
-// refresh reads the node's addresses and writes the node set if it changed.
+// setStatus records the Node object's addresses (or why there are none: note) and
+// asks for a refresh. O(1) for an informer's handler: the set is computed by the
+// loop.
+func (n *nodeAddrs) setStatus(addrs []netip.Addr, note string) {
+	n.mu.Lock()
+	n.status, n.statusRead, n.statusNote = addrs, note == "", note
+	n.mu.Unlock()
+	select {
+	case n.statusChanged <- struct{}{}:
+	default: // a refresh is pending already
+	}
+}
+
+// health is what the node set means for /readyz: an error while some of the node's
+// addresses do not fit the dataplane (traffic between pods and them is policed),
+// a note while the Node object's addresses are not known.
+func (n *nodeAddrs) health() (note string, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.statusNote, n.leftErr
+}
+
+// leftOut is how many of the node's addresses the dataplane's node set could not
+// hold at the last refresh (a metric).
+func (n *nodeAddrs) leftOut() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.left
+}
+
+// refresh reads the node's addresses and writes the node set if it changed. A set
+// too large for the dataplane is cut (nodeSet's order: the node's own IPs first),
+// logged and reported by health, never an error: the agent keeps running with the
+// node's own addresses exempt.
 func (n *nodeAddrs) refresh() error {
-	host, err := n.list()
+	ifaces, err := n.list()
 	if err != nil {
 		return err
 	}
-	set := nodeSet(host, n.nodeIP, n.extra)
+	src := n.src
+	n.mu.Lock()
+	src.status = n.status
+	n.mu.Unlock()
+	max := n.max
+	if max == 0 {
+		max = bpfmaps.MaxNodePrefixes
+	}
+	set, left := nodeSet(ifaces, src, max)
+	var leftErr error
+	if len(left) > 0 {
+		leftErr = fmt.Errorf("node addresses: %d do not fit the dataplane's node set (%d per family) and are not exempt from policy, e.g. %v (--node-cidrs can cover them with fewer prefixes)",
+			len(left), max, left[0])
+	}
+	n.mu.Lock()
+	wasLeft := n.left
+	n.left, n.leftErr = len(left), leftErr
+	n.mu.Unlock()
+	if len(left) > 0 && len(left) != wasLeft {
+		n.log.Error("the node has more addresses than the dataplane's node set holds; the node IP and the Node object's addresses are kept, the rest is policed like any peer",
+			"capacity_per_family", max, "left_out", len(left), "first_left_out", left[0])
+	}
 	if n.cur != nil && slices.Equal(set, n.cur) {
 		return nil
 	}
@@ -123,6 +308,9 @@ func (n *nodeAddrs) refresh() error {
 // dropped. A failed refresh keeps the set in force and is logged; without change
 // notifications the interval alone refreshes.
 func startNodeAddrs(ctx context.Context, n *nodeAddrs, interval time.Duration) (stop func(), err error) {
+	if n.statusChanged == nil {
+		n.statusChanged = make(chan struct{}, 1)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var changed <-chan struct{}
 	if n.watch != nil { // subscribed before the first read: no change is missed
@@ -145,6 +333,7 @@ func startNodeAddrs(ctx context.Context, n *nodeAddrs, interval time.Duration) (
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			case <-n.statusChanged:
 			case _, ok := <-changed:
 				if !ok {
 					if ctx.Err() != nil {
@@ -170,4 +359,63 @@ func drain(ch <-chan struct{}) {
 	}
 	for range ch {
 	}
+}
+
+// nodeStatusAddrs is a Node's own addresses: its InternalIP and ExternalIP
+// status addresses (not host names).
+func nodeStatusAddrs(node *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
+// watchNode watches this node's Node object (a field selector on its name: one
+// object) and hands its addresses to n. It waits up to syncTimeout for the first
+// list, so that the first commits find the Node's addresses exempt; after that, or
+// when the Node is not found or cannot be read (RBAC: get, list, watch nodes), the
+// node set goes on without them (the node IP, its interface, --node-cidrs), /readyz
+// notes it, and the watch keeps trying. stop ends the watch.
+func watchNode(ctx context.Context, rc *rest.Config, name string, n *nodeAddrs, syncTimeout time.Duration, log *slog.Logger) (stop func(), err error) {
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: client: %w", name, err)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	}))
+	inf := f.Core().V1().Nodes().Informer()
+	set := func(obj any) {
+		if node, ok := obj.(*corev1.Node); ok && node.Name == name {
+			n.setStatus(nodeStatusAddrs(node), "")
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, obj any) { set(obj) },
+		DeleteFunc: func(any) {
+			n.setStatus(nil, "node addresses: Node "+name+" deleted; only the node IP's interface and --node-cidrs are exempt")
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	f.Start(ctx.Done())
+	syncCtx, cancelSync := context.WithTimeout(ctx, syncTimeout)
+	defer cancelSync()
+	switch {
+	case !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced):
+		log.Warn("Node object not read; exempting the node IP's interface and --node-cidrs until it is (needs get, list and watch on nodes)",
+			"node", name, "waited", syncTimeout)
+	case len(inf.GetStore().List()) == 0:
+		n.setStatus(nil, "node addresses: Node "+name+" not found; only the node IP's interface and --node-cidrs are exempt")
+		log.Warn("Node object not found; exempting the node IP's interface and --node-cidrs until it exists", "node", name)
+	}
+	return func() { cancel(); f.Shutdown() }, nil
 }

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
@@ -99,9 +98,12 @@ func (l *nodeLab) startAgent(t *testing.T, extra ...string) (*testenv.ControlPla
 		"setpriv", "--bounding-set=-all,+bpf,+net_admin", "--inh-caps=-all", "--no-new-privs", "--",
 		buildAgent(t), "--kubeconfig=" + kubeconfig, "--node-name=" + testNodeName, "--node-ip=" + l.nodeIP,
 		"--dataplane=ebpf", "--bpffs-path=" + pinPath, "--state-file=", "--metrics-addr=127.0.0.1:0",
-		"--log-format=json", "--pod-interface-prefixes=eni", "--debug-socket=" + l.debugSocket}, extra...)
+		"--health-addr=127.0.0.1:0", "--log-format=json", "--pod-interface-prefixes=eni", "--debug-socket=" + l.debugSocket,
+		// The lab's CNI puts a gateway address on each pod's host-side veth (as the
+		// ptp plugin does): the node reaches a pod from it, so it is the node's.
+		"--node-address-interfaces=eni*"}, extra...)
 	cmd := exec.Command("nsenter", args...)
-	a := &agentProcess{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
+	a := &agentProcess{cmd: cmd, addr: make(chan string, 1), health: make(chan string, 1), done: make(chan struct{})}
 	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -122,12 +124,6 @@ func (l *nodeLab) startAgent(t *testing.T, extra ...string) (*testenv.ControlPla
 			t.Logf("agent log:\n%s", a.logs())
 		}
 	})
-	select {
-	case <-a.addr:
-	case <-a.done:
-		t.Fatalf("agent exited before serving HTTP: %v\n%s", a.exit, a.logs())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("agent did not serve HTTP within 60s:\n%s", a.logs())
-	}
+	a.waitHTTP(t) // its URLs are in the node's namespace: reach them with nsenter
 	return cp, a
 }

@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	routeClientGoLogs(log)
 	start := time.Now()
 	log.Info("starting npagent", "version", agentVersion(), "node", cfg.NodeName, "node_ip", cfg.NodeIP,
-		"dataplane", cfg.Dataplane, "state_file", cfg.StateFile, "metrics_addr", cfg.MetricsAddr)
+		"dataplane", cfg.Dataplane, "state_file", cfg.StateFile, "metrics_addr", cfg.MetricsAddr, "health_addr", cfg.HealthAddr)
 
 	// Bind first: a port in use is the cheapest startup error to report.
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
@@ -71,6 +71,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
 	}
 	defer ln.Close()
+	healthLn, err := net.Listen("tcp", cfg.HealthAddr)
+	if err != nil {
+		return fmt.Errorf("--health-addr %s: %w", cfg.HealthAddr, err)
+	}
+	defer healthLn.Close()
 
 	// Telemetry is local: a bad OTEL_* setting degrades it, never stops the agent.
 	health := newAgentHealth(cfg.StallTimeout)
@@ -93,17 +98,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	// HTTP from here on: /livez answers while the agent waits for the apiserver, and
-	// /readyz says what it waits for.
-	srv := newHTTPServer(newHTTPHandler(metrics, health.live, health.ready),
-		slog.NewLogLogger(log.Handler(), slog.LevelWarn))
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("serving /metrics, /livez, /healthz and /readyz", "addr", ln.Addr().String())
+	// /readyz says what it waits for. The probes have a server of their own
+	// (newHealthServer): /metrics is open to every pod, and a pod holding its
+	// requests must not fail the liveness probe.
+	errorLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	servers := []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{
+		{newHTTPServer(newMetricsHandler(metrics), errorLog), ln},
+		{newHealthServer(newHealthHandler(health.live, health.ready), errorLog), healthLn},
+	}
+	serveErr := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() {
+			err := s.srv.Serve(s.ln)
+			if !errors.Is(err, http.ErrServerClosed) {
+				err = fmt.Errorf("http server on %s: %w", s.ln.Addr(), err)
+			}
+			serveErr <- err
+		}()
+	}
+	log.Info("serving /metrics", "addr", ln.Addr().String())
+	log.Info("serving /livez, /healthz and /readyz", "addr", healthLn.Addr().String())
 	defer func() {
 		httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancelHTTP()
-		if err := srv.Shutdown(httpCtx); err != nil {
-			log.Warn("http server shutdown", "addr", ln.Addr().String(), "err", err)
+		for _, s := range servers {
+			if err := s.srv.Shutdown(httpCtx); err != nil {
+				log.Warn("http server shutdown", "addr", s.ln.Addr().String(), "err", err)
+			}
 		}
 	}()
 	// The debug socket (npagent explain, npagent wait): answered 503 until the loop
@@ -129,8 +153,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		select {
 		case err := <-serveErr:
 			if !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server failed; stopping", "addr", ln.Addr().String(), "err", err)
-				httpFailed <- fmt.Errorf("http server on %s: %w", ln.Addr(), err)
+				log.Error("http server failed; stopping", "err", err)
+				httpFailed <- err
 			}
 			cancelRun()
 		case <-runCtx.Done():
@@ -169,15 +193,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if !ok {
 		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
 	}
-	stopNodeAddrs, err := startNodeAddrs(runCtx, &nodeAddrs{dp: dpNode, nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs,
-		list: listHostAddrs, watch: watchHostAddrs, log: log.With("component", "node-addrs")}, nodeAddrsRefresh)
+	nodes := &nodeAddrs{dp: dpNode, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
+		list: listHostIfaces, watch: watchHostAddrs, log: log.With("component", "node-addrs"),
+		statusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"}
+	stopNodeAddrs, err := startNodeAddrs(runCtx, nodes, nodeAddrsRefresh)
 	if err != nil {
 		return err
 	}
 	defer stopNodeAddrs() // before the dataplane closes
+	health.addCheck(nodes.health)
 	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
 		return stopped()
 	}
+	// The Node's own addresses (status.addresses) before the first commit.
+	stopNode, err := watchNode(runCtx, restConfig, cfg.NodeName, nodes, cfg.APIServerTimeout, log.With("component", "node-addrs"))
+	if err != nil {
+		return err
+	}
+	defer stopNode()
 
 	seenSet, err := openSeenSet(cfg, start, log)
 	if err != nil {
@@ -221,6 +254,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 			loop := ctrl.Stats()
 			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
+			c.NodeAddrsLeftOut = int64(nodes.leftOut())
 			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
 				c.Maps = mapUsage(ur)
 			}

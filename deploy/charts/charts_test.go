@@ -54,6 +54,7 @@ var cases = []testCase{
 		"enforcingMode":        "strict",
 		"conntrackEntries":     8192,
 		"metrics":              map[string]any{"port": 9555},
+		"health":               map[string]any{"port": 9556},
 		"serviceAccount":       map[string]any{"name": "agent"},
 	}},
 	{"configmap-ca-namespace", Release{"np", "np-system"}, map[string]any{
@@ -167,6 +168,7 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
+		{"probes on the metrics port", map[string]any{"health": map[string]any{"port": 9437}}, "health.port"},
 	} {
 		_, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -302,6 +304,13 @@ func TestDaemonSet(t *testing.T) {
 			if i, j := slices.IndexFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_IP" }), slices.IndexFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "NPAGENT_METRICS_ADDR" }); i > j {
 				t.Error("NODE_IP is defined after NPAGENT_METRICS_ADDR: $(NODE_IP) would not expand")
 			}
+			healthPort := 9438
+			if h, ok := c.values["health"].(map[string]any); ok {
+				healthPort = h["port"].(int)
+			}
+			if got, want := envByName(t, ctr, "NPAGENT_HEALTH_ADDR").Value, fmt.Sprintf("127.0.0.1:%d", healthPort); got != want {
+				t.Errorf("NPAGENT_HEALTH_ADDR %q, want %q (loopback, the health port)", got, want)
+			}
 			for name, p := range map[string]*corev1.Probe{"startup": ctr.StartupProbe, "liveness": ctr.LivenessProbe, "readiness": ctr.ReadinessProbe} {
 				want := "/livez"
 				if name == "readiness" {
@@ -311,8 +320,10 @@ func TestDaemonSet(t *testing.T) {
 					t.Errorf("no %s probe over HTTP", name)
 					continue
 				}
-				if p.HTTPGet.Path != want || p.HTTPGet.Port.String() != "metrics" {
-					t.Errorf("%s probe on %s port %s, want %s on the named port metrics", name, p.HTTPGet.Path, p.HTTPGet.Port.String(), want)
+				// The probes' own listener on loopback, which pods cannot reach, not the
+				// metrics port every pod can hold requests on.
+				if p.HTTPGet.Path != want || p.HTTPGet.Host != "127.0.0.1" || p.HTTPGet.Port.String() != fmt.Sprint(healthPort) {
+					t.Errorf("%s probe on %s %s:%s, want %s on 127.0.0.1:%d", name, p.HTTPGet.Path, p.HTTPGet.Host, p.HTTPGet.Port.String(), want, healthPort)
 				}
 			}
 
@@ -415,13 +426,15 @@ func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string,
 }
 
 // TestClusterRoleByEnforcingMode: only strict mode, which watches the node's pods,
-// may read pods; standard reads the policy endpoint objects alone.
+// may read pods; standard reads the policy endpoint objects and nodes (its own
+// Node's addresses) alone.
 func TestClusterRoleByEnforcingMode(t *testing.T) {
 	endpoints := rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}
 	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
+	nodes := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}
 	for mode, want := range map[string][]rbacv1.PolicyRule{
-		"standard": {endpoints},
-		"strict":   {endpoints, pods},
+		"standard": {endpoints, nodes},
+		"strict":   {endpoints, nodes, pods},
 	} {
 		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode})
 		if err != nil {
@@ -500,7 +513,8 @@ func TestInAPIServer(t *testing.T) {
 		c := cases[0]
 		objs := objects(t, render(t, c))
 		cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
-		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}}
+		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}} // its own Node's addresses
 		if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
 			t.Errorf("ClusterRole rules %+v, want only %+v", cr.Rules, want)
 		}
@@ -596,7 +610,17 @@ func TestInAPIServer(t *testing.T) {
 				}
 			}
 		}
-		for _, r := range []struct{ group, res string }{{"", "secrets"}, {"", "pods"}, {"", "configmaps"}, {"", "nodes"}, {"networking.k8s.io", "networkpolicies"}} {
+		for _, verb := range []string{"get", "list", "watch"} { // its own Node's addresses
+			if !allowed("", "nodes", verb, "") {
+				t.Errorf("%s nodes denied, want allowed", verb)
+			}
+		}
+		for _, verb := range []string{"update", "patch", "delete"} {
+			if allowed("", "nodes", verb, "") {
+				t.Errorf("%s nodes allowed, want denied", verb)
+			}
+		}
+		for _, r := range []struct{ group, res string }{{"", "secrets"}, {"", "pods"}, {"", "configmaps"}, {"networking.k8s.io", "networkpolicies"}} {
 			for _, verb := range []string{"get", "list", "watch"} {
 				if allowed(r.group, r.res, verb, "") {
 					t.Errorf("%s %s allowed, want denied", verb, r.res)

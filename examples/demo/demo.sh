@@ -175,7 +175,7 @@ log "control plane up: $(grep -o 'apiserver=[^ ]*' "$LOGS/controlplane.log" | he
 
 # --- Jaeger, Prometheus, collector --------------------------------------------------
 JAEGER_OTLP=$(free_port) JAEGER_QUERY=$(free_port) JAEGER_QUERY_GRPC=$(free_port)
-PROM=$(free_port) COL_GRPC=$(free_port) COL_HTTP=$(free_port) AGENT=$(free_port)
+PROM=$(free_port) COL_GRPC=$(free_port) COL_HTTP=$(free_port) AGENT=$(free_port) AGENT_HEALTH=$(free_port)
 
 log "starting Jaeger (memory storage; OTLP gRPC 127.0.0.1:$JAEGER_OTLP, query API 127.0.0.1:$JAEGER_QUERY)"
 JAEGER_OTLP_GRPC_PORT=$JAEGER_OTLP JAEGER_QUERY_HTTP_PORT=$JAEGER_QUERY JAEGER_QUERY_GRPC_PORT=$JAEGER_QUERY_GRPC \
@@ -215,18 +215,19 @@ done
 log "pods: ${POD_IPS[*]} (netns npdemo-$SUFFIX-*, host veths npd${SUFFIX}h*)"
 
 # --- npagent -----------------------------------------------------------------------
-AGENT_URL="http://127.0.0.1:$AGENT"
+AGENT_URL="http://127.0.0.1:$AGENT"               # /metrics
+AGENT_HEALTH_URL="http://127.0.0.1:$AGENT_HEALTH" # /livez, /readyz: a listener of their own
 export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$COL_GRPC" OTEL_EXPORTER_OTLP_INSECURE=true
 export OTEL_METRIC_EXPORT_INTERVAL=2000 OTEL_BSP_SCHEDULE_DELAY=500
 start_agent() {
 	start npagent "$WORK/bin/npagent" --kubeconfig="$KUBECONFIG_FILE" --node-name="$NODE_NAME" --node-ip="$NODE_IP" \
 		--dataplane="$1" --bpffs-path="$BPFFS" --state-file="$WORK/npagent/seen.state" \
-		--metrics-addr="127.0.0.1:$AGENT" --resync-period=15s --trace-parenting="$PARENTING" \
+		--metrics-addr="127.0.0.1:$AGENT" --health-addr="127.0.0.1:$AGENT_HEALTH" --resync-period=15s --trace-parenting="$PARENTING" \
 		--debug-socket="$WORK/npagent/debug.sock"
 	local deadline=$((SECONDS + 60))
-	until http_ok "$AGENT_URL/readyz"; do
+	until http_ok "$AGENT_HEALTH_URL/readyz"; do
 		alive npagent || return 1
-		((SECONDS < deadline)) || die "npagent not ready after 60s: $(curl -s "$AGENT_URL/readyz")"
+		((SECONDS < deadline)) || die "npagent not ready after 60s: $(curl -s "$AGENT_HEALTH_URL/readyz")"
 		sleep 0.5
 	done
 }

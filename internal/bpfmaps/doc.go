@@ -85,8 +85,9 @@
 //     allowed, in every tier (admin Deny included) and both directions (kubelet
 //     probes; the NetworkPolicy rule and the AWS agent's) — toward the pod only what
 //     the node itself sent (ingress_ifindex 0), never a packet forwarded from another
-//     interface that claims a node address. The node set (every address
-//     of the node, and extra CIDRs; NodeExemption.SetNodeAddrs) is one LPM trie per
+//     interface that claims a node address. The node set (the node's own
+//     addresses and extra CIDRs, as cmd/npagent computes them, at most
+//     MaxNodePrefixes per family; NodeExemption.SetNodeAddrs) is one LPM trie per
 //     family, shared by all pods and pinned. The programs consult it only for a packet
 //     the policy and the connection table deny: the verdict is "node or policy", so a
 //     packet the policy allows pays nothing for it. A replace writes the new prefixes

@@ -19,8 +19,9 @@ const MaxNodePrefixes = 1024
 // in the node set passes whatever the pod's policy says. Pods without state are open
 // anyway.
 type NodeExemption interface {
-	// SetNodeAddrs replaces the node set: every address of the node (as /32 or /128)
-	// and any extra CIDRs, both families. Prefixes are masked and IPv4-mapped IPv6
+	// SetNodeAddrs replaces the node set: the node's own addresses (as /32 or /128)
+	// and any extra CIDRs, both families; more than MaxNodePrefixes of a family is
+	// ErrCapacity (the caller chooses what to leave out). Prefixes are masked and IPv4-mapped IPv6
 	// prefixes taken as IPv4. The replacement writes the new set before deleting what
 	// it no longer holds, so a prefix in both the old and the new set is never
 	// missing in between. On error the set holds the old prefixes and possibly some

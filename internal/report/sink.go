@@ -44,6 +44,10 @@ type Counts struct {
 	// PodsStrictDenied is how many pods strict mode denies now (node traffic
 	// excepted) because no policy selecting them is committed (reconcile).
 	PodsStrictDenied int64
+	// NodeAddrsLeftOut is how many of the node's own addresses the dataplane's
+	// node set could not hold (capacity): traffic between pods and them is
+	// policed like any peer's (cmd/npagent).
+	NodeAddrsLeftOut int64
 	// Maps is the dataplane's map use (bpfmaps), read at each collection.
 	Maps DataplaneMaps
 }

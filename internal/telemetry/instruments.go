@@ -278,6 +278,10 @@ const (
 	// PodsStrictDeniedName is how many pods strict mode denies now (node traffic
 	// excepted) until a policy selecting them is committed (--enforcing-mode=strict).
 	PodsStrictDeniedName = "npagent.dataplane.pods_strict_denied"
+	// NodeAddrsLeftOutName is how many of the node's own addresses did not fit the
+	// dataplane's node set, so are not exempt from policy (the agent is not ready
+	// meanwhile, and logs it).
+	NodeAddrsLeftOutName = "npagent.dataplane.node_addresses_left_out"
 	// MapEntriesName and MapCapacityName are each dataplane map's entries held
 	// and capacity, by map (MapKey): a commit that does not fit fails, so their
 	// ratio is the alert. Policy maps are shared by every pod of the node.
@@ -302,6 +306,7 @@ func dataplaneMaps(c *report.DataplaneMaps) [6]report.MapUse {
 type dataplaneInstruments struct {
 	podsIsolated     metric.Int64ObservableCounter
 	podsStrictDenied metric.Int64ObservableGauge
+	nodeAddrsLeft    metric.Int64ObservableGauge
 	mapEntries       metric.Int64ObservableGauge
 	mapCapacity      metric.Int64ObservableGauge
 	mapSets          [len(mapNames)]*measureOptions
@@ -316,6 +321,9 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	d.podsStrictDenied, err = m.Int64ObservableGauge(PodsStrictDeniedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods strict mode denies (node traffic excepted) until a policy selecting them is committed."))
 	check(err)
+	d.nodeAddrsLeft, err = m.Int64ObservableGauge(NodeAddrsLeftOutName, metric.WithUnit("{address}"),
+		metric.WithDescription("The node's own addresses that did not fit the dataplane's node set, so are not exempt from policy."))
+	check(err)
 	d.mapEntries, err = m.Int64ObservableGauge(MapEntriesName, metric.WithUnit("{entry}"),
 		metric.WithDescription("Entries a dataplane map holds, by map; policy maps are shared by every pod of the node."))
 	check(err)
@@ -325,12 +333,13 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	for i, name := range mapNames {
 		d.mapSets[i] = newMeasureOptions(MapKey.String(name))
 	}
-	return []metric.Observable{d.podsIsolated, d.podsStrictDenied, d.mapEntries, d.mapCapacity}
+	return []metric.Observable{d.podsIsolated, d.podsStrictDenied, d.nodeAddrsLeft, d.mapEntries, d.mapCapacity}
 }
 
 func (d *dataplaneInstruments) observe(o metric.Observer, c *report.Counts) {
 	o.ObserveInt64(d.podsIsolated, int64(c.PodsIsolated))
 	o.ObserveInt64(d.podsStrictDenied, c.PodsStrictDenied)
+	o.ObserveInt64(d.nodeAddrsLeft, c.NodeAddrsLeftOut)
 	for i, u := range dataplaneMaps(&c.Maps) {
 		if u.Max > 0 { // a map the backend has
 			o.ObserveInt64(d.mapEntries, u.Used, d.mapSets[i].observe...)
