@@ -3,7 +3,6 @@ package bpfmaps
 import (
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -47,9 +46,14 @@ func TestReusedIfindexNotInherited(t *testing.T) {
 	if err := prev.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ctPin := filepath.Join(ctPinDir(pin), strconv.Itoa(lab.hostIfindex))
-	if _, err := os.Stat(ctPin); err != nil {
-		t.Fatalf("the pod's connection table is not pinned: %v", err)
+	var ctPins []string
+	for _, k := range ctKinds {
+		ctPins = append(ctPins, ctPinPath(pin, ctRefOf(uint32(lab.hostIfindex), k)))
+	}
+	for _, p := range ctPins {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("the pod's connection table is not pinned: %v", err)
+		}
 	}
 
 	// The old pod goes, a new one comes on the same index, while no agent runs.
@@ -74,8 +78,10 @@ func TestReusedIfindexNotInherited(t *testing.T) {
 			t.Errorf("%d programs attached to the new interface at %v, want 0", n, at)
 		}
 	}
-	if _, err := os.Stat(ctPin); !os.IsNotExist(err) {
-		t.Errorf("the old pod's connection table is still pinned: %v", err)
+	for _, p := range ctPins {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("the old pod's connection table is still pinned: %v", err)
+		}
 	}
 	if _, ok := e.idents.lookup(uint32(lab.hostIfindex)); ok {
 		t.Errorf("the old pod's interface identity is still recorded")
