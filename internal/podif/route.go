@@ -133,7 +133,7 @@ func (r *routeResolver) Resolve(podIP netip.Addr) (int, error) {
 // interface (NewRouteResolver's does).
 type AddrLister interface {
 	// HostAddrs returns the addresses whose host route (/32 or /128, main table,
-	// no gateway) names ifindex, both families, ascending: every address of a
+	// no gateway, not the kernel's own) names ifindex, both families, ascending: every address of a
 	// dual-stack pod, where the pod IPs an object names may be only one of them.
 	HostAddrs(ifindex int) ([]netip.Addr, error)
 }
@@ -144,7 +144,12 @@ func (r *routeResolver) HostAddrs(ifindex int) ([]netip.Addr, error) {
 	var addrs []netip.Addr
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, LinkIndex: ifindex}
 	err := r.nl.RouteListFilteredIter(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF, func(rt netlink.Route) bool {
-		if dst := routeDst(rt); rt.LinkIndex == ifindex && rt.Gw == nil && len(rt.MultiPath) == 0 && dst.IsSingleIP() {
+		// The kernel's own routes (proto kernel) are the host's addresses on the
+		// interface, not the pod's: an IPv6 address added as /128 gets one in the
+		// main table, and counting it as the pod's would make the host's own traffic
+		// from it look like the pod's hairpin.
+		if dst := routeDst(rt); rt.LinkIndex == ifindex && rt.Gw == nil && len(rt.MultiPath) == 0 && dst.IsSingleIP() &&
+			rt.Protocol != unix.RTPROT_KERNEL {
 			addrs = append(addrs, dst.Addr())
 		}
 		return true

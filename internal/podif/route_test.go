@@ -134,7 +134,8 @@ func TestRouteResolverRejectsNodeInterfaces(t *testing.T) {
 
 // TestHostAddrs: a pod's own addresses are the host routes (both families, no
 // gateway) that name its interface; a subnet route on it, a host route through a
-// gateway and another interface's host routes are not.
+// gateway, another interface's host routes and the kernel's routes for the host's own
+// addresses on the interface (an IPv6 /128 address gets one in the main table) are not.
 func TestHostAddrs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		skip.Unmet(t, "needs root: creates a network namespace, links and routes in it (CAP_NET_ADMIN)")
@@ -154,6 +155,8 @@ func TestHostAddrs(t *testing.T) {
 	ip("route", "add", "10.249.9.0/24", "dev", "vethpod0")
 	ip("route", "add", "10.249.7.9", "via", "10.249.8.2", "dev", "vethpod0")
 	ip("route", "add", "10.249.7.3", "dev", "vethpod1")
+	ip("addr", "add", "fd00:249::3/128", "dev", "vethpod0", "nodad")
+	ip("addr", "add", "10.249.7.4/32", "dev", "vethpod0")
 
 	h, err := netns.GetFromName(ns)
 	if err != nil {
