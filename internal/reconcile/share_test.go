@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
@@ -26,13 +28,14 @@ func withCIDRs(pe *v1alpha1.PolicyEndpoint, second, n int) {
 // then still programmed, where without the share the first namespace's replicas
 // would have filled the trie and the new pod been isolated (issue 24, finding 9).
 // Shrinking the object again is accepted. Real apiserver; the in-memory dataplane
-// with a 100-entry IPv4 trie per direction, a namespace's share 50%.
+// with a 100-entry IPv4 and a 40-entry IPv6 trie per direction, a namespace's
+// share 50%; the IPv6 egress trie is bounded as the IPv4 ingress one.
 func TestNamespaceShareKeepsRoomForOthers(t *testing.T) {
 	cp := testenv.Start(t)
 	const node = "192.0.2.28"
 	createNamespace(t, cp, "crowd")
 	createNamespace(t, cp, "quiet")
-	mem := bpfmaps.NewMemoryWithLimits(bpfmaps.Limits{EntriesV4: 100})
+	mem := bpfmaps.NewMemoryWithLimits(bpfmaps.Limits{EntriesV4: 100, EntriesV6: 40})
 	logs := &logBuffer{}
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, share: 0.5,
 		resolver: newLookupTableResolver("10.1.28.1", 281, "10.1.28.2", 282, "10.1.28.3", 283, "10.1.28.9", 289),
@@ -87,8 +90,28 @@ func TestNamespaceShareKeepsRoomForOthers(t *testing.T) {
 	if !mem.Verdict(283, bpfmaps.Ingress, addr("10.50.2.1"), tcp, 443) || mem.Verdict(283, bpfmaps.Ingress, addr("10.50.3.1"), tcp, 443) {
 		t.Errorf("pod 283: crowd/big's shrunk version not in force")
 	}
-	if n := a.c.Stats().InvalidObjects; n != 1 {
-		t.Errorf("invalid objects = %d, want 1 (crowd/big's growth)", n)
+	// IPv6 egress: quiet's pod may send to 20 peers, not 21.
+	out := ingressPE("quiet", "out", []v1alpha1.PodEndpoint{pod(node, "10.1.28.9")}, "fd00:70::/64", 443)
+	for i := range 19 {
+		out.Spec.Ingress = append(out.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("fd00:71:%x::/48", i))})
+	}
+	out.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	out.Spec.Egress, out.Spec.Ingress = out.Spec.Ingress, nil
+	create(t, cp, out)
+	testenv.Eventually(t, 20*time.Second, "quiet/out reported", func() bool { return len(a.sink.recordsFor(string(out.UID))) == 1 })
+	update(t, cp, out, func(pe *v1alpha1.PolicyEndpoint) {
+		pe.Spec.Egress = append(pe.Spec.Egress, v1alpha1.EndpointInfo{CIDR: "fd00:72::/48"})
+	})
+	const msg6 = "namespace quiet would hold 21 of the IPv6 egress trie's 40 entries, its share is 20"
+	if !within(20*time.Second, func() bool { return len(logs.lines("policy object rejected", "name=out", msg6)) == 1 }) {
+		t.Errorf("no rejection logged naming object, namespace, trie and counts (%q)", msg6)
+	}
+	if !mem.Verdict(289, bpfmaps.Egress, addr("fd00:71:12::1"), tcp, 443) || mem.Verdict(289, bpfmaps.Egress, addr("fd00:72::1"), tcp, 443) {
+		t.Errorf("pod 289: quiet/out's previous version must stay in force, the rejected one not")
+	}
+
+	if n := invalidCount(a.c, report.KindPolicyEndpoint, "spec.namespaceShare"); n != 2 {
+		t.Errorf("invalid versions at spec.namespaceShare = %d, want 2 (crowd/big's and quiet/out's growth)", n)
 	}
 	syncs := a.c.Stats().Syncs
 	time.Sleep(time.Second)
