@@ -60,11 +60,12 @@ type config struct {
 	LogFormat             string // "text" or "json"
 	SlowTraceThreshold    time.Duration
 	FastTraceFraction     float64
-	DropFQDNAllowRules    bool // leave out domainName allow rules instead of rejecting their object
-	MaxEntriesPerObject   int  // an object needing more map entries is rejected as bad input
-	MapEntriesV4          int  // capacity of each direction's IPv4 trie, shared by all pods
-	MapEntriesV6          int  // the same for IPv6
-	ConntrackEntries      int  // --conntrack-entries: each of a pod's connection tables
+	DropFQDNAllowRules    bool    // leave out domainName allow rules instead of rejecting their object
+	MaxEntriesPerObject   int     // an object needing more map entries is rejected as bad input
+	MapEntriesV4          int     // capacity of each direction's IPv4 trie, shared by all pods
+	MapEntriesV6          int     // the same for IPv6
+	NamespaceEntryShare   float64 // percent of each trie one namespace's pods may hold; 0 or 100: no bound
+	ConntrackEntries      int     // --conntrack-entries: each of a pod's connection tables
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -102,6 +103,7 @@ var flagEnv = map[string]string{
 	"max-entries-per-object":  "NPAGENT_MAX_ENTRIES_PER_OBJECT",
 	"max-entries-ipv4":        "NPAGENT_MAX_ENTRIES_IPV4",
 	"max-entries-ipv6":        "NPAGENT_MAX_ENTRIES_IPV6",
+	"namespace-entry-share":   "NPAGENT_NAMESPACE_ENTRY_SHARE",
 	"conntrack-entries":       "NPAGENT_CONNTRACK_ENTRIES",
 	"max-trigger-skew":        "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
@@ -152,6 +154,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", reconcile.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
+	fs.Float64Var(&c.NamespaceEntryShare, "namespace-entry-share", 100*reconcile.DefaultNamespaceEntryShare, "percent of each policy map (direction and family) the pods of one namespace on this node may hold with their NetworkPolicy rules: a policy object that would take its namespace over it is rejected as bad input (counted in invalid objects; its last valid version stays in force), so that one tenant cannot crowd others out of the node's maps (README: How capacity is divided). 0 or 100: no bound")
 	fs.StringVar(&enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
 	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.Usage = func() {
@@ -277,6 +280,9 @@ func (c *config) validate() []error {
 	}
 	if c.MapEntriesV6 < 1 {
 		errs = append(errs, fmt.Errorf("--max-entries-ipv6: %d, need at least 1", c.MapEntriesV6))
+	}
+	if !(c.NamespaceEntryShare >= 0 && c.NamespaceEntryShare <= 100) { // NaN too
+		errs = append(errs, fmt.Errorf("--namespace-entry-share: %v, need a percentage from 0 to 100 (0 or 100: no bound)", c.NamespaceEntryShare))
 	}
 	if c.ConntrackEntries < 1 {
 		errs = append(errs, fmt.Errorf("--conntrack-entries: %d, need at least 1", c.ConntrackEntries))

@@ -238,6 +238,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Logger:            log.With("component", "reconcile"),
 		LastValidDir:      lastValidDir,
 		EnforcingMode:     cfg.EnforcingMode,
+		// 100% is 1: no bound, as 0.
+		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)

@@ -56,7 +56,9 @@
 //   - Capacities (Limits, EBPFOptions.ConntrackEntries) are fixed when the maps are
 //     created: OpenEBPF refuses pinned maps of another size with a
 //     *PinnedCapacityError naming the pin directory, each map and both sizes, and
-//     changes nothing. Usage reports each map's entries against its capacity.
+//     changes nothing. Usage reports each map's entries against its capacity;
+//     Entries (EntryCounter) tells what a policy would hold before it is committed,
+//     so that callers can divide the tries (reconcile's per-namespace share).
 //   - One process per pin directory: OpenEBPF holds an exclusive flock on it until
 //     Close (ErrPinDirLocked otherwise); the kernel drops it when the process exits.
 //   - Attach order: the programs go at the head of each interface's tcx chain

@@ -65,3 +65,54 @@ func (e *EBPF) Usage() (Usage, error) {
 	u.Conntrack = ct
 	return u, nil
 }
+
+// EntryCounter is a Dataplane that tells, without committing, how many trie entries a
+// pod policy compiles to: what a commit of it would hold. Both backends are.
+type EntryCounter interface {
+	// Entries returns the entries p compiles to, [Ingress, Egress][IPv4, IPv6]: one
+	// copy (a pod holds a second while a delta commit keeps two sets level). Content
+	// some pod has committed, or a single precompiled rule set, is counted without a
+	// compile; other content is validated and compiled (outside the commit lock). An
+	// invalid p returns an error wrapping ErrInvalidPolicy.
+	Entries(p PodPolicy) ([2][2]int, error)
+	// Limits returns the capacities, defaults applied.
+	Limits() Limits
+}
+
+var (
+	_ EntryCounter = (*EBPF)(nil)
+	_ EntryCounter = (*Memory)(nil)
+)
+
+// Limits implements EntryCounter.
+func (c *core) Limits() Limits { return c.limits }
+
+// Entries implements EntryCounter.
+func (c *core) Entries(p PodPolicy) (n [2][2]int, err error) {
+	for d, pol := range [2]*DirectionPolicy{&p.Ingress, &p.Egress} {
+		_, hash := directionHash(pol)
+		c.mu.Lock()
+		s := c.shared[hash]
+		if s != nil {
+			n[d] = [2]int{len(s.comp.Entries.k4), len(s.comp.Entries.k6)}
+		}
+		c.mu.Unlock()
+		if s != nil {
+			continue
+		}
+		if pre := precompiled(pol); pre != nil {
+			n[d] = [2]int{len(pre.comp.Entries.k4), len(pre.comp.Entries.k6)}
+			continue
+		}
+		ns, admin, baseline, err := validateDirection(Direction(d), pol)
+		if err != nil {
+			return n, fmt.Errorf("count entries: %w", err)
+		}
+		comp, err := compileDirection(ns, admin, baseline, pol.Isolated)
+		if err != nil {
+			return n, fmt.Errorf("count entries: %w", err)
+		}
+		n[d] = [2]int{len(comp.Entries.k4), len(comp.Entries.k6)}
+	}
+	return n, nil
+}

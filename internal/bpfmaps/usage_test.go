@@ -1,6 +1,7 @@
 package bpfmaps
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -96,5 +97,46 @@ func TestMemoryUsage(t *testing.T) {
 	}
 	if u.Entries[Ingress][1].Max != 512 || u.Pods != (MapUse{Used: 1, Max: 8}) || u.Conntrack != (MapUse{}) {
 		t.Errorf("usage %+v", u)
+	}
+}
+
+// TestEntriesCountsWhatACommitHolds: Entries, asked before a commit, reports per
+// direction and family what the commit then holds (a first commit keeps one entry
+// set), for new content, for content a pod committed (shared), and rejects an invalid
+// policy as the commit does. In memory: the accounting is the core's, both backends'.
+func TestEntriesCountsWhatACommitHolds(t *testing.T) {
+	m := NewMemory()
+	p := PodPolicy{
+		Ingress: DirectionPolicy{Isolated: true, Allow: []Rule{
+			{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Except: []netip.Prefix{netip.MustParsePrefix("10.1.2.0/24")}},
+			{CIDR: netip.MustParsePrefix("fd00:1::/64")},
+		}},
+		Egress: DirectionPolicy{Isolated: true, Allow: []Rule{{CIDR: netip.MustParsePrefix("10.9.0.0/16")}}},
+	}
+	counted, err := m.Entries(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Commit(3, p); err != nil {
+		t.Fatal(err)
+	}
+	u := m.usage()
+	for d := range counted {
+		for fam := range counted[d] {
+			if counted[d][fam] != u.Entries[d][fam].Used {
+				t.Errorf("%s family %d: Entries %d, the commit holds %d", Direction(d), fam, counted[d][fam], u.Entries[d][fam].Used)
+			}
+		}
+	}
+	if counted == ([2][2]int{}) {
+		t.Errorf("Entries counted nothing")
+	}
+	if again, err := m.Entries(p); err != nil || again != counted {
+		t.Errorf("Entries of committed content = %v, %v; want %v", again, err, counted)
+	}
+	bad := p
+	bad.Ingress.Allow = []Rule{{CIDR: netip.MustParsePrefix("10.1.0.0/16"), Except: []netip.Prefix{netip.MustParsePrefix("fd00::/64")}}}
+	if _, err := m.Entries(bad); !errors.Is(err, ErrInvalidPolicy) {
+		t.Errorf("Entries of an except of another family: %v, want ErrInvalidPolicy", err)
 	}
 }

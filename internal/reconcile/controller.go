@@ -68,6 +68,13 @@ type Config struct {
 	// (open) or strict (denied, node traffic excepted; needs NodeName, and RBAC to
 	// list and watch pods). Default EnforcingStandard.
 	EnforcingMode EnforcingMode
+	// NamespaceEntryShare is the fraction of each trie (direction and family) the
+	// local pods of one namespace may hold with their namespaced rules: a
+	// PolicyEndpoint version that would take its namespace over it is rejected as bad
+	// input (see share.go). Default 0: not enforced, as is 1 or more (the agent's
+	// --namespace-entry-share defaults to DefaultNamespaceEntryShare). Needs a
+	// Dataplane that is a bpfmaps.EntryCounter (both backends are).
+	NamespaceEntryShare float64
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -180,7 +187,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}
-	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log, strict)
+	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log, strict, cfg.NamespaceEntryShare)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
 	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
 

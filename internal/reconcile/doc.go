@@ -39,7 +39,9 @@
 //     enforced from the object alone, unless Config.Compile says to leave out those
 //     that only allow; a PolicyEndpoint pod of another namespace; more map entries
 //     than Config.Compile.MaxEntriesPerObject; a version whose merge with the other
-//     objects of a pod the dataplane refuses) rejects that object version: it is
+//     objects of a pod the dataplane refuses; a PolicyEndpoint version that would take
+//     its namespace's local pods over Config.NamespaceEntryShare of a trie, checked
+//     before any commit, see share.go) rejects that object version: it is
 //     not programmed, the error names the object and the field, it is counted by kind
 //     and field (Counts), and it is not retried (a retry cannot heal it; the next write brings a
 //     new sync). The object's last valid version stays in force for its pods (fail

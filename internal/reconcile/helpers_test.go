@@ -147,6 +147,7 @@ type agentOptions struct {
 	watchStall time.Duration
 	lastValid  string // LastValidDir; "" for none
 	mode       EnforcingMode
+	share      float64 // NamespaceEntryShare; 0: not enforced
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -188,6 +189,8 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		Compile:       o.compile,
 		LastValidDir:  o.lastValid,
 		EnforcingMode: o.mode,
+
+		NamespaceEntryShare: o.share,
 
 		WatchStallTimeout: o.watchStall,
 	})

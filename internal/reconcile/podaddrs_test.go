@@ -51,7 +51,7 @@ func TestCommitPassesPodAddrs(t *testing.T) {
 	t.Run("listing resolver", func(t *testing.T) {
 		mem := bpfmaps.NewMemory()
 		r := &listingResolver{lookupTableResolver: lookup(), addrs: map[int][]netip.Addr{ifindex: {pod4, pod6}}}
-		pt := newPodTable(mem, r, &counters{}, testLogger(t), nil)
+		pt := newPodTable(mem, r, &counters{}, testLogger(t), nil, 0)
 		res := pt.lock()
 		if err := pt.commitPod(&res, pod4, &policy); err != nil {
 			t.Fatal(err)
@@ -68,7 +68,7 @@ func TestCommitPassesPodAddrs(t *testing.T) {
 	})
 	t.Run("lookup resolver", func(t *testing.T) {
 		mem := bpfmaps.NewMemory()
-		pt := newPodTable(mem, lookup(), &counters{}, testLogger(t), nil)
+		pt := newPodTable(mem, lookup(), &counters{}, testLogger(t), nil, 0)
 		res := pt.lock()
 		if err := pt.commitPod(&res, pod4, &policy); err != nil {
 			t.Fatal(err)

@@ -51,6 +51,9 @@ type podTable struct {
 
 	// versions mirrors objects[key].compiled, written under mu, read without (version).
 	versions sync.Map
+
+	// share bounds what one namespace's pods hold of each trie (see share.go).
+	share namespaceShare
 }
 
 // objectState is what the table remembers of one object key.
@@ -78,7 +81,7 @@ type objectState struct {
 	rejectedRV, waitingRV string
 }
 
-func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger, strict *localPodSet) *podTable {
+func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger, strict *localPodSet, share float64) *podTable {
 	return &podTable{
 		dp: dp, resolver: resolver, stats: stats, log: log,
 		objects:      map[objectKey]*objectState{},
@@ -88,6 +91,7 @@ func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters,
 		heldIndex:    map[netip.Addr]map[objectKey]struct{}{},
 		strict:       strict,
 		strictDenied: map[netip.Addr]struct{}{},
+		share:        newNamespaceShare(dp, share),
 	}
 }
 
@@ -149,6 +153,9 @@ func (t *podTable) lock() commitResult {
 // the directions it names, merged with their other objects (see objectState.isolation)
 // — except a pod whose interface holds state a previous process pinned, which is
 // that process's last valid enforcement and is kept (held).
+//
+// A PolicyEndpoint version that would take its namespace over its share of a trie
+// (see share.go) is rejected before any commit, as a merge the dataplane refuses is.
 func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject, rej *rejectedVersion) commitResult {
 	res := t.lock()
 	defer t.mu.Unlock()
@@ -186,15 +193,25 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		res.noLocalWork = true
 		return res
 	}
-	t.commitLocked(&res, affected)
-	if compiled != nil && res.refused {
+	// The namespace's share of the tries is checked before anything is committed: a
+	// version over it is dropped as below, before it can take entries from others.
+	counts, over := t.measureShare(key, affected, compiled != nil)
+	if over == nil {
+		t.commitLocked(&res, affected)
+	}
+	if compiled != nil && (over != nil || res.refused) {
 		// Every other object on these pods was committed with them before: this
-		// version is what does not fit. Left indexed, it would fail every later
+		// version is what does not fit (the dataplane refused the merge, or it
+		// takes its namespace over its share, committing nothing). Left indexed, it would fail every later
 		// commit of these pods and be blamed on their objects; drop it instead, and
 		// re-commit the previous version where this one was committed. Without a
 		// previous version, this one's pods are isolated in its directions.
-		res.rejected = &FieldError{Path: "spec", Field: "spec", Value: key.String(),
-			Msg: fmt.Sprintf("merged with the other objects selecting its pods, not a policy the dataplane can take: %v", res.err)}
+		res.rejected = over
+		if over == nil {
+			res.rejected = &FieldError{Path: "spec", Field: "spec", Value: key.String(),
+				Msg: fmt.Sprintf("merged with the other objects selecting its pods, not a policy the dataplane can take: %v", res.err)}
+		}
+		counts = nil
 		t.index(st, prev)
 		if prev == nil && compiled.key.kind == report.KindPolicyEndpoint {
 			prevIsolation = isolation{pods: compiled.pods, dirs: compiled.isolated}
@@ -204,6 +221,7 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		res.err, res.notDone, res.refused = nil, nil, false
 		t.commitLocked(&res, affected)
 	}
+	t.recordShare(key.namespace, counts)
 	t.noteIsolated(&res, st)
 	st.dirty = res.notDone
 	if compiled != nil && res.rejected == nil && res.err == nil && len(res.notDone) == 0 {
@@ -235,7 +253,9 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	affected := union(st.dirty, t.reach(st.compiled), st.held)
 	t.index(st, nil)
 	t.hold(key, st, nil, isolation{})
+	counts, _ := t.measureShare(key, affected, false)
 	t.commitLocked(&res, affected)
+	t.recordShare(key.namespace, counts)
 	st.dirty = res.notDone
 	if res.err == nil && len(res.notDone) == 0 {
 		delete(t.objects, key)

@@ -1,0 +1,169 @@
+package reconcile
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/report"
+)
+
+// DefaultNamespaceEntryShare is Config.NamespaceEntryShare's default: half of each
+// trie. One namespace can then never take more than half of a trie from the others,
+// while a namespace alone on the node (or with small neighbours) can still grow to
+// half, the most one object could ever use anyway (a commit holds two entry sets).
+const DefaultNamespaceEntryShare = 0.5
+
+// namespaceShare bounds the trie entries the local pods of one namespace hold
+// (Config.NamespaceEntryShare): every pod holds its own copy of its entries, so a few
+// replicas of one large policy would otherwise fill a trie, and other tenants' new
+// pods could not be committed (isolated) nor their policies tightened.
+//
+// A namespace is charged, per trie (direction and family), the namespaced entries of
+// each of its local pods: what the union of the PolicyEndpoints selecting the pod
+// compiles to. Admin and baseline entries (ClusterPolicyEndpoints) are exempt: they
+// are the cluster admin's, not the tenant's, and a tenant cannot be refused for
+// them; they still count against the tries' capacity, whose commit error is the
+// bound for them. Guarded by podTable.mu.
+type namespaceShare struct {
+	counter bpfmaps.EntryCounter // nil: shares not enforced
+	max     [2][2]int            // entries a namespace may hold, [direction][family]
+	limits  [2][2]int            // the tries' capacities, for messages
+	share   float64
+	used    map[string]*namespaceUse
+}
+
+// namespaceUse is what one namespace's local pods hold (their last accepted
+// versions, committed or still to be).
+type namespaceUse struct {
+	pods  map[netip.Addr][2][2]int
+	total [2][2]int
+}
+
+// newNamespaceShare returns the shares of dp's tries; share outside (0, 1), or a
+// dataplane that cannot count entries, disables them.
+func newNamespaceShare(dp bpfmaps.Dataplane, share float64) namespaceShare {
+	counter, ok := dp.(bpfmaps.EntryCounter)
+	if !ok || share <= 0 || share >= 1 {
+		return namespaceShare{}
+	}
+	l := counter.Limits()
+	s := namespaceShare{counter: counter, share: share, used: map[string]*namespaceUse{}}
+	for d := range s.max {
+		s.limits[d] = [2]int{l.EntriesV4, l.EntriesV6}
+		for f := range s.max[d] {
+			s.max[d][f] = int(share * float64(s.limits[d][f]))
+		}
+	}
+	return s
+}
+
+// namespacedPolicy is the part of a pod's merged policy its namespace is charged for:
+// the namespaced allow rules of the directions they isolate.
+func namespacedPolicy(p *bpfmaps.PodPolicy) bpfmaps.PodPolicy {
+	keep := func(d *bpfmaps.DirectionPolicy) bpfmaps.DirectionPolicy {
+		if !d.Isolated {
+			return bpfmaps.DirectionPolicy{} // its namespaced rules are not compiled
+		}
+		return bpfmaps.DirectionPolicy{Isolated: true, Allow: d.Allow, AllowSets: d.AllowSets}
+	}
+	return bpfmaps.PodPolicy{Ingress: keep(&p.Ingress), Egress: keep(&p.Egress)}
+}
+
+// measureShare counts, for the PolicyEndpoint version just indexed under key, the
+// namespaced entries each of pods (the commit's affected pods, all of key's
+// namespace) will hold, and checks the namespace's total against its share. It
+// returns the counts, to record once the version is accepted, and a FieldError when
+// the version takes a trie over the share and holds more of it than before (a
+// version that does not grow an over-share trie is accepted: it changes nothing for
+// the others). Called with mu held.
+func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (map[netip.Addr][2][2]int, *FieldError) {
+	s := &t.share
+	if s.counter == nil || key.kind != report.KindPolicyEndpoint {
+		return nil, nil
+	}
+	use := s.used[key.namespace]
+	var before [2][2]int
+	if use != nil {
+		before = use.total
+	}
+	after := before
+	counts := make(map[netip.Addr][2][2]int, len(pods))
+	// Pods merging the same versions (replicas) hold the same entries: count once.
+	seen := map[string][2][2]int{}
+	var objs []*compiledObject
+	for _, pod := range pods {
+		var n [2][2]int
+		if objs = t.objectsFor(pod, objs[:0]); len(objs) > 0 {
+			slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
+			var id strings.Builder
+			for _, o := range objs {
+				fmt.Fprintf(&id, "%p,", o)
+			}
+			var ok bool
+			if n, ok = seen[id.String()]; !ok {
+				merged := mergePodPolicy(objs)
+				var err error
+				if n, err = s.counter.Entries(namespacedPolicy(&merged)); err != nil {
+					// Not a policy the dataplane can take: the commit says so.
+					return nil, nil
+				}
+				seen[id.String()] = n
+			}
+		}
+		counts[pod] = n
+		var old [2][2]int
+		if use != nil {
+			old = use.pods[pod]
+		}
+		for d := range after {
+			for f := range after[d] {
+				after[d][f] += n[d][f] - old[d][f]
+			}
+		}
+	}
+	if !reject {
+		return counts, nil
+	}
+	for d := range after {
+		for f, fam := range [2]string{"IPv4", "IPv6"} {
+			if after[d][f] > s.max[d][f] && after[d][f] > before[d][f] {
+				return nil, &FieldError{Path: "spec", Field: "spec.namespaceShare", Value: key.String(),
+					Msg: fmt.Sprintf("namespace %s would hold %d of the %s %s trie's %d entries, its share is %d (--namespace-entry-share %g): rejected so that it cannot crowd out other namespaces' pods",
+						key.namespace, after[d][f], fam, bpfmaps.Direction(d), s.limits[d][f], s.max[d][f], s.share)}
+			}
+		}
+	}
+	return counts, nil
+}
+
+// recordShare records the counts measureShare returned for an accepted version of
+// an object of namespace ns. Called with mu held.
+func (t *podTable) recordShare(ns string, counts map[netip.Addr][2][2]int) {
+	if counts == nil {
+		return
+	}
+	use := t.share.used[ns]
+	if use == nil {
+		use = &namespaceUse{pods: map[netip.Addr][2][2]int{}}
+		t.share.used[ns] = use
+	}
+	for pod, n := range counts {
+		old := use.pods[pod]
+		for d := range use.total {
+			for f := range use.total[d] {
+				use.total[d][f] += n[d][f] - old[d][f]
+			}
+		}
+		if n == ([2][2]int{}) {
+			delete(use.pods, pod)
+		} else {
+			use.pods[pod] = n
+		}
+	}
+	if len(use.pods) == 0 {
+		delete(t.share.used, ns)
+	}
+}
