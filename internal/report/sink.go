@@ -39,7 +39,8 @@ type Counts struct {
 	Watch [NumKinds]WatchHealth
 
 	// PodsIsolated counts pods denied (node traffic excepted) because their
-	// policy could not be committed: never left open (reconcile).
+	// policy could not be committed or an object naming them has no valid
+	// version: never left open (reconcile).
 	PodsIsolated uint64
 	// PodsStrictDenied is how many pods strict mode denies now (node traffic
 	// excepted) because no policy selecting them is committed (reconcile).

@@ -272,7 +272,8 @@ func (w *watchInstruments) observe(o metric.Observer, c *report.Counts) {
 // read from report.Counts at each collection.
 const (
 	// PodsIsolatedName counts pods isolated (denied, node traffic excepted)
-	// because their policy could not be committed: the fail-closed path, each
+	// because their policy could not be committed or an object naming them has no
+	// valid version: the fail-closed path, each
 	// also logged naming the pod and the object.
 	PodsIsolatedName = "npagent.dataplane.pods_isolated"
 	// PodsStrictDeniedName is how many pods strict mode denies now (node traffic
@@ -316,7 +317,7 @@ type dataplaneInstruments struct {
 func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric.Observable {
 	var err error
 	d.podsIsolated, err = m.Int64ObservableCounter(PodsIsolatedName, metric.WithUnit("{pod}"),
-		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed."))
+		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed or an object naming them has no valid version."))
 	check(err)
 	d.podsStrictDenied, err = m.Int64ObservableGauge(PodsStrictDeniedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods strict mode denies (node traffic excepted) until a policy selecting them is committed."))
