@@ -71,7 +71,7 @@ func BenchmarkCommit10k(b *testing.B) {
 
 	keys, vals := make([]policyLpmKey4, n), make([]policyRuleValue, n)
 	for i := range keys {
-		keys[i] = policyLpmKey4{Prefixlen: 96, Ifindex: 1, Tag: entryTag(1, tierNamespaced), Addr: [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}}
+		keys[i] = policyLpmKey4{Prefixlen: 96, Group: 1, Tag: entryTag(1, tierNamespaced), Addr: [4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}}
 		vals[i].Count = 1
 		vals[i].Rules[0] = policyPortRule{Port: 80, EndPort: 80, Proto: uint8(ProtocolTCP), Action: uint8(ActionAccept)}
 	}
@@ -170,7 +170,7 @@ func BenchmarkCommitSmall(b *testing.B) {
 	})
 	swapKeys, swapVals := make([]policyLpmKey4, 10), make([]policyRuleValue, 10)
 	for i := range swapKeys {
-		swapKeys[i] = policyLpmKey4{Prefixlen: 96, Ifindex: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
+		swapKeys[i] = policyLpmKey4{Prefixlen: 96, Group: 1, Addr: [4]byte{10, 0, 0, byte(i)}}
 		swapVals[i].Count = 1
 	}
 	b.Run("map-in-map-swap", func(b *testing.B) { benchMapInMapSwap(b, ebpf.ArrayOfMaps, swapKeys, swapVals) })
@@ -345,7 +345,7 @@ func BenchmarkCommitDelta10k(b *testing.B) {
 			b.ReportMetric(float64(compile.Nanoseconds())/float64(b.N), "compile-ns/op")
 			b.ReportMetric(float64(write.Nanoseconds())/float64(b.N), "write-ns/op")
 			b.ReportMetric(float64(clean.Nanoseconds())/float64(b.N), "cleanup-ns/op")
-			b.ReportMetric(float64(e.pods[uint32(ifaces[0])].dirs[Ingress].entries.bytes()), "record-bytes")
+			b.ReportMetric(float64(e.pods[uint32(ifaces[0])].dirs[Ingress].entries().bytes()), "record-bytes")
 		})
 	}
 }

@@ -99,14 +99,15 @@ type podRecord struct {
 	addrs []netip.Addr // the pod's own addresses (PodPolicy.Addrs), normalized
 }
 
-// dirRecord is a direction's committed entries. The active entry set (the one the
-// direction's word names) holds them; the inactive set holds them too when level,
-// and nothing otherwise.
+// dirRecord is a direction's committed state: the group set its word names, which
+// holds its entries.
 type dirRecord struct {
-	entries dirEntries
-	level   bool
-	shared  *sharedDirection // where entries came from; nil if adopted
+	ref    groupRef
+	shared *sharedDirection // where the entries came from; nil if adopted
 }
+
+// entries are the direction's committed entries.
+func (r *dirRecord) entries() *dirEntries { return entriesOf(r.ref) }
 
 // sharedDirection is a compiled direction policy, shared by every pod and direction
 // committed with the same content (hash): pods a policy selects compile it once and
@@ -119,7 +120,7 @@ type sharedDirection struct {
 	// borrowed: comp's arrays are a RuleSet's too (RuleSet.pre), never reused.
 	borrowed bool
 	// from is the compile this one was derived from (deriveDirection), fromDelta the
-	// difference of their entries: pods holding from take it instead of comparing
+	// difference of their entries: a set holding from takes it instead of comparing
 	// all entries. Cleared once this one is derived from in turn, so that a chain
 	// of derived compiles holds one predecessor, not all.
 	from      *sharedDirection
@@ -141,6 +142,7 @@ type core struct {
 	limits  Limits
 	store   store
 	pods    map[uint32]*podRecord
+	groups  [2]groups  // entry groups per direction
 	used    [2][2]int  // entries in the tries, [direction][0 IPv4, 1 IPv6]
 	garbage [2]dirKeys // entries whose deletion failed; retried on the next commit
 	scratch scratch
@@ -157,7 +159,8 @@ func (c *core) wrote() {
 }
 
 func newCore(l Limits, s store) *core {
-	return &core{limits: l.withDefaults(), store: s, pods: map[uint32]*podRecord{}, shared: map[uint64]*sharedDirection{}}
+	return &core{limits: l.withDefaults(), store: s, pods: map[uint32]*podRecord{},
+		groups: [2]groups{newGroups(), newGroups()}, shared: map[uint64]*sharedDirection{}}
 }
 
 // attachFunc readies a pod's interface before state is written (a no-op returning a
@@ -167,19 +170,20 @@ type attachFunc func(ifindex int) (undo func(), err error)
 
 // dirPlan is what a commit does to one direction.
 type dirPlan struct {
-	next   dirEntries
-	target uint32     // the inactive set, written before the switch
-	pre    entryDelta // turns what target holds into next
-	level  bool       // after the switch, apply post to the other set; else drop it
-	post   entryDelta // turns the committed entries into next
+	changed bool
+	shared  *sharedDirection // the new content
+	target  groupRef         // the set the switched word names
+	fresh   bool             // target's group is new
+	write   bool             // pre is written into target before the switch
+	pre     entryDelta       // turns what target holds into the new content
 }
 
-// commit makes p the pod's policy. Per direction that changed, a commit writes the
-// inactive entry set (the difference between what it holds and the new entries),
-// switches the direction's word to it (one atomic store), then brings the other set
-// level by the difference between the old and the new entries — or, when that
-// difference is more than half the entries or does not fit the trie, deletes the
-// other set, so the next commit writes its entries afresh.
+// commit makes p the pod's policy, in four phases: plan (hash, validate, compile, pick
+// each changed direction's target set: one holding the content already, else its
+// group's other set when no pod names it, else a new group), write (the difference
+// into the target sets), switch (the pod's addresses, then its words: one atomic store
+// per direction) and level (the sets the pod no longer names: brought level or
+// deleted when no pod names them).
 func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult, error) {
 	var res CommitResult
 	start := time.Now()
@@ -196,7 +200,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		rests[d], hashes[d] = directionHash(pols[d])
 	}
 	// The pod's addresses are not part of the direction hashes: those name compiles
-	// that pods with the same rules share.
+	// and entries that pods with the same rules share.
 	addrs, err := normalizeAddrs(p.Addrs)
 	if err != nil {
 		return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
@@ -207,131 +211,57 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	c.collectGarbage()
 	idx := uint32(ifindex)
 	rec := c.pods[idx]
-	var changed [2]bool
-	for d := range changed {
-		changed[d] = rec == nil || rec.state.Hash[d] != hashes[d]
+	var plans [2]dirPlan
+	for d := range plans {
+		plans[d].changed = rec == nil || rec.state.Hash[d] != hashes[d]
 	}
 	var oldAddrs []netip.Addr
 	if rec != nil {
 		oldAddrs = rec.addrs
 	}
-	if !changed[0] && !changed[1] {
-		res.Compile = time.Since(start)
-		if slices.Equal(oldAddrs, addrs) {
-			res.Skipped = true
-			return res, nil
-		}
-		if _, err := c.writeAddrs(idx, oldAddrs, addrs); err != nil {
-			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
-		}
-		c.wrote()
-		rec.addrs = c.keptAddrs(idx, oldAddrs, addrs)
-		res.Switched = time.Now()
-		return res, nil
-	}
-	// Content some pod has committed was validated and compiled then: it is shared.
-	var shared [2]*sharedDirection
-	var srcs [2][3][]sourceRule
-	for d := range pols {
-		if !changed[d] {
-			continue
-		}
-		if shared[d] = c.shared[hashes[d]]; shared[d] != nil {
-			continue
-		}
-		// Only host rules of its sets changed: compile just their entries.
-		if rec != nil && rec.dirs[d].shared != nil {
-			if shared[d] = deriveDirection(rec.dirs[d].shared, pols[d], rests[d], hashes[d]); shared[d] != nil {
-				continue
-			}
-		}
-		// One set alone, compiled when it was built, before the lock.
-		if pre := precompiled(pols[d]); pre != nil {
-			shared[d] = &sharedDirection{hash: hashes[d], comp: pre.comp, borrowed: true, inc: newIncStateOf(pols[d], rests[d], pre.broad)}
-			continue
-		}
-		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
-		if err != nil {
-			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
-		}
-		srcs[d] = [3][]sourceRule{ns, admin, baseline}
+	if !plans[0].changed && !plans[1].changed {
+		return c.commitAddrs(idx, rec, oldAddrs, addrs, start)
 	}
 	if rec == nil && len(c.pods) >= c.limits.Pods {
 		return res, fmt.Errorf("commit pod %d: pod map holds %d pods, its capacity: %w", ifindex, len(c.pods), ErrCapacity)
 	}
-
+	if err := c.compileChanged(rec, pols, rests, hashes, &plans); err != nil {
+		return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+	}
 	newState := policyPodState{Hash: hashes}
 	if rec != nil {
-		newState.Dir = rec.state.Dir
+		newState.Dir, newState.Group = rec.state.Dir, rec.state.Group
 	}
-	var plans [2]dirPlan
-	delta, incremental := true, true
-	for d := range changed {
-		if !changed[d] {
+	res.Delta, res.Incremental = true, true
+	held, wrote := false, false
+	for d := range plans {
+		pl := &plans[d]
+		if !pl.changed {
 			continue
 		}
-		if d == 1 && changed[0] && hashes[1] == hashes[0] {
-			shared[1] = shared[0] // both directions the same: one compile
-		}
-		if shared[d] == nil {
-			comp, err := compileDirection(srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
-			if err != nil {
-				return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
-			}
-			shared[d] = &sharedDirection{hash: hashes[d], comp: comp}
-			if len(pols[d].AllowSets) > 0 && pols[d].Isolated {
-				// A broad rule's value over its size fails the compile above
-				// already; if not, the state is just not kept.
-				shared[d].inc, _ = newIncState(pols[d], srcs[d][0][:len(pols[d].Allow)], rests[d])
-			}
-		}
-		comp := &shared[d].comp
-		var old dirRecord
+		var cur groupRef
+		var prev *sharedDirection
 		if rec != nil {
-			old = rec.dirs[d]
+			cur, prev = rec.dirs[d].ref, rec.dirs[d].shared
 		}
-		pl := &plans[d]
-		pl.next = comp.Entries
+		res.Incremental = res.Incremental && prev != nil && pl.shared.from == prev
+		if err := c.place(Direction(d), cur, pl, &res); err != nil {
+			c.unplace(plans[:d])
+			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
+		}
 		gen := nextGen(wordGen(newState.Dir[d]))
-		pl.target = gen & 1
-		newState.Dir[d] = dirWord(idx, gen, comp.Flags)
-		if c.hasGarbage(Direction(d), idx, pl.target) {
-			return res, fmt.Errorf("commit pod %d: %s entries of an earlier commit could not be deleted", ifindex, Direction(d))
-		}
-		if shared[d].from != nil && shared[d].from == old.shared {
-			pl.post = *shared[d].fromDelta
-		} else {
-			pl.post = diffEntries(&old.entries, &pl.next)
-			incremental = false
-		}
-		if old.level {
-			pl.pre = pl.post
-		} else {
-			pl.pre = fullDelta(&pl.next)
-		}
-		pl.level = pl.post.size() <= max(old.entries.len(), pl.next.len())/2
-		for fam, name := range [2]string{"IPv4", "IPv6"} {
-			limit := c.limits.EntriesV4
-			if fam == 1 {
-				limit = c.limits.EntriesV6
-			}
-			grow := pl.pre.growth(fam)
-			if c.used[d][fam]+grow > limit {
-				return res, fmt.Errorf("commit pod %d: %s %s trie: %d entries in use + %d new exceed its capacity %d: %w",
-					ifindex, Direction(d), name, c.used[d][fam], grow, limit, ErrCapacity)
-			}
-			if pl.level && c.used[d][fam]+grow+pl.post.growth(fam) > limit {
-				pl.level = false // no room for a second set: drop it instead
-			}
-		}
-		delta = delta && old.level && pl.level
+		newState.Dir[d] = dirWord(idx, gen, pl.shared.comp.Flags)
+		newState.Group[d][gen&1] = pl.target.slot()
+		held, wrote = held || pl.target.g != nil, wrote || pl.write
 	}
+	res.Shared = held && !wrote
 	res.Compile = time.Since(start)
 
 	if attach != nil {
 		t := time.Now()
 		undo, err := attach(ifindex)
 		if err != nil {
+			c.unplace(plans[:])
 			return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 		}
 		res.Attach = time.Since(t)
@@ -343,32 +273,9 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	}
 
 	t := time.Now()
-	var tried [2]bool
-	usedBefore := c.used
-	// rollback empties the target sets written so far: what they held before is
-	// unknown after a failed write, so they are dropped, not restored.
-	rollback := func() {
-		for d := range tried {
-			if !tried[d] {
-				continue
-			}
-			var held dirEntries
-			if rec != nil && rec.dirs[d].level {
-				held = rec.dirs[d].entries
-				rec.dirs[d].level = false
-			}
-			c.used[d] = usedBefore[d]
-			c.dropSet(Direction(d), idx, plans[d].target, [2]int{len(held.k4), len(held.k6)}, &held, &plans[d].next)
-		}
-		res.EntriesWritten, res.EntriesDeleted = 0, 0
-	}
-	for d := range changed {
-		if !changed[d] {
-			continue
-		}
-		tried[d] = true
-		if err := c.apply(Direction(d), idx, plans[d].target, &plans[d].pre, &res); err != nil {
-			rollback()
+	for d := range plans {
+		if err := c.writeTarget(Direction(d), &plans[d], &res); err != nil {
+			c.rollback(plans[:d+1], &res)
 			return res, fmt.Errorf("commit pod %d: write %s entries: %w", ifindex, Direction(d), err)
 		}
 	}
@@ -378,59 +285,299 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 	// The pod's new addresses before its word: a pod's first word finds them there.
 	undoAddrs, err := c.writeAddrs(idx, oldAddrs, addrs)
 	if err != nil {
-		rollback()
+		c.rollback(plans[:], &res)
 		return res, fmt.Errorf("commit pod %d: %w", ifindex, err)
 	}
 	err = c.store.putPod(idx, &newState)
 	c.wrote()
 	if err != nil {
 		undoAddrs()
-		rollback()
+		c.rollback(plans[:], &res)
 		return res, fmt.Errorf("commit pod %d: switch entry set: %w", ifindex, err)
 	}
 	res.Switched = time.Now()
 	res.Switch = res.Switched.Sub(t)
 
 	t = time.Now()
-	res.Delta, res.Incremental = delta, incremental
 	if rec == nil {
 		rec = &podRecord{}
 		c.pods[idx] = rec
 	}
 	rec.state = newState
 	rec.addrs = c.keptAddrs(idx, oldAddrs, addrs)
-	for d := range changed {
-		if !changed[d] {
+	for d := range plans {
+		pl := &plans[d]
+		if !pl.changed {
 			continue
 		}
-		pl := &plans[d]
-		old := rec.dirs[d].entries
-		c.release(rec.dirs[d].shared)
-		rec.dirs[d] = dirRecord{entries: pl.next, shared: shared[d]}
-		if shared[d].refs++; shared[d].refs == 1 {
-			c.shared[shared[d].hash] = shared[d]
-			if f := shared[d].from; f != nil {
+		old := rec.dirs[d]
+		c.release(old.shared)
+		rec.dirs[d] = dirRecord{ref: pl.target, shared: pl.shared}
+		if s := pl.target.held(); s != nil {
+			s.refs++
+		}
+		if pl.shared.refs++; pl.shared.refs == 1 {
+			c.shared[pl.shared.hash] = pl.shared
+			if f := pl.shared.from; f != nil {
 				f.from, f.fromDelta = nil, nil
 			}
 		}
-		other := pl.target ^ 1
-		held := [2]int{len(old.k4), len(old.k6)}
-		if pl.level {
-			usedMid := c.used[d]
-			if c.apply(Direction(d), idx, other, &pl.post, &res) == nil {
-				rec.dirs[d].level = true
-				continue
-			}
-			res.Delta = false
-			// The set is in between: drop whatever it may hold.
-			c.used[d] = usedMid
-			c.dropSet(Direction(d), idx, other, held, &old, &pl.next)
-			continue
-		}
-		res.EntriesDeleted += c.dropSet(Direction(d), idx, other, held, &old)
+		c.unname(Direction(d), old.ref, &res)
 	}
 	res.Cleanup = time.Since(t)
 	return res, nil
+}
+
+// commitAddrs is a commit whose directions are unchanged: the pod's addresses alone,
+// if they changed.
+func (c *core) commitAddrs(idx uint32, rec *podRecord, oldAddrs, addrs []netip.Addr, start time.Time) (CommitResult, error) {
+	res := CommitResult{Compile: time.Since(start)}
+	if slices.Equal(oldAddrs, addrs) {
+		res.Skipped = true
+		return res, nil
+	}
+	if _, err := c.writeAddrs(idx, oldAddrs, addrs); err != nil {
+		return res, fmt.Errorf("commit pod %d: %w", idx, err)
+	}
+	c.wrote()
+	rec.addrs = c.keptAddrs(idx, oldAddrs, addrs)
+	res.Switched = time.Now()
+	return res, nil
+}
+
+// compileChanged finds or makes the compile of each changed direction: content some
+// pod has committed was validated and compiled then, so it is shared.
+func (c *core) compileChanged(rec *podRecord, pols [2]*DirectionPolicy, rests, hashes [2]uint64, plans *[2]dirPlan) error {
+	var srcs [2][3][]sourceRule
+	for d := range pols {
+		pl := &plans[d]
+		if !pl.changed {
+			continue
+		}
+		if pl.shared = c.shared[hashes[d]]; pl.shared != nil {
+			continue
+		}
+		// Only host rules of its sets changed: compile just their entries.
+		if rec != nil && rec.dirs[d].shared != nil {
+			if pl.shared = deriveDirection(rec.dirs[d].shared, pols[d], rests[d], hashes[d]); pl.shared != nil {
+				continue
+			}
+		}
+		// One set alone, compiled when it was built, before the lock.
+		if pre := precompiled(pols[d]); pre != nil {
+			pl.shared = &sharedDirection{hash: hashes[d], comp: pre.comp, borrowed: true, inc: newIncStateOf(pols[d], rests[d], pre.broad)}
+			continue
+		}
+		ns, admin, baseline, err := validateDirection(Direction(d), pols[d])
+		if err != nil {
+			return err
+		}
+		srcs[d] = [3][]sourceRule{ns, admin, baseline}
+	}
+	for d := range pols {
+		pl := &plans[d]
+		if !pl.changed || pl.shared != nil {
+			continue
+		}
+		if d == 1 && plans[0].changed && hashes[1] == hashes[0] {
+			pl.shared = plans[0].shared // both directions the same: one compile
+			continue
+		}
+		comp, err := compileDirection(srcs[d][0], srcs[d][1], srcs[d][2], pols[d].Isolated)
+		if err != nil {
+			return err
+		}
+		pl.shared = &sharedDirection{hash: hashes[d], comp: comp}
+		if len(pols[d].AllowSets) > 0 && pols[d].Isolated {
+			// A broad rule's value over its size fails the compile above
+			// already; if not, the state is just not kept.
+			pl.shared.inc, _ = newIncState(pols[d], srcs[d][0][:len(pols[d].Allow)], rests[d])
+		}
+	}
+	return nil
+}
+
+// place picks the set a changed direction's word will name, and what to write into
+// it: a set that holds the content already (nothing), the current group's other set
+// when no pod names it (the difference from what it holds), else a new group's set
+// (every entry).
+func (c *core) place(d Direction, cur groupRef, pl *dirPlan, res *CommitResult) error {
+	next := &pl.shared.comp.Entries
+	gs := &c.groups[d]
+	if next.len() == 0 {
+		return nil // the zero groupRef: no entries to look up
+	}
+	if r, ok := gs.holding(pl.shared.hash); ok {
+		pl.target = r
+		return nil
+	}
+	pl.write = true
+	if cur.g != nil && cur.other().held().refs == 0 && !c.hasGarbage(d, cur.g.id, cur.set^1) {
+		pl.target = cur.other()
+		held := pl.target.held()
+		switch {
+		case held.shared != nil && held.shared == pl.shared.from:
+			pl.pre = *pl.shared.fromDelta
+		case held.entries.len() == 0:
+			pl.pre = fullDelta(next)
+			res.Delta = false
+		default:
+			pl.pre = diffEntries(&held.entries, next)
+		}
+	} else {
+		id, err := c.newGroupID(d)
+		if err != nil {
+			return err
+		}
+		pl.target, pl.fresh = groupRef{g: &entryGroup{id: id}}, true
+		pl.pre = fullDelta(next)
+		res.Delta = false
+	}
+	for fam, name := range [2]string{"IPv4", "IPv6"} {
+		limit := c.limits.EntriesV4
+		if fam == 1 {
+			limit = c.limits.EntriesV6
+		}
+		if grow := pl.pre.growth(fam); c.used[d][fam]+grow > limit {
+			pl.write, pl.target, pl.fresh = false, groupRef{}, false
+			return fmt.Errorf("%s %s trie: %d entries in use + %d new exceed its capacity %d: %w",
+				d, name, c.used[d][fam], grow, limit, ErrCapacity)
+		}
+	}
+	if pl.fresh {
+		gs.byID[pl.target.g.id] = pl.target.g
+	}
+	return nil
+}
+
+// unplace forgets the new groups of plans that were placed but not written.
+func (c *core) unplace(plans []dirPlan) {
+	for d := range plans {
+		if plans[d].fresh {
+			delete(c.groups[d].byID, plans[d].target.g.id)
+		}
+	}
+}
+
+// newGroupID returns an id no group of d holds and no garbage key names.
+func (c *core) newGroupID(d Direction) (uint32, error) {
+	gs := &c.groups[d]
+	for range len(gs.byID) + len(c.garbage[d].k4) + len(c.garbage[d].k6) + 1 {
+		gs.last = gs.last%maxGroupID + 1
+		if gs.byID[gs.last] == nil && !c.hasGarbage(d, gs.last, 0) && !c.hasGarbage(d, gs.last, 1) {
+			return gs.last, nil
+		}
+	}
+	return 0, fmt.Errorf("%s entry groups: no free id: %w", d, ErrCapacity)
+}
+
+// writeTarget writes a direction's planned difference into its target set, which no
+// pod names.
+func (c *core) writeTarget(d Direction, pl *dirPlan, res *CommitResult) error {
+	if !pl.write {
+		return nil
+	}
+	gs := &c.groups[d]
+	held := pl.target.held()
+	// While written the set holds neither content: no commit may find it.
+	entries := held.entries
+	gs.emptied(pl.target)
+	held.entries = entries
+	if err := c.apply(d, pl.target.g.id, pl.target.set, &pl.pre, res); err != nil {
+		return err
+	}
+	gs.filled(pl.target, pl.shared)
+	return nil
+}
+
+// rollback empties the target sets written so far: what they held before is unknown
+// after a failed write, so they are dropped, not restored. New groups are forgotten.
+func (c *core) rollback(plans []dirPlan, res *CommitResult) {
+	for d := range plans {
+		pl := &plans[d]
+		if !pl.write {
+			continue
+		}
+		held := pl.target.held()
+		c.dropSet(Direction(d), pl.target.g.id, pl.target.set, [2]int{len(held.entries.k4), len(held.entries.k6)}, &held.entries, &pl.shared.comp.Entries)
+		c.groups[d].emptied(pl.target)
+		if pl.fresh {
+			delete(c.groups[d].byID, pl.target.g.id)
+		}
+	}
+	res.EntriesWritten, res.EntriesDeleted = 0, 0
+}
+
+// unname drops a pod direction's name of a group set. A set no pod names any more is
+// brought level with its group's other set when some pod names that one and the
+// difference is at most half their entries and fits; else it is deleted. A group whose
+// sets no pod names is deleted and its id freed.
+func (c *core) unname(d Direction, r groupRef, res *CommitResult) {
+	set := r.held()
+	if set == nil {
+		return
+	}
+	if set.refs--; set.refs > 0 {
+		return
+	}
+	gs := &c.groups[d]
+	o := r.other().held()
+	if o.refs > 0 {
+		if set.hash == o.hash && set.hash != unknownHash {
+			return // level already
+		}
+		if c.level(d, r, res) {
+			return
+		}
+		res.Delta = false
+	}
+	res.EntriesDeleted += c.dropSet(d, r.g.id, r.set, [2]int{len(set.entries.k4), len(set.entries.k6)}, &set.entries)
+	gs.emptied(r)
+	if o.refs == 0 {
+		res.EntriesDeleted += c.dropSet(d, r.g.id, r.set^1, [2]int{len(o.entries.k4), len(o.entries.k6)}, &o.entries)
+		gs.emptied(r.other())
+		delete(gs.byID, r.g.id)
+	}
+}
+
+// level writes into r, which no pod names, the difference that makes it hold what its
+// group's other set holds; it reports whether it did. On a failed write the set is
+// left for unname to delete.
+func (c *core) level(d Direction, r groupRef, res *CommitResult) bool {
+	set, o := r.held(), r.other().held()
+	var post entryDelta
+	if o.shared != nil && set.shared != nil && o.shared.from == set.shared {
+		post = *o.shared.fromDelta
+	} else {
+		post = diffEntries(&set.entries, &o.entries)
+	}
+	if post.size() > max(set.entries.len(), o.entries.len())/2 {
+		return false
+	}
+	for fam := range 2 {
+		limit := c.limits.EntriesV4
+		if fam == 1 {
+			limit = c.limits.EntriesV6
+		}
+		if c.used[d][fam]+post.growth(fam) > limit {
+			return false // no room for a second set: drop it instead
+		}
+	}
+	gs := &c.groups[d]
+	usedMid := c.used[d]
+	entries := set.entries
+	gs.emptied(r)
+	set.entries = entries
+	if err := c.apply(d, r.g.id, r.set, &post, res); err != nil {
+		// The set is in between: what it may hold is either content.
+		c.used[d] = usedMid
+		c.dropSet(d, r.g.id, r.set, [2]int{len(entries.k4), len(entries.k6)}, &entries, &o.entries)
+		set.entries = dirEntries{}
+		res.Delta = false
+		return true // dropped already
+	}
+	set.entries, set.hash, set.shared = o.entries, o.hash, o.shared
+	return true
 }
 
 // writeChunk is how many entries one store call writes or deletes: large commits
@@ -446,9 +593,9 @@ type scratch struct {
 
 // apply writes a delta into an entry set of direction d: deletions first, so the
 // set never holds more entries than before or after.
-func (c *core) apply(d Direction, ifindex, set uint32, dl *entryDelta, res *CommitResult) error {
+func (c *core) apply(d Direction, group, set uint32, dl *entryDelta, res *CommitResult) error {
 	s := &c.scratch
-	if err := c.deleteKeys(d, ifindex, set, false, dl.old.k4, dl.del4, dl.old.k6, dl.del6); err != nil {
+	if err := c.deleteKeys(d, group, set, false, dl.old.k4, dl.del4, dl.old.k6, dl.del6); err != nil {
 		return err
 	}
 	c.used[d][0] -= len(dl.del4)
@@ -458,7 +605,7 @@ func (c *core) apply(d Direction, ifindex, set uint32, dl *entryDelta, res *Comm
 	for start := 0; start < len(dl.put4); start += writeChunk {
 		s.k4, s.v = s.k4[:0], s.v[:0]
 		for _, j := range dl.put4[start:min(start+writeChunk, len(dl.put4))] {
-			s.k4 = append(s.k4, tagKey4(n.k4[j], ifindex, set))
+			s.k4 = append(s.k4, tagKey4(n.k4[j], group, set))
 			s.v = append(s.v, n.vals[n.i4[j]])
 		}
 		err := c.store.writeEntries(d, s.k4, s.v, nil, nil)
@@ -470,7 +617,7 @@ func (c *core) apply(d Direction, ifindex, set uint32, dl *entryDelta, res *Comm
 	for start := 0; start < len(dl.put6); start += writeChunk {
 		s.k6, s.v = s.k6[:0], s.v[:0]
 		for _, j := range dl.put6[start:min(start+writeChunk, len(dl.put6))] {
-			s.k6 = append(s.k6, tagKey6(n.k6[j], ifindex, set))
+			s.k6 = append(s.k6, tagKey6(n.k6[j], group, set))
 			s.v = append(s.v, n.vals[n.i6[j]])
 		}
 		err := c.store.writeEntries(d, nil, nil, s.k6, s.v)
@@ -487,7 +634,7 @@ func (c *core) apply(d Direction, ifindex, set uint32, dl *entryDelta, res *Comm
 
 // deleteKeys deletes keys of an entry set: those of k4 and k6 at the indices i4 and
 // i6, or all of them if all is set.
-func (c *core) deleteKeys(d Direction, ifindex, set uint32, all bool, k4 []policyLpmKey4, i4 []int32, k6 []policyLpmKey6, i6 []int32) error {
+func (c *core) deleteKeys(d Direction, group, set uint32, all bool, k4 []policyLpmKey4, i4 []int32, k6 []policyLpmKey6, i6 []int32) error {
 	s := &c.scratch
 	n4, n6 := len(k4), len(k6)
 	if !all {
@@ -500,7 +647,7 @@ func (c *core) deleteKeys(d Direction, ifindex, set uint32, all bool, k4 []polic
 			if !all {
 				j = int(i4[x])
 			}
-			s.k4 = append(s.k4, tagKey4(k4[j], ifindex, set))
+			s.k4 = append(s.k4, tagKey4(k4[j], group, set))
 		}
 		err := c.store.deleteEntries(d, s.k4, nil)
 		c.wrote()
@@ -515,7 +662,7 @@ func (c *core) deleteKeys(d Direction, ifindex, set uint32, all bool, k4 []polic
 			if !all {
 				j = int(i6[x])
 			}
-			s.k6 = append(s.k6, tagKey6(k6[j], ifindex, set))
+			s.k6 = append(s.k6, tagKey6(k6[j], group, set))
 		}
 		err := c.store.deleteEntries(d, nil, s.k6)
 		c.wrote()
@@ -530,17 +677,17 @@ func (c *core) deleteKeys(d Direction, ifindex, set uint32, all bool, k4 []polic
 // (duplicates allowed); held is how many it holds, per family, when known exactly.
 // Keys whose deletion fails are kept as garbage and retried; the commit stands.
 // It returns how many entries were deleted.
-func (c *core) dropSet(d Direction, ifindex, set uint32, held [2]int, lists ...*dirEntries) int {
+func (c *core) dropSet(d Direction, group, set uint32, held [2]int, lists ...*dirEntries) int {
 	failed := false
 	for _, l := range lists {
-		if err := c.deleteKeys(d, ifindex, set, true, l.k4, nil, l.k6, nil); err != nil {
+		if err := c.deleteKeys(d, group, set, true, l.k4, nil, l.k6, nil); err != nil {
 			failed = true
 		}
 	}
 	if failed {
 		for _, l := range lists {
-			c.garbage[d].k4 = append(c.garbage[d].k4, tagKeys4(l.k4, ifindex, set)...)
-			c.garbage[d].k6 = append(c.garbage[d].k6, tagKeys6(l.k6, ifindex, set)...)
+			c.garbage[d].k4 = append(c.garbage[d].k4, tagKeys4(l.k4, group, set)...)
+			c.garbage[d].k6 = append(c.garbage[d].k6, tagKeys6(l.k6, group, set)...)
 		}
 		return 0
 	}
@@ -559,15 +706,15 @@ func (c *core) release(s *sharedDirection) {
 	}
 }
 
-// hasGarbage reports whether garbage keys of a pod's entry set are left.
-func (c *core) hasGarbage(d Direction, ifindex, set uint32) bool {
+// hasGarbage reports whether garbage keys of a group's entry set are left.
+func (c *core) hasGarbage(d Direction, group, set uint32) bool {
 	for _, k := range c.garbage[d].k4 {
-		if k.Ifindex == ifindex && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
+		if k.Group == group && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
 			return true
 		}
 	}
 	for _, k := range c.garbage[d].k6 {
-		if k.Ifindex == ifindex && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
+		if k.Group == group && k.Tag&tagSets != 0 && tagSet(k.Tag) == set {
 			return true
 		}
 	}
@@ -615,14 +762,8 @@ func (c *core) remove(ifindex int, detach func(ifindex int) error) (CommitResult
 	_ = c.store.deleteAddrs(addrKeys(idx, rec.addrs, true))
 	t = time.Now()
 	for d := range rec.dirs {
-		dr := &rec.dirs[d]
-		c.release(dr.shared)
-		held := [2]int{len(dr.entries.k4), len(dr.entries.k6)}
-		active := wordSet(rec.state.Dir[d])
-		res.EntriesDeleted += c.dropSet(Direction(d), idx, active, held, &dr.entries)
-		if dr.level {
-			res.EntriesDeleted += c.dropSet(Direction(d), idx, active^1, held, &dr.entries)
-		}
+		c.release(rec.dirs[d].shared)
+		c.unname(Direction(d), rec.dirs[d].ref, &res)
 	}
 	res.Cleanup = time.Since(t)
 	if detach != nil {

@@ -88,36 +88,89 @@ func (k *commitKinds) requireMix(t *testing.T, n int) {
 	}
 }
 
-// setEntries lists the entries (untagged, in compile order) an entry set holds in
-// the in-memory maps.
-func (s *memoryMaps) setEntries(ifindex uint32, d Direction, set uint32) dirEntries {
+// setEntries lists the entries (untagged, in compile order) an entry set of a group
+// holds in the in-memory maps.
+func (s *memoryMaps) setEntries(d Direction, group, set uint32) dirEntries {
 	var t readEntries
 	for k, v := range s.v4[d] {
-		if k.Ifindex == ifindex && tagSet(k.Tag) == set {
+		if k.Group == group && tagSet(k.Tag) == set {
 			t.k4, t.v4 = append(t.k4, k), append(t.v4, v)
 		}
 	}
 	for k, v := range s.v6[d] {
-		if k.Ifindex == ifindex && tagSet(k.Tag) == set {
+		if k.Group == group && tagSet(k.Tag) == set {
 			t.k6, t.v6 = append(t.k6, k), append(t.v6, v)
 		}
 	}
 	return entriesFromTrie(t.k4, t.v4, t.k6, t.v6)
 }
 
-// checkSets checks what a pod's entry sets hold against the core's record: the
-// active set the committed entries, the inactive set the same when level, else none.
-func checkSets(t *testing.T, rec *podRecord, held func(d Direction, set uint32) dirEntries) {
+// isLevel reports whether the group set a pod's direction names has its group's other
+// set level with it (a change is then written as a difference).
+func isLevel(rec *podRecord, d Direction) bool {
+	r := rec.dirs[d].ref
+	return r.g != nil && r.other().held().entries.len() > 0 && r.other().held().entries.equal(&r.held().entries)
+}
+
+// checkGroups checks the entry groups against the maps and the pods: every set holds
+// what its record says; it is named by as many pod directions as it counts; a set no
+// pod names is level with its group's other set or empty; every group is named by
+// some pod; a pod's direction names a set holding its committed compile's entries;
+// and a content is held by one set that byHash finds.
+func checkGroups(t *testing.T, c *core, held func(d Direction, group, set uint32) dirEntries) {
 	t.Helper()
-	for d := range rec.dirs {
-		dr := &rec.dirs[d]
-		active := wordSet(rec.state.Dir[d])
-		if got := held(Direction(d), active); !got.equal(&dr.entries) {
-			t.Fatalf("%s: active set holds %d entries, not the %d committed", Direction(d), got.len(), dr.entries.len())
+	for d := range c.groups {
+		gs := &c.groups[d]
+		refs := map[groupRef]int{}
+		for ifindex, rec := range c.pods {
+			r := rec.dirs[d].ref
+			if slot := rec.state.Group[d][wordSet(rec.state.Dir[d])]; slot != r.slot() {
+				t.Fatalf("pod %d %s: its word names group slot %#x, the record %#x", ifindex, Direction(d), slot, r.slot())
+			}
+			if r.g == nil {
+				if s := rec.dirs[d].shared; s != nil && s.comp.Entries.len() != 0 {
+					t.Fatalf("pod %d %s names no group but its compile has %d entries", ifindex, Direction(d), s.comp.Entries.len())
+				}
+				continue
+			}
+			if gs.byID[r.g.id] != r.g {
+				t.Fatalf("pod %d %s names group %d, which is not recorded", ifindex, Direction(d), r.g.id)
+			}
+			refs[r]++
+			if s := rec.dirs[d].shared; s != nil && !s.comp.Entries.equal(&r.held().entries) {
+				t.Fatalf("pod %d %s: its set holds %d entries, its compile %d", ifindex, Direction(d), r.held().entries.len(), s.comp.Entries.len())
+			}
+			if h := r.held().hash; h != rec.state.Hash[d] {
+				t.Fatalf("pod %d %s: its set holds content %x, the pod %x", ifindex, Direction(d), h, rec.state.Hash[d])
+			}
 		}
-		got := held(Direction(d), active^1)
-		if dr.level && !got.equal(&dr.entries) || !dr.level && got.len() != 0 {
-			t.Fatalf("%s: inactive set (level %v) holds %d entries, %d committed", Direction(d), dr.level, got.len(), dr.entries.len())
+		for id, g := range gs.byID {
+			if g.sets[0].refs+g.sets[1].refs == 0 {
+				t.Fatalf("%s group %d: no pod names it", Direction(d), id)
+			}
+			for set := range g.sets {
+				r := groupRef{g, uint32(set)}
+				s := r.held()
+				if got := held(Direction(d), id, uint32(set)); !got.equal(&s.entries) {
+					t.Fatalf("%s group %d set %d holds %d entries, its record %d", Direction(d), id, set, got.len(), s.entries.len())
+				}
+				if s.refs != refs[r] {
+					t.Fatalf("%s group %d set %d: %d refs, named %d times", Direction(d), id, set, s.refs, refs[r])
+				}
+				if o := r.other().held(); s.refs == 0 && s.entries.len() != 0 && !s.entries.equal(&o.entries) {
+					t.Fatalf("%s group %d set %d: named by no pod, holds %d entries, not level with the other set's %d", Direction(d), id, set, s.entries.len(), o.entries.len())
+				}
+				if s.refs > 0 {
+					if f, ok := gs.holding(s.hash); !ok || f.held().hash != s.hash {
+						t.Fatalf("%s group %d set %d: content %x not found by hash", Direction(d), id, set, s.hash)
+					}
+				}
+			}
+		}
+		for h, r := range gs.byHash {
+			if r.held().hash != h || gs.byID[r.g.id] != r.g {
+				t.Fatalf("%s: content %x found in group %d set %d, which holds %x", Direction(d), h, r.g.id, r.set, r.held().hash)
+			}
 		}
 	}
 }
@@ -157,9 +210,7 @@ func TestDeltaCommitsMatchVerdict(t *testing.T) {
 				}
 			}
 		}
-		checkSets(t, m.pods[uint32(ifindex)], func(d Direction, set uint32) dirEntries {
-			return m.maps.setEntries(uint32(ifindex), d, set)
-		})
+		checkGroups(t, m.core, m.maps.setEntries)
 		for d := range 2 {
 			if n := m.entryCount(Direction(d)); n != m.used[d][0]+m.used[d][1] {
 				t.Fatalf("step %d: %s maps hold %d entries, accounted %d", step, Direction(d), n, m.used[d][0]+m.used[d][1])
@@ -235,8 +286,8 @@ func TestCompiledEntriesInCompileOrder(t *testing.T) {
 	}
 }
 
-// kernelSetEntries lists the entries an entry set of a pod holds in the kernel tries.
-func (e *EBPF) kernelSetEntries(t testing.TB, ifindex uint32, d Direction, set uint32) dirEntries {
+// kernelSetEntries lists the entries an entry set of a group holds in the kernel tries.
+func (e *EBPF) kernelSetEntries(t testing.TB, d Direction, group, set uint32) dirEntries {
 	t.Helper()
 	var r readEntries
 	t4, t6 := (&ebpfMaps{policyObjects: &e.objs}).tries(d)
@@ -244,7 +295,7 @@ func (e *EBPF) kernelSetEntries(t testing.TB, ifindex uint32, d Direction, set u
 	var k4 policyLpmKey4
 	it := t4.Iterate()
 	for it.Next(&k4, &v) {
-		if k4.Ifindex == ifindex && k4.Tag&tagSets != 0 && tagSet(k4.Tag) == set {
+		if k4.Group == group && k4.Tag&tagSets != 0 && tagSet(k4.Tag) == set {
 			r.k4, r.v4 = append(r.k4, k4), append(r.v4, v)
 		}
 	}
@@ -254,7 +305,7 @@ func (e *EBPF) kernelSetEntries(t testing.TB, ifindex uint32, d Direction, set u
 	var k6 policyLpmKey6
 	it = t6.Iterate()
 	for it.Next(&k6, &v) {
-		if k6.Ifindex == ifindex && k6.Tag&tagSets != 0 && tagSet(k6.Tag) == set {
+		if k6.Group == group && k6.Tag&tagSets != 0 && tagSet(k6.Tag) == set {
 			r.k6, r.v6 = append(r.k6, k6), append(r.v6, v)
 		}
 	}
@@ -403,9 +454,7 @@ func TestKernelDeltaCommitsRaceLookups(t *testing.T) {
 				}
 			}
 		}
-		checkSets(t, e.pods[uint32(ifindex)], func(d Direction, set uint32) dirEntries {
-			return e.kernelSetEntries(t, uint32(ifindex), d, set)
-		})
+		checkGroups(t, e.core, func(d Direction, group, set uint32) dirEntries { return e.kernelSetEntries(t, d, group, set) })
 	}
 	t.Logf("%d racing packet runs, %d incremental commits", r.runs, incremental)
 	kinds.requireMix(t, steps)
@@ -570,7 +619,7 @@ func checkFullCompile(t *testing.T, rec *podRecord, p PodPolicy) {
 		if err != nil {
 			t.Fatalf("%s: full compile: %v", Direction(d), err)
 		}
-		if got := &rec.dirs[d].entries; !got.equal(&want.Entries) {
+		if got := rec.dirs[d].entries(); !got.equal(&want.Entries) {
 			t.Fatalf("%s: committed %d entries, not the full compile's %d", Direction(d), got.len(), want.Entries.len())
 		}
 		if got := wordFlags(rec.state.Dir[d]); got != want.Flags {
@@ -646,7 +695,7 @@ func TestIncrementalCommitsMatchFullCompile(t *testing.T) {
 					precompiled++
 				}
 			}
-			checkSets(t, rec, func(d Direction, set uint32) dirEntries { return m.maps.setEntries(uint32(ifindex), d, set) })
+			checkGroups(t, m.core, m.maps.setEntries)
 			for range packets {
 				pkt := g.packet()
 				for _, d := range []Direction{Ingress, Egress} {
@@ -735,8 +784,10 @@ func TestIncrementalFastPath(t *testing.T) {
 	commit(1, pol(next), true, "one host rule added") // the second entry set is written in full
 	commit(2, pol(next), true, "the same change on a second pod")
 	cur, next = next, set(slices.Delete(slices.Clone(rules), 5, 6), next)
+	// Both pods hold one entry group: the first writes the set no pod names, the
+	// second finds it (Shared) and levels the set it left: one entry per set.
 	for ifindex := 1; ifindex <= 2; ifindex++ {
-		if res := commit(ifindex, pol(next), true, "one host rule removed"); !res.Delta || res.EntriesDeleted != 2 || res.EntriesWritten != 0 {
+		if res := commit(ifindex, pol(next), true, "one host rule removed"); !res.Delta || res.EntriesDeleted != 1 || res.EntriesWritten != 0 || res.Shared != (ifindex == 2) {
 			t.Fatalf("one host rule removed: %+v, want a delta of one entry per set", res)
 		}
 	}

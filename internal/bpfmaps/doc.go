@@ -8,12 +8,16 @@
 //     kernel and the in-memory backend (Memory) — decide every packet as Verdict does;
 //     property tests check the compiled entries and the kernel program against it.
 //   - Atomic commits: per pod and direction, a packet is decided by the old policy or
-//     the new one, never by a mix. Each pod keeps two entry sets per direction in the
-//     shared tries (keys tagged with the set); the direction's state word names the
-//     active one. A commit writes the inactive set, switches the word to it with one
-//     atomic store, then brings the other set level with the same writes. Both sets
-//     hold the committed entries between commits, so a commit writes only the entries
-//     that changed (CommitResult.Delta), twice: O(changed entries), not O(policy).
+//     the new one, never by a mix. Entries live in the shared tries in entry groups
+//     (groups.go): pods whose direction has the same content name the same group, so
+//     replicas hold one copy. A group keeps two entry sets (keys tagged with group and
+//     set); a pod's direction state word names, through the pod's group slot, the set
+//     it uses. A commit writes a set no pod names (its group's other set, or a new
+//     group's; nothing when a set holds the content already: CommitResult.Shared),
+//     switches the word to it with one atomic store, then brings the set it left level
+//     with the same writes once no pod names that one. Both sets hold the committed
+//     entries between commits, so a commit writes only the entries that changed
+//     (CommitResult.Delta), twice: O(changed entries), not O(policy).
 //     The difference is taken on the flattened entries (added keys, keys whose value
 //     changed, removed keys) against the committed entries user space keeps (keys and
 //     an index into the direction's few distinct values: 20 bytes per IPv4 entry, 32
@@ -25,7 +29,7 @@
 //     (the next commit fills it). The datapath reads the word
 //     again after deciding and decides anew if it changed: the word carries a
 //     sequence number that changes with every switch, and a set is only written while
-//     no word names it, so a packet that read the old word just before a switch never
+//     no pod's word names it, so a packet that read the old word just before a switch never
 //     keeps a verdict taken while its set was being rewritten. No per-pod maps are
 //     created (see BENCHMARKS.md for the map-in-map comparison).
 //   - The switch is safe under a reading program. A pod's state words live in a slot

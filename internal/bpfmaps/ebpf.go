@@ -70,7 +70,7 @@ type EBPFOptions struct {
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
-// interface, LPM tries of entries tagged with their pod and entry set, and per pod a state word per
+// interface, LPM tries of entries tagged with their entry group and set, and per pod a state word per
 // direction whose single atomic store is a commit's switch. Maps and links are pinned
 // under PinPath.
 type EBPF struct {
@@ -103,7 +103,7 @@ const bpfFSMagic = 0xcafe4a11
 
 // OpenEBPF loads the programs and maps, pinned under opts.PinPath, adopting what a
 // previous process pinned: maps, links (switched to the newly loaded programs) and each
-// pod's entry sets and content hashes, so enforcement survives an agent restart and an
+// entry groups and pods' content hashes, so enforcement survives an agent restart and an
 // unchanged re-commit writes nothing. An inactive entry set a crashed commit left
 // unlevel is deleted. A pod whose interface is there but whose link is gone (its pin
 // removed, or the link detached, while no agent ran) gets its programs attached
@@ -443,9 +443,10 @@ func (e *EBPF) detach(ifindex int) error {
 }
 
 // adopt rebuilds the core's records from the pinned maps and links. Per pod and
-// direction the active entry set's entries become the committed ones; the inactive
-// set is kept if it equals them (level) and deleted otherwise (a commit interrupted
-// before or after its switch). Entries of pods without state are deleted, pods
+// direction the group set its word names holds the committed entries; a set no pod
+// names is kept if it equals its group's other set (level) and deleted otherwise (a
+// commit interrupted before or after its switch, adoptGroups). Entries of groups no
+// pod names are deleted, pods
 // whose interface is gone are removed, and pods whose interface is there but whose
 // links are not (a link pin removed, or the link detached: its tcx link is defunct)
 // have their programs attached again — unless the index now names another interface
@@ -464,21 +465,16 @@ func (e *EBPF) adopt() error {
 		e.pods[ifindex] = &podRecord{state: st}
 	}
 
-	// Entries, by pod, direction and set.
-	type setKey struct{ ifindex, dir, set uint32 }
-	sets := map[setKey]*readEntries{}
+	// Entries, by direction, group and set.
+	sets := map[groupSetKey]*readEntries{}
 	unmarked := 0
 	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
-		where := func(ifindex, tag uint32) *readEntries {
-			rec := e.pods[ifindex]
-			if rec == nil {
-				return nil
-			}
+		where := func(group, tag uint32) *readEntries {
 			if tag&tagSets == 0 {
 				unmarked++
 				return nil
 			}
-			k := setKey{ifindex, uint32(d), tagSet(tag)}
+			k := groupSetKey{uint32(d), group, tagSet(tag)}
 			if sets[k] == nil {
 				sets[k] = &readEntries{}
 			}
@@ -489,7 +485,7 @@ func (e *EBPF) adopt() error {
 		it := tries[0].Iterate()
 		for it.Next(&k4, &v) {
 			e.used[d][0]++
-			if s := where(k4.Ifindex, k4.Tag); s != nil {
+			if s := where(k4.Group, k4.Tag); s != nil {
 				s.k4, s.v4 = append(s.k4, k4), append(s.v4, v)
 			} else {
 				e.garbage[d].k4 = append(e.garbage[d].k4, k4)
@@ -502,7 +498,7 @@ func (e *EBPF) adopt() error {
 		it = tries[1].Iterate()
 		for it.Next(&k6, &v) {
 			e.used[d][1]++
-			if s := where(k6.Ifindex, k6.Tag); s != nil {
+			if s := where(k6.Group, k6.Tag); s != nil {
 				s.k6, s.v6 = append(s.k6, k6), append(s.v6, v)
 			} else {
 				e.garbage[d].k6 = append(e.garbage[d].k6, k6)
@@ -616,35 +612,7 @@ func (e *EBPF) adopt() error {
 		return err
 	}
 
-	// Entry sets: the active one's entries are the committed ones; the inactive one
-	// is kept if level, deleted otherwise.
-	toGarbage := func(d uint32, s *readEntries) {
-		e.garbage[d].k4 = append(e.garbage[d].k4, s.k4...)
-		e.garbage[d].k6 = append(e.garbage[d].k6, s.k6...)
-	}
-	for k, s := range sets {
-		if e.pods[k.ifindex] == nil {
-			toGarbage(k.dir, s) // the pod's interface is gone
-		}
-	}
-	for ifindex, rec := range e.pods {
-		for d := range rec.dirs {
-			dr := &rec.dirs[d]
-			active := wordSet(rec.state.Dir[d])
-			if a := sets[setKey{ifindex, uint32(d), active}]; a != nil {
-				dr.entries = entriesFromTrie(a.k4, a.v4, a.k6, a.v6)
-			}
-			in := sets[setKey{ifindex, uint32(d), active ^ 1}]
-			if in == nil {
-				dr.level = dr.entries.len() == 0
-				continue
-			}
-			inEntries := entriesFromTrie(in.k4, in.v4, in.k6, in.v6)
-			if dr.level = inEntries.equal(&dr.entries); !dr.level {
-				toGarbage(uint32(d), in)
-			}
-		}
-	}
+	e.adoptGroups(sets)
 	e.collectGarbage()
 	if err := e.adoptAddrs(); err != nil {
 		return fmt.Errorf("pod addresses: %w", err)
@@ -656,6 +624,77 @@ func (e *EBPF) adopt() error {
 }
 
 // readEntries are entries read from a trie, tagged keys and their values.
+// groupSetKey names an entry set of a direction's group, as read from the tries.
+type groupSetKey struct{ dir, group, set uint32 }
+
+// adoptGroups rebuilds the entry groups from what the pods' words name and what the
+// tries hold. A set a pod names holds its committed entries (its hash the pods'); a
+// set none names is kept if level with its group's other set, else deleted, as is
+// every set of a group no pod names.
+func (e *EBPF) adoptGroups(sets map[groupSetKey]*readEntries) {
+	for _, rec := range e.pods {
+		for d := range rec.dirs {
+			slot := rec.state.Group[d][wordSet(rec.state.Dir[d])]
+			if slot == 0 {
+				continue // no entries
+			}
+			gs := &e.groups[d]
+			id := slot >> 1
+			g := gs.byID[id]
+			if g == nil {
+				g = &entryGroup{id: id}
+				gs.byID[id] = g
+				for set := range g.sets {
+					if r := sets[groupSetKey{uint32(d), id, uint32(set)}]; r != nil {
+						g.sets[set].entries = entriesFromTrie(r.k4, r.v4, r.k6, r.v6)
+					}
+				}
+				gs.last = max(gs.last, id)
+			}
+			r := groupRef{g, slot & 1}
+			held := r.held()
+			switch {
+			case held.refs == 0:
+				held.hash = rec.state.Hash[d]
+			case held.hash != rec.state.Hash[d]:
+				held.hash = unknownHash // pods disagree: no later commit may find it
+			}
+			held.refs++
+			rec.dirs[d].ref = r
+		}
+	}
+	for k, r := range sets {
+		g := e.groups[k.dir].byID[k.group]
+		if g == nil {
+			e.garbage[k.dir].k4 = append(e.garbage[k.dir].k4, r.k4...)
+			e.garbage[k.dir].k6 = append(e.garbage[k.dir].k6, r.k6...)
+			continue
+		}
+		ref := groupRef{g, k.set}
+		held, o := ref.held(), ref.other().held()
+		if held.refs == 0 && (o.hash == unknownHash || !held.entries.equal(&o.entries)) {
+			e.garbage[k.dir].k4 = append(e.garbage[k.dir].k4, r.k4...)
+			e.garbage[k.dir].k6 = append(e.garbage[k.dir].k6, r.k6...)
+			held.entries = dirEntries{}
+		}
+	}
+	for d := range e.groups {
+		gs := &e.groups[d]
+		for _, g := range gs.byID {
+			for set := range g.sets {
+				r := groupRef{g, uint32(set)}
+				held, o := r.held(), r.other().held()
+				if held.refs == 0 && held.entries.len() > 0 {
+					held.hash = o.hash // level with the other
+				}
+				if held.hash != unknownHash && held.refs > 0 {
+					gs.byHash[held.hash] = r
+				}
+			}
+		}
+	}
+}
+
 type readEntries struct {
 	k4 []policyLpmKey4
 	v4 []policyRuleValue

@@ -8,7 +8,7 @@ import (
 )
 
 // dirEntries is a direction's compiled entries as user space keeps them between
-// commits: keys without their pod and entry set (Ifindex 0, Tag the tier only), so
+// commits: keys without their group and entry set (Group 0, Tag the tier only), so
 // pods with the same direction policy share them; in compile order
 // (compareKey4, compareKey6), and values interned: entry i's value is vals[i4[i]]. A
 // direction's entries share few distinct values, so an entry costs its key and 4
@@ -79,13 +79,13 @@ func entriesFromTrie(k4 []policyLpmKey4, v4 []policyRuleValue, k6 []policyLpmKey
 	}
 	for _, i := range order(len(k4), func(a, b int) int { return compareKey4(&k4[a], &k4[b]) }) {
 		k := k4[i]
-		k.Ifindex, k.Tag = 0, uint32(tagTier(k.Tag))
+		k.Group, k.Tag = 0, uint32(tagTier(k.Tag))
 		out.k4 = append(out.k4, k)
 		out.i4 = append(out.i4, in.intern(&v4[i]))
 	}
 	for _, i := range order(len(k6), func(a, b int) int { return compareKey6(&k6[a], &k6[b]) }) {
 		k := k6[i]
-		k.Ifindex, k.Tag = 0, uint32(tagTier(k.Tag))
+		k.Group, k.Tag = 0, uint32(tagTier(k.Tag))
 		out.k6 = append(out.k6, k)
 		out.i6 = append(out.i6, in.intern(&v6[i]))
 	}
@@ -188,30 +188,30 @@ func diffFamily[K any](oldK []K, oldI []uint32, newK []K, newI []uint32, same []
 	return put, del, adds
 }
 
-// tagKey4 returns a key of pod ifindex's entry set.
-func tagKey4(k policyLpmKey4, ifindex, set uint32) policyLpmKey4 {
-	k.Ifindex, k.Tag = ifindex, entryTag(set, tagTier(k.Tag))
+// tagKey4 returns a key of a group's entry set.
+func tagKey4(k policyLpmKey4, group, set uint32) policyLpmKey4 {
+	k.Group, k.Tag = group, entryTag(set, tagTier(k.Tag))
 	return k
 }
 
-func tagKey6(k policyLpmKey6, ifindex, set uint32) policyLpmKey6 {
-	k.Ifindex, k.Tag = ifindex, entryTag(set, tagTier(k.Tag))
+func tagKey6(k policyLpmKey6, group, set uint32) policyLpmKey6 {
+	k.Group, k.Tag = group, entryTag(set, tagTier(k.Tag))
 	return k
 }
 
 // tagKeys4 returns the keys of pod ifindex's entry set.
-func tagKeys4(keys []policyLpmKey4, ifindex, set uint32) []policyLpmKey4 {
+func tagKeys4(keys []policyLpmKey4, group, set uint32) []policyLpmKey4 {
 	out := make([]policyLpmKey4, len(keys))
 	for i, k := range keys {
-		out[i] = tagKey4(k, ifindex, set)
+		out[i] = tagKey4(k, group, set)
 	}
 	return out
 }
 
-func tagKeys6(keys []policyLpmKey6, ifindex, set uint32) []policyLpmKey6 {
+func tagKeys6(keys []policyLpmKey6, group, set uint32) []policyLpmKey6 {
 	out := make([]policyLpmKey6, len(keys))
 	for i, k := range keys {
-		out[i] = tagKey6(k, ifindex, set)
+		out[i] = tagKey6(k, group, set)
 	}
 	return out
 }

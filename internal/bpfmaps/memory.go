@@ -7,7 +7,7 @@ import (
 // Memory is the in-memory backend: no kernel, no enforcement. It runs the same
 // validation, hashing, compilation, capacity accounting and commit protocol as EBPF,
 // keeps the compiled entries in Go maps shaped like the kernel's (same keys, same
-// two entry sets per pod and direction) and evaluates verdicts on them in Go. It exists for unprivileged runs
+// entry groups of two sets) and evaluates verdicts on them in Go. It exists for unprivileged runs
 // and tests; choosing it means no packet is policed.
 type Memory struct {
 	*core
@@ -57,7 +57,8 @@ func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protoc
 	if nodeContains(m.maps.node, peer) {
 		return true // traffic between the pod and its own node: always allowed
 	}
-	return evalDirection(st.Dir[d], m.maps.lookupFunc(uint32(ifindex), d, wordSet(st.Dir[d]), peer), proto, port)
+	slot := st.Group[d][wordSet(st.Dir[d])]
+	return evalDirection(st.Dir[d], m.maps.lookupFunc(slot>>1, d, slot&1, peer), proto, port)
 }
 
 // SourceAllowed reports whether a packet the pod sends with source src to dst passes
@@ -98,13 +99,13 @@ type memoryMaps struct {
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.
-func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, set uint32, peer netip.Addr) func(tier) (*policyRuleValue, bool) {
+func (s *memoryMaps) lookupFunc(group uint32, d Direction, set uint32, peer netip.Addr) func(tier) (*policyRuleValue, bool) {
 	return func(t tier) (*policyRuleValue, bool) {
 		tag := entryTag(set, t)
 		if peer.Is4() {
 			for bits := 32; bits >= 0; bits-- {
 				p, _ := peer.Prefix(bits)
-				if v, ok := s.v4[d][policyLpmKey4{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As4()}]; ok {
+				if v, ok := s.v4[d][policyLpmKey4{Prefixlen: 64 + uint32(bits), Group: group, Tag: tag, Addr: p.Addr().As4()}]; ok {
 					return &v, true
 				}
 			}
@@ -112,7 +113,7 @@ func (s *memoryMaps) lookupFunc(ifindex uint32, d Direction, set uint32, peer ne
 		}
 		for bits := 128; bits >= 0; bits-- {
 			p, _ := peer.Prefix(bits)
-			if v, ok := s.v6[d][policyLpmKey6{Prefixlen: 64 + uint32(bits), Ifindex: ifindex, Tag: tag, Addr: p.Addr().As16()}]; ok {
+			if v, ok := s.v6[d][policyLpmKey6{Prefixlen: 64 + uint32(bits), Group: group, Tag: tag, Addr: p.Addr().As16()}]; ok {
 				return &v, true
 			}
 		}

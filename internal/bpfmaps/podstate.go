@@ -90,11 +90,19 @@ func (p *podStates) hash(slot uint32, d int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[int(slot)*slotStride+16+8*d]))
 }
 
+// group is direction d's group slot for the word's set bit set.
+func (p *podStates) group(slot uint32, d int, set uint32) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&p.mem[int(slot)*slotStride+32+8*d+4*int(set)]))
+}
+
 func (p *podStates) read(slot uint32) policyPodState {
 	var st policyPodState
 	for d := range 2 {
 		st.Dir[d] = p.word(slot, d).Load()
 		st.Hash[d] = p.hash(slot, d).Load()
+		for set := range 2 {
+			st.Group[d][set] = p.group(slot, d, uint32(set)).Load()
+		}
 	}
 	return st
 }
@@ -122,6 +130,10 @@ func (p *podStates) write(slot uint32, st *policyPodState) {
 			continue
 		}
 		p.hash(slot, d).Store(unknownHash)
+		// The group slot the new word names, before the word (the current word
+		// names the other slot: every switch changes the set).
+		set := wordSet(st.Dir[d])
+		p.group(slot, d, set).Store(st.Group[d][set])
 		p.word(slot, d).Swap(st.Dir[d])
 		p.hash(slot, d).Store(st.Hash[d])
 	}

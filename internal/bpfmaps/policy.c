@@ -48,15 +48,15 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define NEXTHDR_DEST 60
 
 struct lpm_key4 {
-	__u32 prefixlen; // 64 + prefix bits: ifindex and tag always match in full
-	__u32 ifindex;
-	__u32 tag; // TAG_SETS | entry set << 2 | tier
+	__u32 prefixlen; // 64 + prefix bits: group and tag always match in full
+	__u32 group; // the entry group: pods whose direction has the same rules share one
+	__u32 tag; // TAG_SETS | the group's entry set << 2 | tier
 	__u8 addr[4];
 };
 
 struct lpm_key6 {
 	__u32 prefixlen;
-	__u32 ifindex;
+	__u32 group;
 	__u32 tag;
 	__u8 addr[16];
 };
@@ -76,19 +76,28 @@ struct rule_value {
 };
 
 // A direction's state word: the owner's ifindex in the high 32 bits, then a sequence
-// number (27 bits, changed by every switch), the active entry set (1 bit) and FLAG_*
-// (4 bits). A pod keeps two entry sets per direction; the word names the one lookups
-// use. Entry tags carry TAG_SETS, which tags written by builds with one generation per
+// number (27 bits, changed by every switch), the active set (1 bit) and FLAG_* (4
+// bits). The set picks one of the pod's two group slots (pod_state.group), which names
+// the entries lookups use. Entry tags carry TAG_SETS, which tags written by builds with one generation per
 // commit never have (their tags stay below 1 << 30).
 #define WORD_OWNER(w) ((__u32)((w) >> 32))
 #define WORD_SET(w) (((__u32)(w) >> 4) & 1)
 #define WORD_FLAGS(w) ((__u32)(w) & 0xf)
 #define TAG_SETS (1u << 31)
 
+// A pod's direction names its entries through the word's set bit: group[dir][set] is
+// the entry group and the group's entry set (GROUP_ID, GROUP_SET) the lookups use.
+// Pods whose direction has the same rules name the same group, so a policy selecting
+// many pods on the node is held once (one tenant's replicas cannot fill the tries).
+// User space writes the slot the word does not name, then switches the word.
 struct pod_state {
 	__u64 dir[2]; // state word per direction
 	__u64 hash[2]; // content hashes, for user space only
+	__u32 group[2][2]; // [direction][the word's set]: group id << 1 | the group's entry set
 };
+
+#define GROUP_ID(g) ((g) >> 1)
+#define GROUP_SET(g) ((g) & 1)
 
 struct ct_key {
 	__u32 ifindex;
@@ -167,12 +176,14 @@ struct ct_value {
 // (atomic.Uint64.Swap: XCHG on amd64, SWPAL on arm64) follows the syscalls that wrote
 // the entries in the same goroutine. The reader's side is load_word below, per target.
 //
-// After a switch user space rewrites the set the word named before (to bring it level
-// with the new one), so a packet that read the old word may see that set change under
-// its lookups. enforce therefore reads the word again after deciding and decides anew
-// when it changed: the word's sequence number changes with every switch, and a set is
-// only written while no word names it, so an unchanged word means the set the lookups
-// used did not change meanwhile. That needs the lookups' loads ordered before the
+// After a switch user space may rewrite the entry set the word named before (to bring
+// it level with the new one, or for another pod once no pod names it), so a packet
+// that read the old word may see that set change under its lookups. enforce therefore
+// reads the word again after deciding and decides anew when it changed: the word's
+// sequence number changes with every switch, a pod's group slot is only written while
+// its word does not name it, and a group's entry set only while no pod's word names
+// it, so an unchanged word means the entries the lookups used did not change
+// meanwhile. That needs the lookups' loads ordered before the
 // second read (x86: loads are not reordered with later loads; arm64: load_word's
 // fetch-add is a release too) and the writer's switch ordered before its writes to
 // the old set (the swap is a full barrier on both targets).
@@ -603,15 +614,15 @@ __attribute__((noinline)) int first_match(const struct rule_value *v, __u8 proto
 	return 0;
 }
 
-static __always_inline const struct rule_value *lookup(const int dir, __u32 ifindex, __u32 tag,
+static __always_inline const struct rule_value *lookup(const int dir, __u32 group, __u32 tag,
 						       const struct packet *p, const __u8 *peer)
 {
 	if (p->family == 4) {
-		struct lpm_key4 k = {.prefixlen = 64 + 32, .ifindex = ifindex, .tag = tag};
+		struct lpm_key4 k = {.prefixlen = 64 + 32, .group = group, .tag = tag};
 		__builtin_memcpy(k.addr, peer, 4);
 		return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v4 : (void *)&npa_eg_v4, &k);
 	}
-	struct lpm_key6 k = {.prefixlen = 64 + 128, .ifindex = ifindex, .tag = tag};
+	struct lpm_key6 k = {.prefixlen = 64 + 128, .group = group, .tag = tag};
 	__builtin_memcpy(k.addr, peer, 16);
 	return bpf_map_lookup_elem(dir == DIR_INGRESS ? (void *)&npa_in_v6 : (void *)&npa_eg_v6, &k);
 }
@@ -765,10 +776,10 @@ static __always_inline __u64 load_word(__u64 *p)
 #endif
 }
 
-// word_ptr returns the pod's state word of a direction, NULL if npagent does not
-// manage the pod (now). The pointer stays valid (array memory is never freed); the
-// word's owner says whether it is still this pod's.
-static __always_inline __u64 *word_ptr(const int dir, __u32 ifindex)
+// pod_state returns the pod's state, NULL if npagent does not manage the pod (now).
+// The pointer stays valid (array memory is never freed); the words' owner says
+// whether it is still this pod's.
+static __always_inline struct pod_state *pod_state(__u32 ifindex)
 {
 	__u32 *slot = bpf_map_lookup_elem(&npa_pod_slot, &ifindex);
 	if (!slot)
@@ -776,10 +787,13 @@ static __always_inline __u64 *word_ptr(const int dir, __u32 ifindex)
 	// If the pod was removed since the lookup, the element may hold another pod's
 	// slot or a torn value by now: the owner check rejects the word it leads to.
 	__u32 s = *(volatile __u32 *)slot;
-	struct pod_state *st = bpf_map_lookup_elem(&npa_slot_state, &s);
-	if (!st)
-		return 0;
-	return &st->dir[dir];
+	return bpf_map_lookup_elem(&npa_slot_state, &s);
+}
+
+// group_of reads the entry group the word names; after load_word, so ordered after it.
+static __always_inline __u32 group_of(const struct pod_state *st, const int dir, __u64 word)
+{
+	return *(volatile __u32 *)&st->group[dir][WORD_SET(word)];
 }
 
 enum { ALLOW = 1, DENY = 2 };
@@ -787,16 +801,17 @@ enum { ALLOW = 1, DENY = 2 };
 // evaluate decides a packet by the entry set the word names. Its answer counts only
 // if the word is unchanged afterwards (enforce checks). Global, as first_match is, so
 // the verifier checks it once rather than at each of enforce's MAX_ATTEMPTS calls.
-__attribute__((noinline)) int evaluate(int dir, __u32 ifindex, __u64 word, const struct packet *p, __u16 port)
+__attribute__((noinline)) int evaluate(int dir, __u32 group, __u64 word, const struct packet *p, __u16 port)
 {
 	if (!p)
 		return DENY;
 	const __u8 *peer = dir == DIR_INGRESS ? p->saddr : p->daddr;
-	__u32 base = TAG_SETS | WORD_SET(word) << 2, flags = WORD_FLAGS(word);
+	__u32 base = TAG_SETS | GROUP_SET(group) << 2, flags = WORD_FLAGS(word);
+	__u32 id = GROUP_ID(group);
 	const struct rule_value *v;
 
 	if (flags & FLAG_ADMIN) {
-		v = lookup(dir, ifindex, base | TIER_ADMIN, p, peer);
+		v = lookup(dir, id, base | TIER_ADMIN, p, peer);
 		if (v) {
 			int a = first_match(v, p->proto, port);
 			if (a == ACTION_ACCEPT)
@@ -808,11 +823,11 @@ __attribute__((noinline)) int evaluate(int dir, __u32 ifindex, __u64 word, const
 	if (flags & FLAG_ISOLATED) {
 		if (!(flags & FLAG_NAMESPACED))
 			return DENY;
-		v = lookup(dir, ifindex, base | TIER_NAMESPACED, p, peer);
+		v = lookup(dir, id, base | TIER_NAMESPACED, p, peer);
 		return v && first_match(v, p->proto, port) ? ALLOW : DENY;
 	}
 	if (flags & FLAG_BASELINE) {
-		v = lookup(dir, ifindex, base | TIER_BASELINE, p, peer);
+		v = lookup(dir, id, base | TIER_BASELINE, p, peer);
 		if (v && first_match(v, p->proto, port) == ACTION_DENY)
 			return DENY;
 	}
@@ -1079,9 +1094,10 @@ static __always_inline void ct_track(__u32 ifindex, const int dir, const struct 
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
-	__u64 *wp = word_ptr(dir, ifindex);
-	if (!wp)
+	struct pod_state *st = pod_state(ifindex);
+	if (!st)
 		return VERDICT_NEXT; // not a pod npagent manages
+	__u64 *wp = &st->dir[dir];
 	__u64 word = load_word(wp);
 	if (WORD_OWNER(word) != ifindex)
 		return VERDICT_NEXT;
@@ -1139,7 +1155,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
 	int verdict = DENY;
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-		verdict = evaluate(dir, ifindex, word, &p, port);
+		verdict = evaluate(dir, group_of(st, dir, word), word, &p, port);
 		__u64 w = load_word(wp);
 		if (w == word)
 			break;

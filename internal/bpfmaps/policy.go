@@ -306,16 +306,21 @@ func (p PortRule) matches(proto Protocol, port uint16) bool {
 // CommitResult describes what one Commit or Remove did.
 type CommitResult struct {
 	Skipped bool // content hash unchanged: nothing written
-	// Delta: only the changed entries were written, into both entry sets (which stay
-	// level). Otherwise the inactive set was written in full or the old active set
-	// deleted (a first commit, a change of more than half the entries, or no room
-	// for two sets).
+	// Shared: every changed direction's entries were in the tries already, held for
+	// another pod with the same rules (groups.go): no entry was written for it.
+	Shared bool
+	// Delta: no direction was written in full: only the changed entries, into the
+	// entry group's set no pod named (then the other set was brought level), or none
+	// (Shared). Otherwise a set was written in full or the old one deleted (a first
+	// commit, a new group, a change of more than half the entries, or no room for
+	// two sets).
 	Delta bool
 	// Incremental: every changed direction was compiled from the pod's previous
 	// compile, computing again only the entries of the host rules that changed (or
 	// took another pod's such compile of the same change); its entries' difference
 	// came with it. Otherwise a direction was compiled in full (or taken from the
-	// shared compiles) and its entries compared with the committed ones.
+	// shared compiles) and its entries, where written, compared with what the set
+	// held.
 	Incremental    bool
 	EntriesWritten int // entries inserted or replaced, both sets together
 	EntriesDeleted int

@@ -49,7 +49,7 @@ type policyCtValue struct {
 type policyLpmKey4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
-	Ifindex   uint32
+	Group     uint32
 	Tag       uint32
 	Addr      [4]uint8
 }
@@ -57,7 +57,7 @@ type policyLpmKey4 struct {
 type policyLpmKey6 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
-	Ifindex   uint32
+	Group     uint32
 	Tag       uint32
 	Addr      [16]uint8
 }
@@ -75,9 +75,10 @@ type policyNodeKey6 struct {
 }
 
 type policyPodState struct {
-	_    structs.HostLayout
-	Dir  [2]uint64
-	Hash [2]uint64
+	_     structs.HostLayout
+	Dir   [2]uint64
+	Hash  [2]uint64
+	Group [2][2]uint32
 }
 
 type policyPortRule struct {

@@ -64,7 +64,8 @@ func runChild(role string) int {
 		return 1
 	}
 	rec := e.pods[uint32(ifindex)]
-	orphan := policyLpmKey4{Prefixlen: 64 + 8, Ifindex: uint32(ifindex), Tag: entryTag(wordSet(rec.state.Dir[Ingress])^1, tierNamespaced), Addr: [4]byte{11}}
+	in := rec.dirs[Ingress].ref
+	orphan := policyLpmKey4{Prefixlen: 64 + 8, Group: in.id(), Tag: entryTag(in.set^1, tierNamespaced), Addr: [4]byte{11}}
 	var v policyRuleValue
 	v.Count = 1
 	v.Rules[0] = policyPortRule{EndPort: allPortsEndPort, Action: uint8(ActionAccept)}
@@ -110,7 +111,7 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	if got := e.Pods(); len(got) != 1 || got[0] != ifindex {
 		t.Fatalf("adopted pods %v, want [%d]", got, ifindex)
 	}
-	if n, want := trieEntries(t, e), e.pods[uint32(ifindex)].dirs[Ingress].entries.len()+e.pods[uint32(ifindex)].dirs[Egress].entries.len(); n != want || want == 0 {
+	if n, want := trieEntries(t, e), e.pods[uint32(ifindex)].dirs[Ingress].entries().len()+e.pods[uint32(ifindex)].dirs[Egress].entries().len(); n != want || want == 0 {
 		t.Fatalf("%d trie entries after adoption, want the %d of the active sets (orphan not cleaned?)", n, want)
 	}
 	res, err := e.Commit(ifindex, first)
@@ -273,22 +274,24 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, i := range pods {
-		committed[i] = base
-		if _, err := prev.Commit(i, base); err != nil {
+	for n, i := range pods {
+		// Each pod its own rules, so that each has its own entry group.
+		own := grow(base, byte(100+n))
+		committed[i] = own
+		if _, err := prev.Commit(i, own); err != nil {
 			t.Fatal(err)
 		}
-		committed[i] = grow(base, 1)
+		committed[i] = grow(own, 1)
 		if _, err := prev.Commit(i, committed[i]); err != nil {
 			t.Fatal(err)
 		}
-		if !prev.pods[uint32(i)].dirs[Ingress].level {
+		if !isLevel(prev.pods[uint32(i)], Ingress) {
 			t.Fatal("the second commit of a small change left the sets unlevel")
 		}
 	}
 	inactiveKey := func(i int) policyLpmKey4 {
-		rec := prev.pods[uint32(i)]
-		return tagKeys4(rec.dirs[Ingress].entries.k4[:1], uint32(i), wordSet(rec.state.Dir[Ingress])^1)[0]
+		r := prev.pods[uint32(i)].dirs[Ingress].ref
+		return tagKeys4(r.held().entries.k4[:1], r.g.id, r.set^1)[0]
 	}
 	var accept policyRuleValue
 	accept.Count = 1
@@ -320,18 +323,17 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	}
 	check := func(stage string) {
 		t.Helper()
+		checkGroups(t, e.core, func(d Direction, group, set uint32) dirEntries { return e.kernelSetEntries(t, d, group, set) })
 		want := 0
+		for d := range e.groups {
+			for _, g := range e.groups[d].byID {
+				want += g.sets[0].entries.len() + g.sets[1].entries.len()
+			}
+		}
 		for _, i := range pods {
 			rec := e.pods[uint32(i)]
 			if rec == nil {
 				t.Fatalf("%s: pod %d not adopted", stage, i)
-			}
-			checkSets(t, rec, func(d Direction, set uint32) dirEntries { return e.kernelSetEntries(t, uint32(i), d, set) })
-			for d := range rec.dirs {
-				want += rec.dirs[d].entries.len()
-				if rec.dirs[d].level {
-					want += rec.dirs[d].entries.len()
-				}
 			}
 			for _, pkt := range pkts {
 				for _, d := range []Direction{Ingress, Egress} {
@@ -350,7 +352,7 @@ func TestOpenRepairsEntrySets(t *testing.T) {
 	}
 	check("after the restart")
 	for i, wantLevel := range map[int]bool{level: true, before: false, after: false} {
-		if got := e.pods[uint32(i)].dirs[Ingress].level; got != wantLevel {
+		if got := isLevel(e.pods[uint32(i)], Ingress); got != wantLevel {
 			t.Errorf("pod %d: ingress sets adopted level=%v, want %v", i, got, wantLevel)
 		}
 	}
@@ -395,7 +397,8 @@ func TestOpenRefusesUnmarkedEntries(t *testing.T) {
 	w := rec.state.Dir[Ingress]
 	var v policyRuleValue
 	var unmarked []policyLpmKey4
-	for _, k := range tagKeys4(rec.dirs[Ingress].entries.k4, uint32(pod), wordSet(w)) {
+	in := rec.dirs[Ingress].ref
+	for _, k := range tagKeys4(in.held().entries.k4, in.id(), in.set) {
 		if err := prev.objs.NpaInV4.Lookup(k, &v); err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ type MapUse struct{ Used, Max int }
 // its capacity (a commit that does not fit fails with ErrCapacity).
 type Usage struct {
 	// Entries are the policy tries, [Ingress, Egress][IPv4, IPv6], shared by every
-	// pod: entries held (both entry sets of each pod while they are level, and
+	// pod: entries held (each entry group once; both its sets while they are level; and
 	// entries whose deletion is pending) against the trie's capacity (Limits).
 	Entries [2][2]MapUse
 	// Pods are the pods holding state, against Limits.Pods.

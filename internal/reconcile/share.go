@@ -17,16 +17,18 @@ import (
 const DefaultNamespaceEntryShare = 0.5
 
 // namespaceShare bounds the trie entries the local pods of one namespace hold
-// (Config.NamespaceEntryShare): every pod holds its own copy of its entries, so a few
-// replicas of one large policy would otherwise fill a trie, and other tenants' new
-// pods could not be committed (isolated) nor their policies tightened.
+// (Config.NamespaceEntryShare), so that one tenant's policies cannot fill a trie and
+// leave other tenants' new pods uncommittable (isolated) and their policies
+// untightenable.
 //
 // A namespace is charged, per trie (direction and family), the namespaced entries of
-// each of its local pods: what the union of the PolicyEndpoints selecting the pod
-// compiles to. Admin and baseline entries (ClusterPolicyEndpoints) are exempt: they
-// are the cluster admin's, not the tenant's, and a tenant cannot be refused for
-// them; they still count against the tries' capacity, whose commit error is the
-// bound for them. Guarded by podTable.mu.
+// each distinct rule set its local pods hold: what the union of the PolicyEndpoints
+// selecting a pod compiles to, once however many pods merge the same versions
+// (replicas share one copy of their entries in the dataplane's entry groups). Admin
+// and baseline entries (ClusterPolicyEndpoints) are exempt: they are the cluster
+// admin's, not the tenant's, and a tenant cannot be refused for them; they still
+// count against the tries' capacity, whose commit error is the bound for them.
+// Guarded by podTable.mu.
 type namespaceShare struct {
 	counter bpfmaps.EntryCounter // nil: shares not enforced
 	max     [2][2]int            // entries a namespace may hold, [direction][family]
@@ -38,8 +40,35 @@ type namespaceShare struct {
 // namespaceUse is what one namespace's local pods hold (their last accepted
 // versions, committed or still to be).
 type namespaceUse struct {
-	pods  map[netip.Addr][2][2]int
-	total [2][2]int
+	pods     map[netip.Addr]shareCount
+	contents map[string]int // pods holding each rule set
+	total    [2][2]int      // entries of each rule set the pods hold, once
+}
+
+// shareCount is what one pod is charged: its rule set's identity (the versions it
+// merges) and that set's namespaced entries.
+type shareCount struct {
+	content string
+	n       [2][2]int
+}
+
+// charge moves pod from the count it had to c in a namespace's total, given how many
+// pods hold each rule set (refs, changed in place): a rule set is added when its first
+// pod comes and removed when its last goes.
+func charge(total *[2][2]int, refs func(content string, delta int) int, old, c shareCount, had bool) {
+	add := func(n [2][2]int, sign int) {
+		for d := range total {
+			for f := range total[d] {
+				total[d][f] += sign * n[d][f]
+			}
+		}
+	}
+	if had && refs(old.content, -1) == 0 {
+		add(old.n, -1)
+	}
+	if c.n != ([2][2]int{}) && refs(c.content, +1) == 1 {
+		add(c.n, +1)
+	}
 }
 
 // newNamespaceShare returns the shares of dp's tries; share outside (0, 1), or a
@@ -79,7 +108,7 @@ func namespacedPolicy(p *bpfmaps.PodPolicy) bpfmaps.PodPolicy {
 // the version takes a trie over the share and holds more of it than before (a
 // version that does not grow an over-share trie is accepted: it changes nothing for
 // the others). Called with mu held.
-func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (map[netip.Addr][2][2]int, *FieldError) {
+func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (map[netip.Addr]shareCount, *FieldError) {
 	s := &t.share
 	if s.counter == nil || key.kind != report.KindPolicyEndpoint {
 		return nil, nil
@@ -90,39 +119,45 @@ func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (
 		before = use.total
 	}
 	after := before
-	counts := make(map[netip.Addr][2][2]int, len(pods))
+	counts := make(map[netip.Addr]shareCount, len(pods))
 	// Pods merging the same versions (replicas) hold the same entries: count once.
 	seen := map[string][2][2]int{}
+	moved := map[string]int{} // change of each rule set's pods, over use.contents
+	refs := func(content string, delta int) int {
+		moved[content] += delta
+		if use == nil {
+			return moved[content]
+		}
+		return use.contents[content] + moved[content]
+	}
 	var objs []*compiledObject
 	for _, pod := range pods {
-		var n [2][2]int
+		var c shareCount
 		if objs = t.objectsFor(pod, objs[:0]); len(objs) > 0 {
 			slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
 			var id strings.Builder
 			for _, o := range objs {
 				fmt.Fprintf(&id, "%p,", o)
 			}
+			c.content = id.String()
 			var ok bool
-			if n, ok = seen[id.String()]; !ok {
+			if c.n, ok = seen[c.content]; !ok {
 				merged := mergePodPolicy(objs)
 				var err error
-				if n, err = s.counter.Entries(namespacedPolicy(&merged)); err != nil {
+				if c.n, err = s.counter.Entries(namespacedPolicy(&merged)); err != nil {
 					// Not a policy the dataplane can take: the commit says so.
 					return nil, nil
 				}
-				seen[id.String()] = n
+				seen[c.content] = c.n
 			}
 		}
-		counts[pod] = n
-		var old [2][2]int
+		counts[pod] = c
+		var old shareCount
+		had := false
 		if use != nil {
-			old = use.pods[pod]
+			old, had = use.pods[pod]
 		}
-		for d := range after {
-			for f := range after[d] {
-				after[d][f] += n[d][f] - old[d][f]
-			}
-		}
+		charge(&after, refs, old, c, had)
 	}
 	if !reject {
 		return counts, nil
@@ -141,26 +176,31 @@ func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (
 
 // recordShare records the counts measureShare returned for an accepted version of
 // an object of namespace ns. Called with mu held.
-func (t *podTable) recordShare(ns string, counts map[netip.Addr][2][2]int) {
+func (t *podTable) recordShare(ns string, counts map[netip.Addr]shareCount) {
 	if counts == nil {
 		return
 	}
 	use := t.share.used[ns]
 	if use == nil {
-		use = &namespaceUse{pods: map[netip.Addr][2][2]int{}}
+		use = &namespaceUse{pods: map[netip.Addr]shareCount{}, contents: map[string]int{}}
 		t.share.used[ns] = use
 	}
-	for pod, n := range counts {
-		old := use.pods[pod]
-		for d := range use.total {
-			for f := range use.total[d] {
-				use.total[d][f] += n[d][f] - old[d][f]
-			}
+	refs := func(content string, delta int) int {
+		n := use.contents[content] + delta
+		if n == 0 {
+			delete(use.contents, content)
+		} else {
+			use.contents[content] = n
 		}
-		if n == ([2][2]int{}) {
+		return n
+	}
+	for pod, c := range counts {
+		old, had := use.pods[pod]
+		charge(&use.total, refs, old, c, had)
+		if c.n == ([2][2]int{}) {
 			delete(use.pods, pod)
 		} else {
-			use.pods[pod] = n
+			use.pods[pod] = c
 		}
 	}
 	if len(use.pods) == 0 {

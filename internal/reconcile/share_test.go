@@ -27,6 +27,7 @@ func withCIDRs(pe *v1alpha1.PolicyEndpoint, second, n int) {
 // retried — and its previous version stays in force; another namespace's new pod is
 // then still programmed, where without the share the first namespace's replicas
 // would have filled the trie and the new pod been isolated (issue 24, finding 9).
+// Replicas of one policy are charged once: they share their entries.
 // Shrinking the object again is accepted. Real apiserver; the in-memory dataplane
 // with a 100-entry IPv4 and a 40-entry IPv6 trie per direction, a namespace's
 // share 50%; the IPv6 egress trie is bounded as the IPv4 ingress one.
@@ -48,27 +49,40 @@ func TestNamespaceShareKeepsRoomForOthers(t *testing.T) {
 	create(t, cp, big)
 	testenv.Eventually(t, 20*time.Second, "crowd/big reported", func() bool { return len(a.sink.recordsFor(string(big.UID))) == 1 })
 
-	// 21 peers on three pods: 63 entries, over the namespace's 50 (the trie of 100
-	// would take them).
+	// 21 peers on three pods: 21 entries, charged once (the replicas share one copy
+	// of their entries); before entry groups, 63: over the namespace's 50.
 	update(t, cp, big, func(pe *v1alpha1.PolicyEndpoint) { withCIDRs(pe, 51, 15) })
-	testenv.Eventually(t, 20*time.Second, "crowd/big's growth synced", func() bool {
+	testenv.Eventually(t, 20*time.Second, "crowd/big's growth reported", func() bool {
 		return invalidCount(a.c, report.KindPolicyEndpoint, "spec.namespaceShare") == 1 || len(a.sink.recordsFor(string(big.UID))) == 2
+	})
+	if n := invalidCount(a.c, report.KindPolicyEndpoint, "spec.namespaceShare"); n != 0 {
+		t.Fatalf("crowd/big's 21 entries on three replicas rejected: replicas charged once each (invalid versions at spec.namespaceShare = %d)", n)
+	}
+	if got, err := mem.Usage(); err != nil || got.Entries[bpfmaps.Ingress][0].Used != 21 {
+		t.Fatalf("three replicas of 21 entries: the IPv4 ingress trie holds %+v (%v), want one copy (21)", got.Entries[bpfmaps.Ingress][0], err)
+	}
+
+	// 51 peers: over the namespace's 50 (the trie of 100 would take them).
+	update(t, cp, big, func(pe *v1alpha1.PolicyEndpoint) { withCIDRs(pe, 52, 30) })
+	testenv.Eventually(t, 20*time.Second, "crowd/big's second growth synced", func() bool {
+		return invalidCount(a.c, report.KindPolicyEndpoint, "spec.namespaceShare") == 1 || len(a.sink.recordsFor(string(big.UID))) == 3
 	})
 	if n := invalidCount(a.c, report.KindPolicyEndpoint, "spec.namespaceShare"); n != 1 {
 		t.Errorf("invalid crowd/big versions at spec.namespaceShare = %d, want 1 (records: %d)", n, len(a.sink.recordsFor(string(big.UID))))
 	}
 	// The count comes just before the log line.
-	const msg = "namespace crowd would hold 63 of the IPv4 ingress trie's 100 entries, its share is 50"
+	const msg = "namespace crowd would hold 51 of the IPv4 ingress trie's 100 entries, its share is 50"
 	if !within(5*time.Second, func() bool { return len(logs.lines("policy object rejected", "name=big", msg)) == 1 }) {
 		t.Errorf("no rejection logged naming object, namespace, trie and counts (%q); logs:\n%s", msg, logs.String())
 	}
 	for _, ifindex := range []int{281, 282, 283} {
-		if !mem.Verdict(ifindex, bpfmaps.Ingress, addr("10.50.4.1"), tcp, 443) || mem.Verdict(ifindex, bpfmaps.Ingress, addr("10.51.0.1"), tcp, 443) {
+		if !mem.Verdict(ifindex, bpfmaps.Ingress, addr("10.51.4.1"), tcp, 443) || mem.Verdict(ifindex, bpfmaps.Ingress, addr("10.52.0.1"), tcp, 443) {
 			t.Errorf("pod %d: crowd/big's previous version must stay in force, the rejected one not", ifindex)
 		}
 	}
 
-	// Another namespace's new pod, 45 peers: fits beside crowd's 18, not beside 66.
+	// Another namespace's new pod, 45 peers: fits beside crowd's 21, not beside the
+	// 63 of three copies.
 	quiet := ingressPE("quiet", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.28.9")}, "10.3.0.0/16", 80)
 	withCIDRs(quiet, 60, 44)
 	create(t, cp, quiet)
@@ -86,7 +100,7 @@ func TestNamespaceShareKeepsRoomForOthers(t *testing.T) {
 	// crowd/big shrinks: accepted.
 	update(t, cp, big, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress = pe.Spec.Ingress[:4] })
 	// Its pending growth's trigger is reported with it.
-	testenv.Eventually(t, 20*time.Second, "crowd/big's shrink reported", func() bool { return len(a.sink.recordsFor(string(big.UID))) > 1 })
+	testenv.Eventually(t, 20*time.Second, "crowd/big's shrink reported", func() bool { return len(a.sink.recordsFor(string(big.UID))) > 2 })
 	if !mem.Verdict(283, bpfmaps.Ingress, addr("10.50.2.1"), tcp, 443) || mem.Verdict(283, bpfmaps.Ingress, addr("10.50.3.1"), tcp, 443) {
 		t.Errorf("pod 283: crowd/big's shrunk version not in force")
 	}
