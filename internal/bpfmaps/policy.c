@@ -243,8 +243,9 @@ struct {
 // CIDRs), one LPM trie per family keyed by prefix. Traffic between a pod and its node
 // is always allowed, in every tier and both directions (kubelet probes; a node-local
 // DNS cache): a packet whose peer is in the trie passes whatever the pod's policy
-// says. User space replaces the set by writing the new entries before deleting stale
-// ones, so a node address present before and after is never missing in between.
+// says (from the pod, only without node_egress_policy). User space replaces the set
+// by writing the new entries before deleting stale ones, so a node address present
+// before and after is never missing in between.
 struct node_key4 {
 	__u32 prefixlen;
 	__u8 addr[4];
@@ -629,14 +630,34 @@ static __always_inline int is_node(const struct packet *p, const __u8 *peer)
 	return bpf_map_lookup_elem(&npa_node_v6, &k) != 0;
 }
 
+// node_egress_policy (set by the loader, EBPFOptions.NodeEgress): 0, the pod's
+// packets to its node pass as the node's to the pod do; 1, its egress policy judges
+// them as any peer's, but for replies of connections the node opened (kubelet
+// probes: node_track) and DHCP. A load-time constant: a program whose mode is off
+// pays nothing for it, and every agent start loads the programs anew and switches
+// the pods' links to them, so a restart with another mode takes effect at once.
+volatile const __u32 node_egress_policy = 0;
+
+// dhcp_client reports whether a packet goes from a DHCP client to a server port
+// (UDP 68 -> 67, DHCPv6 546 -> 547).
+static __always_inline int dhcp_client(const struct packet *p)
+{
+	if (p->proto != IPPROTO_UDP)
+		return 0;
+	return p->family == 4 ? p->sport == 68 && p->dport == 67 : p->sport == 546 && p->dport == 547;
+}
+
 // node_peer reports whether a packet is traffic between the pod and its node: its
 // peer is a node address and, toward the pod, the node itself sent it. A packet the
 // node forwards from another interface (another pod, the uplink) with a node address
 // as source is not the node's: skb->ingress_ifindex is 0 only for a packet generated
-// on the node, so a pod forging the node's address is judged by the policy.
+// on the node, so a pod forging the node's address is judged by the policy. From the
+// pod under node_egress_policy, only DHCP is.
 static __always_inline int node_peer(struct __sk_buff *skb, const int dir, const struct packet *p, const __u8 *peer)
 {
 	if (dir == DIR_INGRESS && skb->ingress_ifindex != 0)
+		return 0;
+	if (dir == DIR_EGRESS && node_egress_policy && !dhcp_client(p))
 		return 0;
 	return is_node(p, peer);
 }
@@ -1076,6 +1097,17 @@ static __always_inline void ct_track(__u32 ifindex, const int dir, const struct 
 	bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
 }
 
+// node_track records a packet the node sent to the pod under node_egress_policy, as
+// an allowed packet of a connection the node opened, so the pod's replies pass its
+// egress policy (a kubelet probe's SYN-ACK) while its own connections to the node
+// are judged by it. Only where the egress has a policy that could deny the replies.
+static __always_inline void node_track(__u32 ifindex, __u64 *wp, const struct packet *p)
+{
+	__u64 eg = *(volatile __u64 *)(wp + 1);
+	if (WORD_OWNER(eg) == ifindex && WORD_FLAGS(eg) && ct_opens(p))
+		ct_track(ifindex, DIR_INGRESS, p);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
@@ -1183,8 +1215,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return passed(ifindex, dir, word, &p);
 		}
 	}
-	if (node_peer(skb, dir, &p, peer))
+	if (node_peer(skb, dir, &p, peer)) {
+		if (dir == DIR_INGRESS && node_egress_policy)
+			node_track(ifindex, wp, &p);
 		return passed(ifindex, dir, word, &p);
+	}
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))
