@@ -271,7 +271,8 @@ NODE_TRIE(npa_node_v6, node_key6);
 
 // A pod's own addresses (anti-spoofing): the addresses whose host route names the
 // pod's interface, written by each commit (PodPolicy.Addrs). from_pod drops a packet
-// whose source is none of them (own_source); to_pod makes no connection entry for a
+// whose source is none of them (own_source), and ARP whose sender is none
+// (arp_own_sender); to_pod makes no connection entry for a
 // packet whose source is one of them (a hairpin: the pod talking to itself through
 // the node can never create state that later passes its own egress). A key with
 // family 0 and a zero address marks a pod whose addresses are known: a pod without
@@ -728,6 +729,30 @@ static __always_inline int own_source(__u32 ifindex, int r, const struct packet 
 	return !checked(ifindex);
 }
 
+// arp_own_sender reports whether an ARP packet from the pod may leave: its sender
+// protocol address is one of the pod's IPv4 addresses, or 0.0.0.0 (an RFC 5227
+// probe), or the pod's addresses are not known. A pod claiming another address (a
+// gratuitous ARP for another pod's or the node's IP) would poison its neighbours'
+// caches; an ARP packet that is not IPv4 over Ethernet, or is truncated, has no use
+// from a pod.
+static __always_inline int arp_own_sender(struct __sk_buff *skb, __u32 ifindex)
+{
+	if (!checked(ifindex))
+		return 1;
+	// htype, ptype, hlen, plen, op (8 bytes), sender hardware (6) and protocol (4)
+	// addresses.
+	__u8 a[18];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, a, sizeof(a)) < 0)
+		return 0;
+	if (a[0] != 0 || a[1] != 1 || a[2] != 0x08 || a[3] != 0 || a[4] != 6 || a[5] != 4)
+		return 0;
+	struct addr_key k = {.ifindex = ifindex, .family = 4};
+	__builtin_memcpy(k.addr, a + 14, 4);
+	if (!(a[14] | a[15] | a[16] | a[17]))
+		return 1;
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
+}
+
 // link_ndp reports whether a packet is neighbour discovery (hop limit 255, as RFC
 // 4861 sends it) that stays on the link between the pod and the node: its peer is
 // link-local or link-scope multicast, or the node is at the other end (node_ndp).
@@ -1125,9 +1150,10 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// may still turn it into IP (a frame with two VLAN tags shows 0x8100 here:
 		// the kernel stripped the outer tag and strips the inner one later, then
 		// routes the IP packet), which the policy never judged. From a pod whose
-		// addresses are known, always: it would also pass a forged source.
+		// addresses are known, always: it would also pass a forged source. ARP from
+		// such a pod only with its own sender address (arp_own_sender).
 		if (skb->protocol == bpf_htons(ETH_P_ARP))
-			return VERDICT_NEXT;
+			return dir == DIR_EGRESS && !arp_own_sender(skb, ifindex) ? VERDICT_DROP : VERDICT_NEXT;
 		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
 			return VERDICT_DROP;
 		return VERDICT_NEXT;
