@@ -70,6 +70,7 @@ type config struct {
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
 	EnforcingMode         reconcile.EnforcingMode
+	NodeEgress            bpfmaps.NodeEgress // a pod's packets to its node: exempt (allow) or judged by its egress policy
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -80,6 +81,7 @@ var flagEnv = map[string]string{
 	"node-ip":                 "NODE_IP",
 	"node-cidrs":              "NPAGENT_NODE_CIDRS",
 	"node-address-interfaces": "NPAGENT_NODE_ADDRESS_INTERFACES",
+	"node-egress":             "NPAGENT_NODE_EGRESS",
 	"pod-interface-prefixes":  "NPAGENT_POD_INTERFACE_PREFIXES",
 	"dataplane":               "NPAGENT_DATAPLANE",
 	"bpffs-path":              "NPAGENT_BPFFS_PATH",
@@ -128,6 +130,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
 	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses always are (the node IP, the Node object's InternalIP and ExternalIP addresses, every address of the interfaces that hold them; not dummy devices, kube-ipvs0 or pods' veths)")
 	fs.StringVar(&nodeAddrIfaces, "node-address-interfaces", "", "more interfaces (comma-separated names; \"name*\" matches a prefix) whose addresses are the node's own, exempt from policy. E.g. a CNI that puts a gateway address on each pod's host-side veth (the ptp plugin): the kubelet's probes come from it")
+	fs.Var(&c.NodeEgress, "node-egress", "a pod's packets to its own node's addresses (a NodePort or hostPort on its node, a node-local DNS cache, anything on the node): allow (they pass whatever its egress policy says, as the node's packets to the pod always do) or policy (its egress policy judges them as any peer's; replies of connections the node opened, such as kubelet probes, and DHCP still pass)")
 	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")

@@ -101,6 +101,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_POD_INTERFACE_PREFIXES":  "eni, vlan,",
 		"NPAGENT_NODE_ADDRESS_INTERFACES": "cilium_host, veth*",
 		"NPAGENT_ENFORCING_MODE":          "strict",
+		"NPAGENT_NODE_EGRESS":             "policy",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -149,6 +150,7 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		PodInterfacePrefixes: []string{"eni", "vlan"},
 		NodeAddrInterfaces:   []string{"cilium_host", "veth*"},
 		EnforcingMode:        reconcile.EnforcingStrict,
+		NodeEgress:           bpfmaps.NodeEgressPolicy,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
@@ -212,6 +214,8 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"bad enforcing mode", []string{"--enforcing-mode=Strict"}, nil, []string{"--enforcing-mode", `"Strict"`, "standard or strict"}},
 		{"empty enforcing mode", []string{"--enforcing-mode="}, nil, []string{"--enforcing-mode", `""`}},
 		{"bad env enforcing mode", nil, map[string]string{"NPAGENT_ENFORCING_MODE": "deny"}, []string{"--enforcing-mode", `"deny"`}},
+		{"bad node egress", []string{"--node-egress=deny"}, nil, []string{"node-egress", `"deny"`, "allow or policy"}},
+		{"bad env node egress", nil, map[string]string{"NPAGENT_NODE_EGRESS": "Policy"}, []string{"--node-egress", "NPAGENT_NODE_EGRESS", `"Policy"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -392,7 +392,7 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 			"dataplane", dataplaneMemory)
 		return bpfmaps.NewMemoryWithLimits(mapLimits(cfg)), nil
 	}
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg), ConntrackEntries: cfg.ConntrackEntries})
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg), ConntrackEntries: cfg.ConntrackEntries, NodeEgress: cfg.NodeEgress})
 	if errors.Is(err, bpfmaps.ErrPinnedCapacity) {
 		return nil, fmt.Errorf("--dataplane=ebpf: %w (Limits.EntriesV4 is --max-entries-ipv4, Limits.EntriesV6 --max-entries-ipv6, ConntrackEntries --conntrack-entries; README: Resizing the maps)", err)
 	}

@@ -52,6 +52,7 @@ var cases = []testCase{
 		"dropFQDNAllowRules":   true,
 		"podInterfacePrefixes": []any{"eni", "vlan"},
 		"enforcingMode":        "strict",
+		"nodeEgress":           "policy",
 		"conntrackEntries":     8192,
 		"metrics":              map[string]any{"port": 9555},
 		"health":               map[string]any{"port": 9556},
@@ -168,6 +169,7 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
+		{"node egress", map[string]any{"nodeEgress": "deny"}, "nodeEgress"},
 		{"probes on the metrics port", map[string]any{"health": map[string]any{"port": 9437}}, "health.port"},
 	} {
 		_, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, tc.values)
@@ -343,8 +345,10 @@ func TestDaemonSet(t *testing.T) {
 			switch c.name {
 			case "defaults":
 				wantImage = "npagent:0.1.0"
-				if !slices.Contains(ctr.Args, "--enforcing-mode=standard") {
-					t.Errorf("defaults: args %v, want --enforcing-mode=standard", ctr.Args)
+				for _, a := range []string{"--enforcing-mode=standard", "--node-egress=allow"} {
+					if !slices.Contains(ctr.Args, a) {
+						t.Errorf("defaults: args %v, want %s", ctr.Args, a)
+					}
 				}
 				if hasEnv(ctr, "OTEL_EXPORTER_OTLP_CERTIFICATE") || envByName(t, ctr, "OTEL_EXPORTER_OTLP_INSECURE").Value != "true" {
 					t.Error("defaults: want plaintext OTLP without a CA")
@@ -354,7 +358,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict", "--conntrack-entries=8192"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}

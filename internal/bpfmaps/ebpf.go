@@ -67,6 +67,11 @@ type EBPFOptions struct {
 	// ConntrackFragmentTimeout is how long the later fragments of a datagram whose
 	// first fragment passed still pass. Default DefaultConntrackFragmentTimeout.
 	ConntrackFragmentTimeout time.Duration
+	// NodeEgress is what the pod's packets to its node's addresses are. Default
+	// NodeEgressAllow. The programs are loaded with it, and every OpenEBPF switches
+	// the pinned links to the programs it loads: a restart with another mode changes
+	// every adopted pod's at once.
+	NodeEgress NodeEgress
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -189,6 +194,9 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	timeouts, err := setConntrackVariables(spec, &opts)
 	if err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	if err := setNodeEgressVariable(spec, opts.NodeEgress); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := removeLegacyConntrack(opts.PinPath); err != nil {

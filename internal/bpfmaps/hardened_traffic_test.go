@@ -18,7 +18,8 @@ import (
 // TestForeignEthertypeFromPod runs from_pod on frames that are neither IP nor ARP:
 // from a pod whose addresses are known they are dropped even without any policy (the
 // node may turn them into IP with a forged source: stacked VLAN tags); a pod without
-// addresses or policy passes them; ARP always passes. Before the fix all passed.
+// addresses or policy passes them; ARP passes with the pod's own sender address
+// (TestARPFromPod). Before the fix all passed.
 func TestForeignEthertypeFromPod(t *testing.T) {
 	e := openTestEBPF(t, EBPFOptions{})
 	ifindex := dummyInterface(t)
@@ -36,9 +37,72 @@ func TestForeignEthertypeFromPod(t *testing.T) {
 	if run(t, e.objs.FromPod, ifindex, foreign) {
 		t.Error("ethertype 0x88b5 from a pod whose addresses are known: passed")
 	}
-	arp := append([]byte{0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x06}, make([]byte, 46)...)
-	if !run(t, e.objs.FromPod, ifindex, arp) {
+	if !run(t, e.objs.FromPod, ifindex, arpFrame(arpRequest(podMAC, pod4, netip.MustParseAddr("10.255.7.254")))) {
 		t.Error("ARP from a pod whose addresses are known: dropped")
+	}
+}
+
+var podMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
+
+// arpFrame is an ARP packet in a broadcast Ethernet frame from podMAC, padded to 60 bytes.
+func arpFrame(arp []byte) []byte {
+	f := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, podMAC...)
+	f = append(append(f, 0x08, 0x06), arp...)
+	return append(f, make([]byte, max(0, 60-len(f)))...)
+}
+
+// TestARPFromPod runs from_pod and to_pod on ARP frames (finding: ARP sender
+// spoofing). From a pod whose addresses are known, only ARP with one of its IPv4
+// addresses or 0.0.0.0 (an RFC 5227 probe) as sender passes: another pod's or the
+// node's address (a gratuitous ARP that would poison neighbours), or a frame that is
+// not IPv4-over-Ethernet ARP or is cut short, is dropped. A pod committed without
+// addresses, and ARP toward a pod, are not checked. Before the fix every ARP passed.
+func TestARPFromPod(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	ifindex := dummyInterface(t)
+	pod4, other, gw := netip.MustParseAddr("10.255.7.1"), netip.MustParseAddr("10.255.7.2"), netip.MustParseAddr("10.255.7.254")
+	gratuitous := func(spa netip.Addr) []byte { return arpRequest(podMAC, spa, spa) }
+	reply := func(spa netip.Addr) []byte {
+		a := arpRequest(podMAC, spa, gw)
+		a[7] = 2
+		return a
+	}
+	ipv6ptype := arpRequest(podMAC, pod4, gw)
+	ipv6ptype[2], ipv6ptype[3] = 0x86, 0xdd
+	if _, err := e.Commit(ifindex, PodPolicy{Addrs: []netip.Addr{pod4, netip.MustParseAddr("fd00:ff::7:1")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		arp  []byte
+		want bool
+	}{
+		{"request from its own address", arpRequest(podMAC, pod4, gw), true},
+		{"reply from its own address", reply(pod4), true},
+		{"gratuitous ARP for its own address", gratuitous(pod4), true},
+		{"probe from 0.0.0.0", arpRequest(podMAC, netip.IPv4Unspecified(), gw), true},
+		{"request from another pod's address", arpRequest(podMAC, other, gw), false},
+		{"reply from the gateway's address", reply(gw), false},
+		{"gratuitous ARP for another pod's address", gratuitous(other), false},
+		{"protocol type IPv6", ipv6ptype, false},
+		{"cut short before the sender address", arpRequest(podMAC, pod4, gw)[:16], false},
+	} {
+		frame := arpFrame(c.arp)
+		if len(c.arp) < 18 {
+			frame = frame[:14+len(c.arp)]
+		}
+		if got := run(t, e.objs.FromPod, ifindex, frame); got != c.want {
+			t.Errorf("%s: passed=%v, want %v", c.name, got, c.want)
+		}
+	}
+	if !run(t, e.objs.ToPod, ifindex, arpFrame(gratuitous(other))) {
+		t.Error("ARP toward the pod from another address: dropped")
+	}
+	if _, err := e.Commit(ifindex, PodPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	if !run(t, e.objs.FromPod, ifindex, arpFrame(gratuitous(other))) {
+		t.Error("a pod committed without addresses: ARP from another address dropped")
 	}
 }
 

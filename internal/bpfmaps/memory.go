@@ -46,7 +46,8 @@ func (m *Memory) Close() error { return nil }
 
 // Verdict evaluates a packet against the pod's committed entries the way the eBPF
 // program does (policy and the node set, no connection tracking). A pod without state
-// allows all; a peer in the node set (SetNodeAddrs) is allowed whatever the policy.
+// allows all; a peer in the node set (SetNodeAddrs) is allowed whatever the policy
+// (from the pod, only under NodeEgressAllow: SetNodeEgress).
 func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protocol, port uint16) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -54,8 +55,8 @@ func (m *Memory) Verdict(ifindex int, d Direction, peer netip.Addr, proto Protoc
 	if !ok {
 		return true
 	}
-	if nodeContains(m.maps.node, peer) {
-		return true // traffic between the pod and its own node: always allowed
+	if nodeContains(m.maps.node, peer) && (d == Ingress || m.maps.nodeEgress == NodeEgressAllow) {
+		return true // traffic between the pod and its own node (NodeEgress)
 	}
 	slot := st.Group[d][wordSet(st.Dir[d])]
 	return evalDirection(st.Dir[d], m.maps.lookupFunc(slot>>1, d, slot&1, peer), proto, port)
@@ -91,11 +92,12 @@ func (m *Memory) entryCount(d Direction) int {
 
 // memoryMaps models the kernel maps; guarded by core.mu.
 type memoryMaps struct {
-	v4    [2]map[policyLpmKey4]policyRuleValue
-	v6    [2]map[policyLpmKey6]policyRuleValue
-	pods  map[uint32]policyPodState
-	node  []netip.Prefix // normalized (SetNodeAddrs)
-	addrs map[policyAddrKey]struct{}
+	v4         [2]map[policyLpmKey4]policyRuleValue
+	v6         [2]map[policyLpmKey6]policyRuleValue
+	pods       map[uint32]policyPodState
+	node       []netip.Prefix // normalized (SetNodeAddrs)
+	nodeEgress NodeEgress     // SetNodeEgress
+	addrs      map[policyAddrKey]struct{}
 }
 
 // lookupFunc models a longest-prefix-match lookup in a BPF LPM trie.

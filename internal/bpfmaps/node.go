@@ -14,6 +14,7 @@ const MaxNodePrefixes = 1024
 
 // NodeExemption is implemented by both backends: traffic between a pod and its own
 // node is always allowed — in every tier, admin Deny included, and in both directions
+// unless NodeEgressPolicy makes the pod's egress policy judge its packets to the node
 // (Kubernetes NetworkPolicy's rule for kubelet probes; the AWS agent's too). A packet
 // whose peer (the source of a packet to the pod, the destination of one from it) is
 // in the node set passes whatever the pod's policy says. Pods without state are open
@@ -33,6 +34,57 @@ var (
 	_ NodeExemption = (*EBPF)(nil)
 	_ NodeExemption = (*Memory)(nil)
 )
+
+// NodeEgress says what a pod's packets to its own node's addresses are
+// (EBPFOptions.NodeEgress). The node's packets to the pod always pass.
+type NodeEgress uint8
+
+const (
+	// NodeEgressAllow: they pass whatever the pod's egress policy says, as the node's
+	// to the pod do (the AWS agent's behaviour). A pod whose egress is denied still
+	// reaches its node's addresses: a NodePort or hostPort on its own node, a
+	// node-local DNS cache on a node address, anything listening on the node.
+	NodeEgressAllow NodeEgress = iota
+	// NodeEgressPolicy: the pod's egress policy judges them as any peer's. Replies of
+	// connections the node opened to the pod (kubelet probes) pass as replies: the
+	// node's packets to the pod are tracked when the pod's egress has a policy. DHCP
+	// client messages to the node (UDP 68 -> 67, 546 -> 547) and link-scope neighbour
+	// discovery still pass.
+	NodeEgressPolicy
+)
+
+// String is the mode's flag value: allow or policy.
+func (n NodeEgress) String() string {
+	if n == NodeEgressPolicy {
+		return "policy"
+	}
+	return "allow"
+}
+
+// Set parses allow or policy (flag.Value).
+func (n *NodeEgress) Set(s string) error {
+	switch s {
+	case "allow":
+		*n = NodeEgressAllow
+	case "policy":
+		*n = NodeEgressPolicy
+	default:
+		return fmt.Errorf("%q is not allow or policy", s)
+	}
+	return nil
+}
+
+// setNodeEgressVariable loads the programs with the mode (node_egress_policy).
+func setNodeEgressVariable(spec *ebpf.CollectionSpec, mode NodeEgress) error {
+	v := uint32(0)
+	if mode == NodeEgressPolicy {
+		v = 1
+	}
+	if err := spec.Variables[policyVarNodeEgressPolicy].Set(v); err != nil {
+		return fmt.Errorf("set %s: %w", policyVarNodeEgressPolicy, err)
+	}
+	return nil
+}
 
 // normalizeNodePrefixes validates, masks, unmaps and deduplicates prefixes, sorted.
 func normalizeNodePrefixes(prefixes []netip.Prefix) ([]netip.Prefix, error) {
@@ -181,6 +233,14 @@ func (e *EBPF) NodeAddrs() ([]netip.Prefix, error) {
 		return nil, err
 	}
 	return normalizeNodePrefixes(out)
+}
+
+// SetNodeEgress sets the mode Verdict models (NodeEgressAllow until then), as
+// EBPFOptions.NodeEgress sets the kernel's.
+func (m *Memory) SetNodeEgress(mode NodeEgress) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maps.nodeEgress = mode
 }
 
 // SetNodeAddrs implements NodeExemption; Verdict consults the set.

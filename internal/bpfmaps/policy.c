@@ -254,8 +254,9 @@ struct {
 // CIDRs), one LPM trie per family keyed by prefix. Traffic between a pod and its node
 // is always allowed, in every tier and both directions (kubelet probes; a node-local
 // DNS cache): a packet whose peer is in the trie passes whatever the pod's policy
-// says. User space replaces the set by writing the new entries before deleting stale
-// ones, so a node address present before and after is never missing in between.
+// says (from the pod, only without node_egress_policy). User space replaces the set
+// by writing the new entries before deleting stale ones, so a node address present
+// before and after is never missing in between.
 struct node_key4 {
 	__u32 prefixlen;
 	__u8 addr[4];
@@ -281,7 +282,8 @@ NODE_TRIE(npa_node_v6, node_key6);
 
 // A pod's own addresses (anti-spoofing): the addresses whose host route names the
 // pod's interface, written by each commit (PodPolicy.Addrs). from_pod drops a packet
-// whose source is none of them (own_source); to_pod makes no connection entry for a
+// whose source is none of them (own_source), and ARP whose sender is none
+// (arp_own_sender); to_pod makes no connection entry for a
 // packet whose source is one of them (a hairpin: the pod talking to itself through
 // the node can never create state that later passes its own egress). A key with
 // family 0 and a zero address marks a pod whose addresses are known: a pod without
@@ -640,14 +642,34 @@ static __always_inline int is_node(const struct packet *p, const __u8 *peer)
 	return bpf_map_lookup_elem(&npa_node_v6, &k) != 0;
 }
 
+// node_egress_policy (set by the loader, EBPFOptions.NodeEgress): 0, the pod's
+// packets to its node pass as the node's to the pod do; 1, its egress policy judges
+// them as any peer's, but for replies of connections the node opened (kubelet
+// probes: node_track) and DHCP. A load-time constant: a program whose mode is off
+// pays nothing for it, and every agent start loads the programs anew and switches
+// the pods' links to them, so a restart with another mode takes effect at once.
+volatile const __u32 node_egress_policy = 0;
+
+// dhcp_client reports whether a packet goes from a DHCP client to a server port
+// (UDP 68 -> 67, DHCPv6 546 -> 547).
+static __always_inline int dhcp_client(const struct packet *p)
+{
+	if (p->proto != IPPROTO_UDP)
+		return 0;
+	return p->family == 4 ? p->sport == 68 && p->dport == 67 : p->sport == 546 && p->dport == 547;
+}
+
 // node_peer reports whether a packet is traffic between the pod and its node: its
 // peer is a node address and, toward the pod, the node itself sent it. A packet the
 // node forwards from another interface (another pod, the uplink) with a node address
 // as source is not the node's: skb->ingress_ifindex is 0 only for a packet generated
-// on the node, so a pod forging the node's address is judged by the policy.
+// on the node, so a pod forging the node's address is judged by the policy. From the
+// pod under node_egress_policy, only DHCP is.
 static __always_inline int node_peer(struct __sk_buff *skb, const int dir, const struct packet *p, const __u8 *peer)
 {
 	if (dir == DIR_INGRESS && skb->ingress_ifindex != 0)
+		return 0;
+	if (dir == DIR_EGRESS && node_egress_policy && !dhcp_client(p))
 		return 0;
 	return is_node(p, peer);
 }
@@ -716,6 +738,30 @@ static __always_inline int own_source(__u32 ifindex, int r, const struct packet 
 	if (r != PARSE_BAD && (own_addr(ifindex, p, p->saddr) || spoof_exempt(p)))
 		return 1;
 	return !checked(ifindex);
+}
+
+// arp_own_sender reports whether an ARP packet from the pod may leave: its sender
+// protocol address is one of the pod's IPv4 addresses, or 0.0.0.0 (an RFC 5227
+// probe), or the pod's addresses are not known. A pod claiming another address (a
+// gratuitous ARP for another pod's or the node's IP) would poison its neighbours'
+// caches; an ARP packet that is not IPv4 over Ethernet, or is truncated, has no use
+// from a pod.
+static __always_inline int arp_own_sender(struct __sk_buff *skb, __u32 ifindex)
+{
+	if (!checked(ifindex))
+		return 1;
+	// htype, ptype, hlen, plen, op (8 bytes), sender hardware (6) and protocol (4)
+	// addresses.
+	__u8 a[18];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, a, sizeof(a)) < 0)
+		return 0;
+	if (a[0] != 0 || a[1] != 1 || a[2] != 0x08 || a[3] != 0 || a[4] != 6 || a[5] != 4)
+		return 0;
+	struct addr_key k = {.ifindex = ifindex, .family = 4};
+	__builtin_memcpy(k.addr, a + 14, 4);
+	if (!(a[14] | a[15] | a[16] | a[17]))
+		return 1;
+	return bpf_map_lookup_elem(&npa_pod_addrs, &k) != 0;
 }
 
 // link_ndp reports whether a packet is neighbour discovery (hop limit 255, as RFC
@@ -1091,6 +1137,17 @@ static __always_inline void ct_track(__u32 ifindex, const int dir, const struct 
 	bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
 }
 
+// node_track records a packet the node sent to the pod under node_egress_policy, as
+// an allowed packet of a connection the node opened, so the pod's replies pass its
+// egress policy (a kubelet probe's SYN-ACK) while its own connections to the node
+// are judged by it. Only where the egress has a policy that could deny the replies.
+static __always_inline void node_track(__u32 ifindex, __u64 *wp, const struct packet *p)
+{
+	__u64 eg = *(volatile __u64 *)(wp + 1);
+	if (WORD_OWNER(eg) == ifindex && WORD_FLAGS(eg) && ct_opens(p))
+		ct_track(ifindex, DIR_INGRESS, p);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
@@ -1109,9 +1166,10 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// may still turn it into IP (a frame with two VLAN tags shows 0x8100 here:
 		// the kernel stripped the outer tag and strips the inner one later, then
 		// routes the IP packet), which the policy never judged. From a pod whose
-		// addresses are known, always: it would also pass a forged source.
+		// addresses are known, always: it would also pass a forged source. ARP from
+		// such a pod only with its own sender address (arp_own_sender).
 		if (skb->protocol == bpf_htons(ETH_P_ARP))
-			return VERDICT_NEXT;
+			return dir == DIR_EGRESS && !arp_own_sender(skb, ifindex) ? VERDICT_DROP : VERDICT_NEXT;
 		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
 			return VERDICT_DROP;
 		return VERDICT_NEXT;
@@ -1199,8 +1257,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return passed(ifindex, dir, word, &p);
 		}
 	}
-	if (node_peer(skb, dir, &p, peer))
+	if (node_peer(skb, dir, &p, peer)) {
+		if (dir == DIR_INGRESS && node_egress_policy)
+			node_track(ifindex, wp, &p);
 		return passed(ifindex, dir, word, &p);
+	}
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))

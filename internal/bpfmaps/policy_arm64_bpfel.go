@@ -120,6 +120,7 @@ const (
 	policyVarCtTimeoutNs          = "ct_timeout_ns"
 	policyVarCtUnrepliedTimeoutNs = "ct_unreplied_timeout_ns"
 	policyVarCtValueType          = "ct_value_type"
+	policyVarNodeEgressPolicy     = "node_egress_policy"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -195,6 +196,7 @@ type policyVariableSpecs struct {
 	CtTimeoutNs          *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
 	CtUnrepliedTimeoutNs *ebpf.VariableSpec `ebpf:"ct_unreplied_timeout_ns"`
 	CtValueType          *ebpf.VariableSpec `ebpf:"ct_value_type"`
+	NodeEgressPolicy     *ebpf.VariableSpec `ebpf:"node_egress_policy"`
 }
 
 // policyObjects contains all objects after they have been loaded into the kernel.
@@ -255,6 +257,7 @@ type policyVariables struct {
 	CtTimeoutNs          *ebpf.Variable `ebpf:"ct_timeout_ns"`
 	CtUnrepliedTimeoutNs *ebpf.Variable `ebpf:"ct_unreplied_timeout_ns"`
 	CtValueType          *ebpf.Variable `ebpf:"ct_value_type"`
+	NodeEgressPolicy     *ebpf.Variable `ebpf:"node_egress_policy"`
 }
 
 // policyPrograms contains all programs after they have been loaded into the kernel.

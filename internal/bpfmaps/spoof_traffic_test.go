@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -421,5 +423,71 @@ func TestRealForgedReplyFromPeer(t *testing.T) {
 	}
 	if n := ctEntriesByDir(t, e, lab.hostIfindex); n != [2]int{} {
 		t.Errorf("connection entries after forged replies: %v, want none", n)
+	}
+}
+
+// arpRequest is an ARP request (IPv4 over Ethernet) from sha and spa asking for tpa.
+func arpRequest(sha net.HardwareAddr, spa, tpa netip.Addr) []byte {
+	b := []byte{0, 1, 8, 0, 6, 4, 0, 1}
+	b = append(b, sha...)
+	b = append(b, spa.AsSlice()...)
+	b = append(b, make([]byte, 6)...)
+	return append(b, tpa.AsSlice()...)
+}
+
+// TestRealARPSender: a pod whose addresses are known sends ARP requests for its
+// gateway (the node's 10.201.1.1) crafted on a packet socket. With its own address as
+// sender, or 0.0.0.0 (an RFC 5227 probe), the node answers; claiming the peer pod's
+// address or one nobody holds, the request never reaches the node: no answer, and no
+// neighbour entry for the claimed address on the node (the poisoning a gratuitous ARP
+// would do). The pod's kernel still resolves its gateway and the node the pod: TCP
+// to the peer works after both neighbour tables are flushed. Before the fix every
+// ARP packet passed.
+func TestRealARPSender(t *testing.T) {
+	lab := newTrafficLab(t)
+	lab.sysctl(t, "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0", "net.ipv4.conf.h1.rp_filter=0")
+	netlab.ServeEcho(t, lab.peer, "tcp4", labPeer4+":9000")
+	lab.enterNode(t)
+	e := openTestEBPF(t, EBPFOptions{})
+	if _, err := e.Commit(lab.hostIfindex, PodPolicy{Addrs: labPodAddrs}); err != nil {
+		t.Fatal(err)
+	}
+	wire := lab.wire(t, lab.pod, "h1")
+	atPod := lab.listen(t, lab.pod)
+	gw := netip.MustParseAddr("10.201.1.1")
+	for _, c := range []struct {
+		name string
+		spa  netip.Addr
+		want bool
+	}{
+		{"the pod's own address", netip.MustParseAddr(labPod4), true},
+		{"the peer pod's address", netip.MustParseAddr(labPeer4), false},
+		{"an address nobody holds", netip.MustParseAddr("10.201.1.77"), false},
+		{"0.0.0.0 (a probe)", netip.IPv4Unspecified(), true},
+	} {
+		netlab.Run(t, "ip", "-n", lab.node, "neigh", "flush", "dev", "h1")
+		wire.send(t, unix.ETH_P_ARP, arpRequest(wire.mac, c.spa, gw))
+		answered := atPod.arrived(unix.ETH_P_ARP, func(a []byte) bool {
+			return len(a) >= 28 && a[7] == 2 && netip.AddrFrom4([4]byte(a[14:18])) == gw && netip.AddrFrom4([4]byte(a[24:28])) == c.spa
+		})
+		if answered != c.want {
+			t.Errorf("ARP request for the gateway from %s (%s): answered=%v, want %v", c.spa, c.name, answered, c.want)
+		}
+		if c.spa.IsUnspecified() {
+			continue
+		}
+		out, err := exec.Command("ip", "-n", lab.node, "neigh", "show", c.spa.String(), "dev", "h1").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip neigh show: %v: %s", err, out)
+		}
+		if learned := strings.TrimSpace(string(out)) != ""; learned != c.want {
+			t.Errorf("ARP request from %s (%s): the node learned a neighbour entry %v, want %v (%s)", c.spa, c.name, learned, c.want, out)
+		}
+	}
+	for _, ns := range []string{lab.node, lab.pod} {
+		netlab.Run(t, "ip", "-n", ns, "neigh", "flush", "all")
+	}
+	if err := netlab.Exchange(lab.pod, "tcp4", labPeer4+":9000", time.Second); err != nil {
+		t.Errorf("pod → peer TCP after flushing the neighbour tables (ARP from the pod's own address): %v", err)
 	}
 }

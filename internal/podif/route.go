@@ -129,36 +129,42 @@ func (r *routeResolver) Resolve(podIP netip.Addr) (int, error) {
 	return ifindex, nil
 }
 
-// AddrLister is implemented by resolvers that can list a pod's own addresses from its
-// interface (NewRouteResolver's does).
+// AddrLister is implemented by resolvers that can list the pods' own addresses from
+// their interfaces (NewRouteResolver's does).
 type AddrLister interface {
-	// HostAddrs returns the addresses whose host route (/32 or /128, main table,
-	// no gateway, not the kernel's own) names ifindex, both families, ascending: every address of a
-	// dual-stack pod, where the pod IPs an object names may be only one of them.
-	HostAddrs(ifindex int) ([]netip.Addr, error)
+	// HostAddrsByInterface returns, per interface, the addresses whose host route (/32
+	// or /128, main table, no gateway, not the kernel's own) names it, both families,
+	// ascending: every address of a dual-stack pod, where the pod IPs an object names
+	// may be only one of them. One route dump serves every interface and both
+	// families, so a commit of many pods (and of a dual-stack pod's two IPs) lists
+	// once, not once per pod IP.
+	HostAddrsByInterface() (map[int][]netip.Addr, error)
 }
 
-// HostAddrs implements AddrLister by the same host routes Resolve follows, so an
-// address that resolves to the interface is one of them.
-func (r *routeResolver) HostAddrs(ifindex int) ([]netip.Addr, error) {
-	var addrs []netip.Addr
-	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, LinkIndex: ifindex}
-	err := r.nl.RouteListFilteredIter(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF, func(rt netlink.Route) bool {
+// HostAddrsByInterface implements AddrLister by the same host routes Resolve
+// follows, so an address that resolves to an interface is one of its addresses.
+func (r *routeResolver) HostAddrsByInterface() (map[int][]netip.Addr, error) {
+	addrs := map[int][]netip.Addr{}
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN}
+	err := r.nl.RouteListFilteredIter(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE, func(rt netlink.Route) bool {
 		// The kernel's own routes (proto kernel) are the host's addresses on the
 		// interface, not the pod's: an IPv6 address added as /128 gets one in the
 		// main table, and counting it as the pod's would make the host's own traffic
 		// from it look like the pod's hairpin.
-		if dst := routeDst(rt); rt.LinkIndex == ifindex && rt.Gw == nil && len(rt.MultiPath) == 0 && dst.IsSingleIP() &&
+		if dst := routeDst(rt); rt.LinkIndex > 0 && rt.Gw == nil && len(rt.MultiPath) == 0 && dst.IsSingleIP() &&
 			rt.Protocol != unix.RTPROT_KERNEL {
-			addrs = append(addrs, dst.Addr())
+			addrs[rt.LinkIndex] = append(addrs[rt.LinkIndex], dst.Addr())
 		}
 		return true
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list host routes to interface %d: %w", ifindex, err)
+		return nil, fmt.Errorf("list host routes: %w", err)
 	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	return slices.Compact(addrs), nil
+	for i, a := range addrs {
+		slices.SortFunc(a, netip.Addr.Compare)
+		addrs[i] = slices.Compact(a)
+	}
+	return addrs, nil
 }
 
 // plausibleFor is how long an interface found plausible stays so without another

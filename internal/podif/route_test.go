@@ -172,10 +172,21 @@ func TestHostAddrs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	veth1, err := nl.LinkByName("vethpod1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := NewRouteResolver(WithNetlinkHandle(nl))
-	got, err := r.(AddrLister).HostAddrs(veth.Attrs().Index)
+	all, err := r.(AddrLister).HostAddrsByInterface()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := all[veth.Attrs().Index]
 	want := []netip.Addr{netip.MustParseAddr("10.249.7.2"), netip.MustParseAddr("fd00:249::2")}
-	if err != nil || !slices.Equal(got, want) {
-		t.Errorf("HostAddrs(vethpod0) = %v, %v; want %v", got, err, want)
+	if !slices.Equal(got, want) {
+		t.Errorf("HostAddrsByInterface()[vethpod0] = %v; want %v", got, want)
+	}
+	if got, want := all[veth1.Attrs().Index], []netip.Addr{netip.MustParseAddr("10.249.7.3")}; !slices.Equal(got, want) {
+		t.Errorf("HostAddrsByInterface()[vethpod1] = %v; want %v", got, want)
 	}
 }

@@ -13,9 +13,13 @@ import (
 type listingResolver struct {
 	*lookupTableResolver
 	addrs map[int][]netip.Addr
+	dumps int // HostAddrsByInterface calls
 }
 
-func (r *listingResolver) HostAddrs(ifindex int) ([]netip.Addr, error) { return r.addrs[ifindex], nil }
+func (r *listingResolver) HostAddrsByInterface() (map[int][]netip.Addr, error) {
+	r.dumps++
+	return r.addrs, nil
+}
 
 var _ podif.AddrLister = (*listingResolver)(nil)
 
@@ -83,4 +87,49 @@ func TestCommitPassesPodAddrs(t *testing.T) {
 		pt.mu.Unlock()
 		check(t, mem, map[netip.Addr]bool{pod4: true, pod6: true, other: false})
 	})
+}
+
+// TestPodAddrsOneDumpPerRound: a round committing a dual-stack pod's two IPs and
+// another pod lists the host routes once (podif.AddrLister's dump serves every pod
+// and both families); a pod whose address the round's dump lacks (its host route
+// came later) makes it list again, and gets the new addresses. Each round lists
+// afresh. Before, every pod IP's commit dumped the routes.
+func TestPodAddrsOneDumpPerRound(t *testing.T) {
+	pod4, pod6, other, late := netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("fd00::5"), netip.MustParseAddr("10.1.0.6"), netip.MustParseAddr("10.1.0.7")
+	r := &listingResolver{
+		lookupTableResolver: newLookupTableResolver(pod4.String(), 7, pod6.String(), 7, other.String(), 8, late.String(), 9),
+		addrs:               map[int][]netip.Addr{7: {pod4, pod6}, 8: {other}},
+	}
+	mem := bpfmaps.NewMemory()
+	pt := newPodTable(mem, r, &counters{}, testLogger(t), nil, 0)
+	policy := bpfmaps.PodPolicy{Ingress: bpfmaps.DirectionPolicy{Isolated: true}}
+	res := pt.lock()
+	for _, pod := range []netip.Addr{pod4, pod6, other} {
+		if err := pt.commitPod(&res, pod, &policy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.dumps != 1 {
+		t.Errorf("a round of a dual-stack pod's two IPs and another pod: %d route dumps, want 1", r.dumps)
+	}
+	r.addrs = map[int][]netip.Addr{7: {pod4, pod6}, 8: {other}, 9: {late}}
+	if err := pt.commitPod(&res, late, &policy); err != nil {
+		t.Fatal(err)
+	}
+	pt.mu.Unlock()
+	if r.dumps != 2 {
+		t.Errorf("a pod the round's dump lacks: %d route dumps in all, want 2", r.dumps)
+	}
+	if !mem.SourceAllowed(9, late, netip.MustParseAddr("10.2.0.1"), bpfmaps.ProtocolUDP, 1000, 53, 0) ||
+		!mem.SourceAllowed(7, pod6, netip.MustParseAddr("fd00:2::1"), bpfmaps.ProtocolUDP, 1000, 53, 0) {
+		t.Error("a pod's own address refused as source")
+	}
+	res = pt.lock()
+	if err := pt.commitPod(&res, pod4, &policy); err != nil {
+		t.Fatal(err)
+	}
+	pt.mu.Unlock()
+	if r.dumps != 3 {
+		t.Errorf("a new round: %d route dumps in all, want 3", r.dumps)
+	}
 }

@@ -122,6 +122,9 @@ type commitResult struct {
 	isolated     []netip.Addr
 	isolatedDirs [2]bool
 	unisolable   int
+	// hostAddrs is the round's dump of the pods' host routes, per interface
+	// (podAddrs); nil until a pod needs it.
+	hostAddrs map[int][]netip.Addr
 }
 
 // attemptWith returns the attempt with err's message ("" for nil).
@@ -553,7 +556,7 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	}
 	res.calls++
 	p := *policy
-	p.Addrs = t.podAddrs(pod, ifindex)
+	p.Addrs = t.podAddrs(res, pod, ifindex)
 	cr, err := t.dp.Commit(ifindex, p)
 	if err != nil {
 		t.stats.commitFailures.Add(1)
@@ -616,7 +619,7 @@ func (t *podTable) commitDeny(res *commitResult, pod netip.Addr, ifindex int, in
 	deny := bpfmaps.PodPolicy{
 		Ingress: bpfmaps.DirectionPolicy{Isolated: ingress},
 		Egress:  bpfmaps.DirectionPolicy{Isolated: egress},
-		Addrs:   t.podAddrs(pod, ifindex),
+		Addrs:   t.podAddrs(res, pod, ifindex),
 	}
 	res.calls++
 	cr, err := t.dp.Commit(ifindex, deny)
@@ -633,16 +636,21 @@ func (t *podTable) commitDeny(res *commitResult, pod netip.Addr, ifindex int, in
 // the resolver lists them (podif.AddrLister: both addresses of a dual-stack pod,
 // whichever of them this commit is for), else the pod IPs this table committed to
 // the interface. pod is always one of them; the list stops at bpfmaps.MaxPodAddrs.
-// Called with mu held.
-func (t *podTable) podAddrs(pod netip.Addr, ifindex int) []netip.Addr {
+// One route dump serves the round res (every pod it commits, both IPs of a
+// dual-stack pod): a dump that lacks pod was made before its host route was there,
+// and is made again. Called with mu held.
+func (t *podTable) podAddrs(res *commitResult, pod netip.Addr, ifindex int) []netip.Addr {
 	addrs := []netip.Addr{pod.Unmap()}
 	var more []netip.Addr
 	if l, ok := t.resolver.(podif.AddrLister); ok {
-		var err error
-		if more, err = l.HostAddrs(ifindex); err != nil {
-			t.log.Warn("list pod addresses: only the committed pod IPs are its own", "pod", pod, "ifindex", ifindex, "err", err)
-			more = nil
+		if !slices.Contains(res.hostAddrs[ifindex], pod.Unmap()) {
+			all, err := l.HostAddrsByInterface()
+			if err != nil {
+				t.log.Warn("list pod addresses: only the committed pod IPs are its own", "pod", pod, "ifindex", ifindex, "err", err)
+			}
+			res.hostAddrs = all
 		}
+		more = res.hostAddrs[ifindex]
 	}
 	if more == nil {
 		for other, i := range t.programmed {
