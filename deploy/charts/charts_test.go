@@ -169,6 +169,9 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
+		// A misspelled key would otherwise be ignored, its default kept silently.
+		{"misspelled key", map[string]any{"enforcingmode": "strict"}, "enforcingmode"},
+		{"misspelled nested key", map[string]any{"otlp": map[string]any{"endpont": "https://c:4317"}}, "endpont"},
 		{"node egress", map[string]any{"nodeEgress": "deny"}, "nodeEgress"},
 		{"probes on the metrics port", map[string]any{"health": map[string]any{"port": 9437}}, "health.port"},
 	} {
