@@ -75,6 +75,9 @@ type config struct {
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
 // is absent from the command line. The flag always wins over the variable.
+// defaultStateFile is --state-file's default.
+const defaultStateFile = "/var/lib/npagent/seen.state"
+
 var flagEnv = map[string]string{
 	"kubeconfig":              "KUBECONFIG",
 	"node-name":               "NODE_NAME",
@@ -134,7 +137,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
-	fs.StringVar(&c.StateFile, "state-file", "/var/lib/npagent/seen.state", "file persisting reported trigger times across restarts, and beside it (last-valid/) each object's last valid version; empty: none")
+	fs.StringVar(&c.StateFile, "state-file", defaultStateFile, "file persisting reported trigger times across restarts, and beside it (last-valid/) each object's last valid version; empty: none")
 	fs.StringVar(&c.TriggerAnnotation, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "annotation holding the change's trigger time (RFC3339Nano)")
 	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding the writer's W3C traceparent, read when "+reconcile.TracingTraceParentAnnotation+" (KEP-5915, always read first) is absent or empty")
 	fs.StringVar(&parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")

@@ -50,6 +50,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runExplain(ctx, args[1:], getenv, stdout, stderr)
 		case "wait":
 			return runWait(ctx, args[1:], getenv, stdout, stderr)
+		case "cleanup":
+			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
 		}
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
@@ -217,10 +219,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 
-	lastValidDir := "" // beside the seen-set's state: both must outlive the agent's container
-	if cfg.StateFile != "" {
-		lastValidDir = filepath.Join(filepath.Dir(cfg.StateFile), "last-valid")
-	}
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
 		NodeIP:                cfg.NodeIP,
@@ -236,7 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Workers:           cfg.Workers,
 		WatchStallTimeout: cfg.WatchStallTimeout,
 		Logger:            log.With("component", "reconcile"),
-		LastValidDir:      lastValidDir,
+		LastValidDir:      lastValidDir(cfg.StateFile),
 		EnforcingMode:     cfg.EnforcingMode,
 		// 100% is 1: no bound, as 0.
 		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,

@@ -2,6 +2,7 @@ package charts
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -169,6 +170,9 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
+		// A misspelled key would otherwise be ignored, its default kept silently.
+		{"misspelled key", map[string]any{"enforcingmode": "strict"}, "enforcingmode"},
+		{"misspelled nested key", map[string]any{"otlp": map[string]any{"endpont": "https://c:4317"}}, "endpont"},
 		{"node egress", map[string]any{"nodeEgress": "deny"}, "nodeEgress"},
 		{"probes on the metrics port", map[string]any{"health": map[string]any{"port": 9437}}, "health.port"},
 	} {
@@ -427,6 +431,39 @@ func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string,
 		}
 	}
 	t.Errorf("the volume %s is not otlp-ca from the expected source", mount.Name)
+}
+
+// TestCleanupValue: with cleanup set, every node's pod runs `npagent cleanup --wait`
+// on the agent's own paths, with the agent's privileges and mounts and no probes of
+// the agent's listeners (no agent runs); without it, the agent.
+func TestCleanupValue(t *testing.T) {
+	agent := typed[appsv1.DaemonSet](t, objects(t, render(t, cases[0])), "DaemonSet").Spec.Template.Spec.Containers[0]
+	ds := typed[appsv1.DaemonSet](t, objects(t, render(t, testCase{"cleanup", Release{"npagent", "npagent"}, map[string]any{"cleanup": true}})), "DaemonSet")
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	want := []string{"cleanup", "--bpffs-path=/sys/fs/bpf/npagent", "--state-file=/var/lib/npagent/seen.state", "--debug-socket=/run/npagent/debug.sock", "--wait"}
+	if !slices.Equal(ctr.Args, want) {
+		t.Errorf("args %q, want %q", ctr.Args, want)
+	}
+	for _, a := range agent.Args {
+		if p, _, ok := strings.Cut(a, "="); ok && (p == "--bpffs-path" || p == "--state-file") && !slices.Contains(want, a) {
+			t.Errorf("the agent runs with %s, cleanup does not clean it", a)
+		}
+	}
+	if ctr.LivenessProbe != nil || ctr.ReadinessProbe != nil || ctr.StartupProbe != nil || len(ctr.Ports) != 0 {
+		t.Errorf("cleanup pod probes or exposes the agent's listeners: %+v %+v %+v %v", ctr.LivenessProbe, ctr.ReadinessProbe, ctr.StartupProbe, ctr.Ports)
+	}
+	if !equalJSON(ctr.SecurityContext, agent.SecurityContext) || !equalJSON(ctr.VolumeMounts, agent.VolumeMounts) {
+		t.Errorf("cleanup pod's privileges or mounts differ from the agent's")
+	}
+	if agent.LivenessProbe == nil || len(agent.Args) == 0 || agent.Args[0] == "cleanup" {
+		t.Errorf("default values: not the agent (args %q)", agent.Args)
+	}
+}
+
+func equalJSON(a, b any) bool {
+	x, err1 := json.Marshal(a)
+	y, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(x) == string(y)
 }
 
 // TestClusterRoleByEnforcingMode: only strict mode, which watches the node's pods,
