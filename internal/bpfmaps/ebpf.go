@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -210,6 +211,10 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 			return nil, fmt.Errorf("open ebpf dataplane: pinned maps under %s do not match this build or its capacities (remove them to start over): %w", opts.PinPath, err)
 		}
 		return nil, fmt.Errorf("open ebpf dataplane: load: %w", permissionHint(err, "CAP_BPF"))
+	}
+	if err := probeTCX(e.objs.FromPod, link.AttachTCX); err != nil {
+		e.objs.Close()
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	e.states, err = openPodStates(e.objs.NpaPodSlot, e.objs.NpaSlotState)
 	if err != nil {
@@ -835,3 +840,24 @@ func (e *EBPF) adoptAddrs() error {
 }
 
 var _ Dataplane = (*EBPF)(nil)
+
+// probeTCX checks that the kernel attaches tcx programs (Linux >= 6.6) before any pod
+// needs it: without tcx the maps load and every pod's attach fails, each pod left
+// unpoliced while the agent looked healthy. It attaches prog to an interface index no
+// interface has, which a kernel with tcx refuses with ENODEV (and cilium/ebpf's own
+// feature test tells apart from a kernel without it: ErrNotSupported).
+func probeTCX(prog *ebpf.Program, attach func(link.TCXOptions) (link.Link, error)) error {
+	l, err := attach(link.TCXOptions{Interface: math.MaxInt32, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err == nil {
+		return l.Close()
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		var u unix.Utsname
+		release := "unknown"
+		if unix.Uname(&u) == nil {
+			release = unix.ByteSliceToString(u.Release[:])
+		}
+		return fmt.Errorf("%w: tcx program attachment (Linux 6.6 or later), not in kernel %s: npagent cannot attach its programs to pods' interfaces on this node", ErrKernelFeature, release)
+	}
+	return nil
+}

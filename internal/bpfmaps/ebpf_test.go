@@ -2,12 +2,14 @@ package bpfmaps
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 )
 
 // TestStateMapLayout: the commit's switch relies on the state words living in an
@@ -145,5 +147,23 @@ func TestEveryTargetsObject(t *testing.T) {
 			})
 			t.Logf("%s: %d packets checked in the kernel, %d allowed", obj, checked, allowed)
 		})
+	}
+}
+
+// TestProbeTCX: the running kernel has tcx (the test machines run Linux >= 6.6), so
+// the probe passes; a kernel without it (cilium/ebpf's ErrNotSupported, faked here:
+// pure logic) makes OpenEBPF fail naming the feature and the kernel, where the maps
+// would load and every pod's attach fail.
+func TestProbeTCX(t *testing.T) {
+	e := openTestEBPF(t, EBPFOptions{})
+	if err := probeTCX(e.objs.FromPod, link.AttachTCX); err != nil {
+		t.Fatalf("probe on this kernel: %v", err)
+	}
+	noTCX := func(link.TCXOptions) (link.Link, error) {
+		return nil, fmt.Errorf("attach tcx: %w", ebpf.ErrNotSupported)
+	}
+	err := probeTCX(e.objs.FromPod, noTCX)
+	if !errors.Is(err, ErrKernelFeature) || !strings.Contains(err.Error(), "Linux 6.6") || !strings.Contains(err.Error(), "not in kernel ") {
+		t.Fatalf("probe without tcx: %v, want ErrKernelFeature naming the feature and the kernel", err)
 	}
 }

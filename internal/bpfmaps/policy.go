@@ -28,6 +28,10 @@ var ErrNoBPFFS = errors.New("bpffs is not mounted")
 // change the same pinned state.
 var ErrPinDirLocked = errors.New("pin directory is locked by another process")
 
+// ErrKernelFeature is wrapped by OpenEBPF when the running kernel lacks a feature the
+// datapath needs; the error names the kernel release and the feature.
+var ErrKernelFeature = errors.New("the kernel lacks a feature npagent needs")
+
 // ErrIncompatiblePins is wrapped by OpenEBPF when the pinned maps hold state in a
 // layout this build does not read (written by an unreleased build). Nothing is
 // changed; the error names the pin directory to remove.
