@@ -189,11 +189,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	// Traffic between a pod and its own node is always allowed: the node set is in
 	// place before any pod is programmed, and kept current.
-	dpNode, ok := dp.(bpfmaps.NodeExemption)
-	if !ok {
-		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
-	}
-	nodes := &nodeAddrs{dp: dpNode, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
+	nodes := &nodeAddrs{dp: dp, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
 		list: listHostIfaces, watch: watchHostAddrs, log: log.With("component", "node-addrs"),
 		statusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"}
 	stopNodeAddrs, err := startNodeAddrs(runCtx, nodes, nodeAddrsRefresh)
@@ -257,9 +253,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			loop := ctrl.Stats()
 			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
 			c.NodeAddrsLeftOut = int64(nodes.leftOut())
-			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
-				c.Maps = mapUsage(ur)
-			}
+			c.Maps = mapUsage(dp)
 		})
 	}
 	debug.setLoop(ctrl)

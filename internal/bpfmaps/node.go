@@ -12,7 +12,7 @@ import (
 // MaxNodePrefixes is how many node prefixes of each family the dataplane holds.
 const MaxNodePrefixes = 1024
 
-// NodeExemption is implemented by both backends: traffic between a pod and its own
+// NodeExemption is part of Dataplane (both backends): traffic between a pod and its own
 // node is always allowed — in every tier, admin Deny included, and in both directions
 // (Kubernetes NetworkPolicy's rule for kubelet probes; the AWS agent's too). A packet
 // whose peer (the source of a packet to the pod, the destination of one from it) is
@@ -183,7 +183,8 @@ func (e *EBPF) NodeAddrs() ([]netip.Prefix, error) {
 	return normalizeNodePrefixes(out)
 }
 
-// SetNodeAddrs implements NodeExemption; Verdict consults the set.
+// SetNodeAddrs implements NodeExemption in memory: the in-memory backend's Verdict
+// consults the set; no packet meets it (this backend enforces nothing).
 func (m *Memory) SetNodeAddrs(prefixes []netip.Prefix) error {
 	set, err := normalizeNodePrefixes(prefixes)
 	if err != nil {

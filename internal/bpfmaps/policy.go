@@ -331,6 +331,8 @@ type CommitResult struct {
 }
 
 // Dataplane is what the reconcile loop drives. ifindex is the pod's host-side interface.
+// Both backends (EBPF, Memory) implement all of it, so callers never type-assert for
+// the node exemption, map use or entry counts.
 type Dataplane interface {
 	// Commit makes p the pod's policy. Atomic per pod: packets see the old policy of
 	// both directions or the new one, never a mix of entries. On error nothing of this
@@ -344,6 +346,12 @@ type Dataplane interface {
 	Ready() error
 	// Close drops this process's handles. Pinned state (and enforcement) stays.
 	Close() error
+	// NodeExemption: the node's own addresses, whose traffic with a pod always passes.
+	NodeExemption
+	// UsageReporter: each map's use against its capacity, for gauges.
+	UsageReporter
+	// EntryCounter: what a policy would hold before it is committed (namespace shares).
+	EntryCounter
 }
 
 var _ Dataplane = (*Memory)(nil)
