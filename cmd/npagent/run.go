@@ -19,6 +19,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/nodeaddrs"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/report"
@@ -189,15 +190,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	// Traffic between a pod and its own node is always allowed: the node set is in
 	// place before any pod is programmed, and kept current.
-	nodes := &nodeAddrs{dp: dp, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
-		list: listHostIfaces, watch: watchHostAddrs, log: log.With("component", "node-addrs"),
-		statusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"}
-	stopNodeAddrs, err := startNodeAddrs(runCtx, nodes, nodeAddrsRefresh)
+	nodes := nodeaddrs.New(nodeaddrs.Config{Dataplane: dp, Max: bpfmaps.MaxNodePrefixes,
+		Sources: nodeaddrs.Sources{NodeIP: cfg.NodeIP, Extra: cfg.NodeCIDRs, Ifaces: cfg.NodeAddrInterfaces},
+		List:    nodeaddrs.ListIfaces, Watch: nodeaddrs.WatchAddrs, Log: log.With("component", "node-addrs"),
+		StatusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"})
+	stopNodeAddrs, err := nodes.Start(runCtx, nodeAddrsRefresh)
 	if err != nil {
 		return err
 	}
 	defer stopNodeAddrs() // before the dataplane closes
-	health.addCheck(nodes.health)
+	health.addCheck(nodes.Health)
 	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
 		return stopped()
 	}
@@ -252,7 +254,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 			loop := ctrl.Stats()
 			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
-			c.NodeAddrsLeftOut = int64(nodes.leftOut())
+			c.NodeAddrsLeftOut = int64(nodes.LeftOut())
 			c.Maps = mapUsage(dp)
 		})
 	}
