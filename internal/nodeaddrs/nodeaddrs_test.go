@@ -100,7 +100,7 @@ func TestListIfaces(t *testing.T) {
 // TestWatchAddrs: adding an address in the namespace is signalled (as root: it
 // adds one to a dummy interface of its own), and the channel closes once done is.
 func TestWatchAddrs(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		t.Skip("needs root (CAP_NET_ADMIN) to add an address")
 	}
 	done := make(chan struct{})
@@ -228,7 +228,7 @@ func TestNodeAddrsRefresh(t *testing.T) {
 // none. Then 1100 addresses on the uplink: the set is cut to what the dataplane
 // holds, the node IP kept, and the agent goes on, not ready, saying why.
 func TestNodeSetFromANamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: builds a network namespace with interfaces")
 	}
 	netlab.RequireIP(t, "build the node's interfaces")
