@@ -215,31 +215,38 @@ func (c *ControlPlane) waitReady(timeout time.Duration) error {
 func CRDDir() string { return filepath.Join(RepoRoot(), "config", "crd") }
 
 // EnvUpstreamCRDs names a directory holding the AWS Network Policy Controller's CRD
-// manifests, when they are not where UpstreamCRDDir looks by default.
+// manifests, when they are not beside the checkout (README: Developing).
 const EnvUpstreamCRDs = "NPAGENT_UPSTREAM_CRDS"
 
 // UpstreamCRDDir returns the directory of the controller's own CRD manifests (test
 // data kept outside the repository, never copied into it): $NPAGENT_UPSTREAM_CRDS when
-// set, else ../shared/upstream-crds beside the checkout, else /work/shared/upstream-crds
-// (where CI machines keep it whatever the clone's path). When none holds the
-// manifests the test is skipped — a failure under NPAGENT_TEST_NO_SKIP=1.
+// set, else ../shared/upstream-crds beside the checkout. Nothing else: the project
+// finds its test data relative to itself or where it is told, never at one
+// machine's absolute path (.ci/run tells it where a CI machine keeps them). When
+// neither holds the manifests the test is skipped — a failure under
+// NPAGENT_TEST_NO_SKIP=1.
 func UpstreamCRDDir(tb testing.TB) string {
 	tb.Helper()
-	var tried []string
-	if dir := os.Getenv(EnvUpstreamCRDs); dir != "" {
-		// Set explicitly: no fallback, so a wrong path is not hidden by another copy.
-		tried = append(tried, dir)
-	} else {
-		tried = append(tried, filepath.Join(RepoRoot(), "..", "shared", "upstream-crds"), "/work/shared/upstream-crds")
+	dir, err := upstreamCRDDir(os.Getenv(EnvUpstreamCRDs), RepoRoot())
+	if err != nil {
+		skip.Unmet(tb, "testenv: %v", err)
 	}
-	for _, dir := range tried {
-		if hasUpstreamCRDs(dir) {
-			return filepath.Clean(dir)
-		}
+	return dir
+}
+
+// upstreamCRDDir is UpstreamCRDDir's lookup: env ($NPAGENT_UPSTREAM_CRDS) when set,
+// with no fallback (a wrong path is not hidden by another copy), else
+// ../shared/upstream-crds beside repoRoot.
+func upstreamCRDDir(env, repoRoot string) (string, error) {
+	dir := env
+	if dir == "" {
+		dir = filepath.Join(repoRoot, "..", "shared", "upstream-crds")
 	}
-	skip.Unmet(tb, "testenv: the controller's CRDs (%s and %s) are not in %v; set %s to their directory",
-		UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD, tried, EnvUpstreamCRDs)
-	return ""
+	if !hasUpstreamCRDs(dir) {
+		return "", fmt.Errorf("the controller's CRDs (%s and %s) are not in %s; set %s to their directory",
+			UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD, dir, EnvUpstreamCRDs)
+	}
+	return filepath.Clean(dir), nil
 }
 
 // File names of the controller's CRD manifests, as it publishes them (controller-gen's
