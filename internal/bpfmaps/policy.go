@@ -334,9 +334,12 @@ type CommitResult struct {
 // Both backends (EBPF, Memory) implement all of it, so callers never type-assert for
 // the node exemption, map use or entry counts.
 type Dataplane interface {
-	// Commit makes p the pod's policy. Atomic per pod: packets see the old policy of
-	// both directions or the new one, never a mix of entries. On error nothing of this
-	// commit is visible.
+	// Commit makes p the pod's policy. Atomic per pod and direction: a packet is
+	// decided by its direction's old policy or its new one, never by a mix of their
+	// entries. The directions are not switched together: EBPF stores ingress's word,
+	// then egress's (podstate.go), so between the two stores a packet may meet the
+	// new ingress policy and the old egress one (Memory switches both at once). On
+	// error nothing of this commit is visible.
 	Commit(ifindex int, p PodPolicy) (CommitResult, error)
 	// Remove deletes the pod's state and detaches its programs. Unknown pods are no-ops.
 	Remove(ifindex int) (CommitResult, error)
