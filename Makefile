@@ -12,9 +12,9 @@ TEST_TIMEOUT ?= 25m
 # fails when a package is in none or in two. make unit runs the pure tests of every
 # package (-short: a test needing root, the kernel, an apiserver or a built tool
 # skips); make test runs every package once, in its tier.
-UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
+UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
 	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/
-INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ \
+INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
 E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/

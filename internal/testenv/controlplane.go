@@ -36,7 +36,8 @@ type ControlPlane struct {
 	// Scheme knows the built-in types and networking.k8s.aws/v1alpha1.
 	Scheme *runtime.Scheme
 
-	env *envtest.Environment
+	env    *envtest.Environment
+	shared bool // Shared's: no test may stop or restart it
 }
 
 // Option changes how Start runs the control plane.
@@ -62,6 +63,19 @@ func WithCRDDir(dir string) Option {
 
 // Start runs a control plane for the test and stops it in tb.Cleanup.
 func Start(tb testing.TB, opts ...Option) *ControlPlane {
+	tb.Helper()
+	cp, stop := start(tb, opts...)
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Logf("testenv: stop control plane: %v", err)
+		}
+	})
+	return cp
+}
+
+// start runs a control plane; tb is for the tools, failures and the log, and stop,
+// the caller's to call, ends it and removes its certificates.
+func start(tb testing.TB, opts ...Option) (cp *ControlPlane, stop func() error) {
 	tb.Helper()
 	o := options{apiServerArgs: map[string]string{
 		"shutdown-watch-termination-grace-period": "2s",
@@ -92,7 +106,6 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(certDir) })
 
 	env := &envtest.Environment{
 		Scheme:                   scheme,
@@ -108,23 +121,24 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 		args.Set(k, v)
 	}
 
-	start := time.Now()
+	began := time.Now()
 	cfg, err := env.Start()
 	if err != nil {
+		os.RemoveAll(certDir)
 		tb.Fatalf("testenv: start kube-apiserver (%s) and etcd (%s): %v", apiserver, etcd, err)
 	}
-	tb.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			tb.Logf("testenv: stop control plane: %v", err)
-		}
-	})
-	tb.Logf("testenv: control plane up in %v at %s", time.Since(start).Round(time.Millisecond), cfg.Host)
+	stop = func() error {
+		defer os.RemoveAll(certDir)
+		return env.Stop()
+	}
+	tb.Logf("testenv: control plane up in %v at %s", time.Since(began).Round(time.Millisecond), cfg.Host)
 
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
+		_ = stop()
 		tb.Fatalf("testenv: client: %v", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}
+	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}, stop
 }
 
 // RestartAPIServer stops and starts kube-apiserver (etcd keeps running). Informers
@@ -141,6 +155,9 @@ func (c *ControlPlane) RestartAPIServer(tb testing.TB) {
 // again.
 func (c *ControlPlane) StopAPIServer(tb testing.TB) {
 	tb.Helper()
+	if c.shared {
+		tb.Fatal("testenv: StopAPIServer on the shared control plane: the package's other tests use it; use Start")
+	}
 	if err := c.env.ControlPlane.GetAPIServer().Stop(); err != nil {
 		tb.Fatalf("testenv: stop kube-apiserver: %v", err)
 	}
@@ -164,6 +181,9 @@ func (c *ControlPlane) StartAPIServer(tb testing.TB) {
 // while the apiserver restarts its cache).
 func (c *ControlPlane) CompactEtcd(tb testing.TB) int64 {
 	tb.Helper()
+	if c.shared {
+		tb.Fatal("testenv: CompactEtcd on the shared control plane: the package's other tests use it; use Start")
+	}
 	base := c.env.ControlPlane.Etcd.URL.String()
 	post := func(path, body string, out any) {
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
