@@ -6,11 +6,40 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X main.version=$(VERSION)
 PKGS      := ./...
 TEST_TIMEOUT ?= 25m
-# Packages whose code runs goroutines or is called from several: make test runs them
-# again under the race detector.
-RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
-.PHONY: all build image chart test unit e2e fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+# Test tiers. Each package is in the tier of the heaviest thing its tests need (a
+# package with both apiserver and eBPF tests is in integration); make check-tiers
+# fails when a package is in none or in two. make unit runs the pure tests of every
+# package (-short: a test needing root, the kernel, an apiserver or a built tool
+# skips); make test runs every package once, in its tier.
+UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
+	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/
+INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ \
+	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
+KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
+E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/
+# Packages whose code runs goroutines or is called from several: their tier runs them
+# under the race detector (only: not a second time without it).
+RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
+# Tests that skip under the race detector (timing, allocation counts: its stalls
+# and sync.Pool's drops make them meaningless), as package:regex. The race pass
+# skips them; a plain pass of their own runs them, and only them.
+RACE_SKIPPED := ./cmd/npagent/:^TestProber ./internal/telemetry/:^TestLinkAllocations
+TESTFLAGS ?= -count=1 -timeout $(TEST_TIMEOUT)
+empty :=
+space := $(empty) $(empty)
+race_skip_re := $(subst $(space),|,$(foreach t,$(RACE_SKIPPED),$(lastword $(subst :, ,$(t)))))
+
+# $(call gotest,packages): go test each package once — those of RACE_PKGS under
+# -race (but for their RACE_SKIPPED tests, run without it), the others without.
+define gotest
+	$(if $(filter $(RACE_PKGS),$(1)),$(GO) test $(TESTFLAGS) -race -skip '$(race_skip_re)' $(filter $(RACE_PKGS),$(1)))
+	$(if $(filter-out $(RACE_PKGS),$(1)),$(GO) test $(TESTFLAGS) $(filter-out $(RACE_PKGS),$(1)))
+	@for t in $(RACE_SKIPPED); do pkg=$${t%%:*}; re=$${t#*:}; case " $(1) " in *" $$pkg "*) \
+		echo "$(GO) test $(TESTFLAGS) -run '$$re' $$pkg"; $(GO) test $(TESTFLAGS) -run "$$re" $$pkg || exit 1;; esac; done
+endef
+
+.PHONY: all build image chart test unit integration kernel e2e e2e-full check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -42,30 +71,62 @@ tools-demo: tools ## also Prometheus and Jaeger for the demo
 
 # The collector tiers' test (otel-collector/tiers_test.go) runs a real Prometheus and
 # Jaeger: built here (tools-demo), before go test's timeout starts, not inside a test.
-test: tools-demo ## all tests: unit, real apiserver, real collectors, Prometheus, Jaeger, eBPF (as root)
+test: tools-demo check-tiers ## every test once, tier by tier: unit, integration, kernel (as root), e2e
 	@echo "==> go vet"
 	$(GO) vet $(PKGS)
-	@echo "==> go test (integration tests use the real control plane and collector; eBPF tests need root)"
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	@echo "==> go test -race (every package with concurrency: $(RACE_PKGS))"
-	$(GO) test -count=1 -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
+	@$(MAKE) --no-print-directory test-unit-pkgs
+	@$(MAKE) --no-print-directory integration
+	@$(MAKE) --no-print-directory kernel
+	@$(MAKE) --no-print-directory e2e
+
+unit: ## the pure tests of every package (-short: nothing needing root, the kernel, an apiserver or a tool); cached
+	@echo "==> unit: go test -short (no root, no control plane, no tools; cached)"
+	$(GO) test -short $(PKGS)
+
+# make test's share of the unit tier: the packages with nothing but pure tests (the
+# pure tests of the others run in their own tier's pass).
+test-unit-pkgs:
+	@echo "==> unit: $(UNIT_PKGS)"
+	$(GO) test $(UNIT_PKGS)
+
+integration: tools ## packages with tests against a real kube-apiserver + etcd, collector or promtool (as root, their eBPF tests too)
+	@echo "==> integration: $(INTEGRATION_PKGS) (race detector on $(filter $(RACE_PKGS),$(INTEGRATION_PKGS)))"
+	$(call gotest,$(INTEGRATION_PKGS))
+
+kernel: ## packages with tests of real eBPF, netlink and namespaces (root)
+	@echo "==> kernel: $(KERNEL_PKGS) (race detector on $(filter $(RACE_PKGS),$(KERNEL_PKGS)))"
+	$(call gotest,$(KERNEL_PKGS))
 
 # The fault tests (cmd/npagent/faults_test.go) and the packet prober
-# (cmd/npagent/prober_test.go) run a short profile in make test; NPAGENT_E2E=1 selects
-# the full one, with -v so their figures and the prober's flip table are printed.
+# (cmd/npagent/prober_test.go) run a short profile in make e2e (and make test);
+# NPAGENT_E2E=1 selects the full one (make e2e-full), with -v so their figures and
+# the prober's flip table are printed.
 E2E_TESTS := ^(TestFault|TestProber)
 
-e2e: tools ## full profiles: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s, packet prober (16 flips)
+e2e: tools-demo ## the agent's binary against real parts: faults, restarts, the prober; the collector tiers; the image
+	@echo "==> e2e: $(E2E_PKGS) (race detector on $(filter $(RACE_PKGS),$(E2E_PKGS)))"
+	$(call gotest,$(E2E_PKGS))
+
+e2e-full: tools ## full profiles: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s, packet prober (16 flips)
 	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profiles: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s, packet prober 16 flips; root for the pods and eBPF)"
 	NPAGENT_E2E=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) -run '$(E2E_TESTS)' ./cmd/npagent/
 
-unit: ## fast tests only (no control plane, no root)
-	$(GO) test -count=1 -short $(PKGS)
+# Every package in exactly one tier, and every fuzz target listed.
+check-tiers:
+	@listed="$$($(GO) list $(UNIT_PKGS) $(INTEGRATION_PKGS) $(KERNEL_PKGS) $(E2E_PKGS) | sort)"; \
+	dup="$$(printf '%s\n' $(UNIT_PKGS) $(INTEGRATION_PKGS) $(KERNEL_PKGS) $(E2E_PKGS) | sort | uniq -d)"; \
+	off="$$(printf '%s\n%s\n' "$$($(GO) list $(PKGS))" "$$listed" | sort | uniq -u)"; \
+	if [ -n "$$dup$$off" ]; then echo "test tiers (Makefile): in two tiers: $$dup; in none: $$off"; exit 1; fi
+	@found="$$(grep -rE --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]*' . | sed -E 's#^(.*/)[^/]*:func #\1:#' | sort)"; \
+	listed="$$(printf '%s\n' $(FUZZ_TARGETS) | sort)"; \
+	if [ "$$found" != "$$listed" ]; then echo "FUZZ_TARGETS (Makefile) differs from the tree's func Fuzz:"; \
+		printf '%s\n%s\n' "$$found" "$$listed" | sort | uniq -u; exit 1; fi
 
 # Fuzz targets as package:function. `go test` (make test, CI) runs each one's seed
 # corpus and the inputs it once failed on (testdata/fuzz); `make fuzz` explores.
 FUZZ_TARGETS := ./internal/seen/:FuzzParseTrigger ./internal/seen/:FuzzDecodeState \
-	./internal/reconcile/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict
+	./internal/reconcile/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict \
+	./internal/bpfmaps/:FuzzCompileMatchesReference
 FUZZTIME ?= 30s
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s; the first run builds an instrumented test binary per package)

@@ -264,7 +264,7 @@ func sumSamples(exposition, name string, labels ...string) float64 {
 // cleanup. The IP is derived from the test's pid so parallel test processes differ.
 func addLocalPod(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root (CAP_NET_ADMIN) to add the interface and host route of a local pod for the route resolver")
 	}
 	pid := os.Getpid()
@@ -618,7 +618,7 @@ func skipIfShort(t testing.TB) {
 // capabilities it lacks.
 func TestAgentEBPFWithoutPrivilegesNamesCapabilities(t *testing.T) {
 	skipIfShort(t)
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root to start the agent as an unprivileged user (uid 65534)")
 	}
 	// A directory the unprivileged user can read and execute from.

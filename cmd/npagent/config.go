@@ -124,23 +124,45 @@ var errHelp = flag.ErrHelp
 // the flag (and the variable, when the value came from it).
 func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
 	var c config
+	var raw rawFlags
+	fs := newFlagSet(&c, &raw, usage)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain, wait or cleanup command)", fs.Arg(0))
+	}
+	if err := setFromEnv(fs, getenv); err != nil {
+		return c, err
+	}
+	errs := raw.convert(&c)
+	errs = append(errs, c.validate()...)
+	return c, errors.Join(errs...)
+}
+
+// rawFlags are the flags parsed as text: convert turns them into config's values.
+type rawFlags struct {
+	nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode string
+}
+
+// newFlagSet defines the agent's flags on c (and raw, for those converted after
+// parsing), with the usage text printed on -h or a parse error.
+func newFlagSet(c *config, raw *rawFlags, usage io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
 	fs.SetOutput(usage)
-
-	var nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode string
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
-	fs.StringVar(&nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
-	fs.StringVar(&nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses always are (the node IP, the Node object's InternalIP and ExternalIP addresses, every address of the interfaces that hold them; not dummy devices, kube-ipvs0 or pods' veths)")
-	fs.StringVar(&nodeAddrIfaces, "node-address-interfaces", "", "more interfaces (comma-separated names; \"name*\" matches a prefix) whose addresses are the node's own, exempt from policy. E.g. a CNI that puts a gateway address on each pod's host-side veth (the ptp plugin): the kubelet's probes come from it")
+	fs.StringVar(&raw.nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
+	fs.StringVar(&raw.nodeCIDRs, "node-cidrs", "", "extra CIDRs (comma-separated) whose traffic with pods is always allowed, as the node's own addresses always are (the node IP, the Node object's InternalIP and ExternalIP addresses, every address of the interfaces that hold them; not dummy devices, kube-ipvs0 or pods' veths)")
+	fs.StringVar(&raw.nodeAddrIfaces, "node-address-interfaces", "", "more interfaces (comma-separated names; \"name*\" matches a prefix) whose addresses are the node's own, exempt from policy. E.g. a CNI that puts a gateway address on each pod's host-side veth (the ptp plugin): the kubelet's probes come from it")
 	fs.Var(&c.NodeEgress, "node-egress", "a pod's packets to its own node's addresses (a NodePort or hostPort on its node, a node-local DNS cache, anything on the node): allow (they pass whatever its egress policy says, as the node's packets to the pod always do) or policy (its egress policy judges them as any peer's; replies of connections the node opened, such as kubelet probes, and DHCP still pass)")
-	fs.StringVar(&podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
+	fs.StringVar(&raw.podIfPrefixes, "pod-interface-prefixes", "", "name prefixes (comma-separated) of the host-side pod interfaces the CNI creates (AWS VPC CNI: eni,vlan; Calico: cali; Cilium: lxc); an interface named otherwise is never attached to. Empty: any name. Whatever this says, an interface carrying a default route or the node IP, or loopback, never is")
 	fs.StringVar(&c.Dataplane, "dataplane", dataplaneEBPF, "dataplane backend: ebpf, or memory (no enforcement; for unprivileged runs)")
 	fs.StringVar(&c.BPFFSPath, "bpffs-path", bpfmaps.DefaultPinPath, "bpffs directory where eBPF maps and links are pinned")
 	fs.StringVar(&c.StateFile, "state-file", defaultStateFile, "file persisting reported trigger times across restarts, and beside it (last-valid/) each object's last valid version; empty: none")
 	fs.StringVar(&c.TriggerAnnotation, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "annotation holding the change's trigger time (RFC3339Nano)")
 	fs.StringVar(&c.TraceParentAnnotation, "traceparent-annotation", v1alpha1.AnnotationTraceParent, "annotation holding the writer's W3C traceparent, read when "+reconcile.TracingTraceParentAnnotation+" (KEP-5915, always read first) is absent or empty")
-	fs.StringVar(&parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")
+	fs.StringVar(&raw.parenting, "trace-parenting", telemetry.ParentingLink.String(), "how a trigger's root span relates to the writer's traceparent: link (a trace of its own with a span link to it, as KEP-5915 asks) or child (a child in the writer's trace)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 10*time.Minute, "informer resync period; 0 disables resyncs")
 	fs.IntVar(&c.Workers, "workers", 2, "reconcile workers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "host:port serving /metrics; empty: the node IP, port "+defaultMetricsPort+" (\":"+defaultMetricsPort+"\" listens on every interface)")
@@ -149,7 +171,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
-	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (key=value) or json")
 	fs.DurationVar(&c.SlowTraceThreshold, "slow-trace-threshold", 0, "triggers at least this slow are always traced")
 	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
@@ -161,10 +183,10 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.Float64Var(&c.NamespaceEntryShare, "namespace-entry-share", 100*reconcile.DefaultNamespaceEntryShare, "percent of each policy map (direction and family) the pods of one namespace on this node may hold with their NetworkPolicy rules: a policy object that would take its namespace over it is rejected as bad input (counted in invalid objects; its last valid version stays in force), so that one tenant cannot crowd others out of the node's maps (README: How capacity is divided). 0 or 100: no bound")
-	fs.StringVar(&enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
+	fs.StringVar(&raw.enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
 	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.Usage = func() {
-		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n\nFlags (each falls back to the environment variable in brackets):\n")
+		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n       npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)\n\nFlags (each falls back to the environment variable in brackets):\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			def := ""
 			if f.DefValue != "" {
@@ -174,13 +196,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		})
 		fmt.Fprintf(usage, "\nOTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...) configure OTLP export.\n")
 	}
+	return fs
+}
 
-	if err := fs.Parse(args); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain or wait command)", fs.Arg(0))
-	}
+// setFromEnv sets each flag not given on the command line from its variable
+// (flagEnv), when that is not empty; a bad value names the flag and the variable.
+func setFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
@@ -197,34 +218,25 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			errs = append(errs, fmt.Errorf("invalid value %q for --%s (from $%s): %w", v, f.Name, name, err))
 		}
 	})
-	if len(errs) > 0 {
-		return c, errors.Join(errs...)
-	}
+	return errors.Join(errs...)
+}
 
-	if p, err := telemetry.ParseParenting(parenting); err != nil {
-		errs = append(errs, fmt.Errorf("--trace-parenting: %q is not link or child", parenting))
+// convert turns the text flags into c's values, defaulting --metrics-addr to the
+// node IP and --node-name to the host name; each error names its flag.
+func (raw *rawFlags) convert(c *config) []error {
+	var errs []error
+	if p, err := telemetry.ParseParenting(raw.parenting); err != nil {
+		errs = append(errs, fmt.Errorf("--trace-parenting: %q is not link or child", raw.parenting))
 	} else {
 		c.TraceParenting = p
 	}
-	if err := c.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		errs = append(errs, fmt.Errorf("--log-level: %q is not debug, info, warn or error", logLevel))
+	if err := c.LogLevel.UnmarshalText([]byte(raw.logLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %q is not debug, info, warn or error", raw.logLevel))
 	}
-	if nodeIP == "" {
-		errs = append(errs, errors.New("--node-ip (or $NODE_IP) is required: the agent programs the pods whose hostIP is this node's IP"))
-	} else if ip, err := netip.ParseAddr(nodeIP); err != nil {
-		errs = append(errs, fmt.Errorf("--node-ip: %q is not an IP address", nodeIP))
-	} else {
-		c.NodeIP = ip.Unmap()
-		if c.MetricsAddr == "" {
-			// The node IP, not every interface: on the host network every interface
-			// is the node's. Prometheus reaches the pod IP, which is the node IP.
-			c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
-		}
+	if err := raw.convertNodeIP(c); err != nil {
+		errs = append(errs, err)
 	}
-	for _, f := range strings.Split(nodeCIDRs, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
+	for _, f := range splitList(raw.nodeCIDRs) {
 		p, err := netip.ParsePrefix(f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--node-cidrs: %q is not a CIDR", f))
@@ -232,18 +244,10 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		}
 		c.NodeCIDRs = append(c.NodeCIDRs, p.Masked())
 	}
-	for _, f := range strings.Split(nodeAddrIfaces, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			c.NodeAddrInterfaces = append(c.NodeAddrInterfaces, f)
-		}
-	}
-	for _, f := range strings.Split(podIfPrefixes, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			c.PodInterfacePrefixes = append(c.PodInterfacePrefixes, f)
-		}
-	}
-	if m, err := reconcile.ParseEnforcingMode(enforcingMode); err != nil || enforcingMode == "" {
-		errs = append(errs, fmt.Errorf("--enforcing-mode: %q is not standard or strict", enforcingMode))
+	c.NodeAddrInterfaces = append(c.NodeAddrInterfaces, splitList(raw.nodeAddrIfaces)...)
+	c.PodInterfacePrefixes = append(c.PodInterfacePrefixes, splitList(raw.podIfPrefixes)...)
+	if m, err := reconcile.ParseEnforcingMode(raw.enforcingMode); err != nil || raw.enforcingMode == "" {
+		errs = append(errs, fmt.Errorf("--enforcing-mode: %q is not standard or strict", raw.enforcingMode))
 	} else {
 		c.EnforcingMode = m
 	}
@@ -254,8 +258,37 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		}
 		c.NodeName = host
 	}
-	errs = append(errs, c.validate()...)
-	return c, errors.Join(errs...)
+	return errs
+}
+
+// convertNodeIP sets c.NodeIP from --node-ip (required), and --metrics-addr to it
+// when that is empty.
+func (raw *rawFlags) convertNodeIP(c *config) error {
+	if raw.nodeIP == "" {
+		return errors.New("--node-ip (or $NODE_IP) is required: the agent programs the pods whose hostIP is this node's IP")
+	}
+	ip, err := netip.ParseAddr(raw.nodeIP)
+	if err != nil {
+		return fmt.Errorf("--node-ip: %q is not an IP address", raw.nodeIP)
+	}
+	c.NodeIP = ip.Unmap()
+	if c.MetricsAddr == "" {
+		// The node IP, not every interface: on the host network every interface
+		// is the node's. Prometheus reaches the pod IP, which is the node IP.
+		c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), defaultMetricsPort)
+	}
+	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks and empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // validate checks the values parseConfig cannot check while parsing.

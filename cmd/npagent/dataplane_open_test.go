@@ -23,7 +23,7 @@ import (
 // both removed at cleanup; it skips unless run as root.
 func openDataplaneLab(t *testing.T) (pin string, ifindex int) {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root (CAP_BPF, CAP_NET_ADMIN) to open the eBPF dataplane")
 	}
 	netlab.HostBPFFS(t) // the host's part: the agent never mounts it

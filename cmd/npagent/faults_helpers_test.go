@@ -39,7 +39,7 @@ import (
 	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
-// EnvE2E selects the full profile of the fault tests (make e2e); unset, they run
+// EnvE2E selects the full profile of the fault tests (make e2e-full); unset, they run
 // the short one (make test).
 const EnvE2E = "NPAGENT_E2E"
 
@@ -176,7 +176,7 @@ type localPod struct {
 // names and addresses derived from the test's pid and the index.
 func addLocalPods(t testing.TB, n int) []localPod {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root (CAP_NET_ADMIN) to add the interfaces and host routes of local pods for the route resolver")
 	}
 	pid := os.Getpid()

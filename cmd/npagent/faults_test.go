@@ -4,7 +4,7 @@ package main
 // etcd (internal/testenv), reporting through a real OpenTelemetry Collector to an
 // OTLP sink in the test, where every reported trigger is one policy.program root
 // span (uid, trigger time, start = trigger, end = commit). Each test runs a short
-// profile under make test and the full one under make e2e (NPAGENT_E2E=1).
+// profile under make test (and make e2e) and the full one under make e2e-full (NPAGENT_E2E=1).
 
 import (
 	"context"

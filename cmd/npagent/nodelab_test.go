@@ -34,7 +34,7 @@ type nodeLab struct {
 // (util-linux), ip (iproute2) and bpffs; a missing one is skip.Unmet.
 func newNodeLab(t *testing.T, prefix string, net int) *nodeLab {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: builds network namespaces and runs the agent with CAP_BPF and CAP_NET_ADMIN")
 	}
 	for _, tool := range []string{"setpriv", "nsenter"} {

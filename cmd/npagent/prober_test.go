@@ -38,12 +38,12 @@ const (
 	proberPort     = 7000
 	// proberSlack is how much later than the packets the reported commit may be.
 	proberSlack = time.Millisecond
-	// proberE2E selects the full profile (make e2e).
+	// proberE2E selects the full profile (make e2e-full).
 	proberE2E = "NPAGENT_E2E"
 )
 
 // proberFlips is the number of flips that must pin their commit sharply (a window
-// within proberSlack): 16 under make e2e, 4 under make test. The test makes twice as
+// within proberSlack): 16 under make e2e-full, 4 under make test. The test makes twice as
 // many and checks every one (sharpFlipsNeeded).
 func proberFlips() int {
 	if os.Getenv(proberE2E) == "1" {
@@ -130,9 +130,9 @@ func TestProberFlipLatency(t *testing.T) {
 	skipIfShort(t)
 	if raceDetector {
 		// Not a missing prerequisite: a 1 ms bound cannot be judged when the race
-		// detector stalls the sender for milliseconds (it did in CI). make test runs
-		// this test in its plain pass, and make e2e in full.
-		t.Skip("timing test: the race detector stalls the 0.5 ms sender; run without -race (make test's first pass, make e2e)")
+		// detector stalls the sender for milliseconds (it did in CI). make test and
+		// make e2e run it in a plain pass of its own (RACE_SKIPPED), make e2e-full in full.
+		t.Skip("timing test: the race detector stalls the 0.5 ms sender; run without -race (make test and make e2e run it in a plain pass of its own; make e2e-full)")
 	}
 	n := proberFlips() // sharp flips needed; 2n are made
 	l := newNodeLab(t, "npr", 207)

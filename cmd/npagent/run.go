@@ -19,6 +19,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/nodeaddrs"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/report"
@@ -63,6 +64,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log := newLogger(cfg, stderr)
 	routeClientGoLogs(log)
+	return runAgent(ctx, cfg, log)
+}
+
+// runAgent is run once the configuration is valid: each phase of the start in the
+// order its failures are worth reporting (local and certain first), then the
+// reconcile loop until ctx ends, then the shutdown (the defers, last first: the
+// node watch, the node set, the dataplane, telemetry's flush, the debug socket,
+// HTTP).
+func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	start := time.Now()
 	log.Info("starting npagent", "version", agentVersion(), "node", cfg.NodeName, "node_ip", cfg.NodeIP,
 		"dataplane", cfg.Dataplane, "state_file", cfg.StateFile, "metrics_addr", cfg.MetricsAddr, "health_addr", cfg.HealthAddr)
@@ -79,100 +89,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer healthLn.Close()
 
-	// Telemetry is local: a bad OTEL_* setting degrades it, never stops the agent.
 	health := newAgentHealth(cfg.StallTimeout)
-	tel, degraded := openTelemetry(ctx, log.With("component", "telemetry"),
-		telemetry.WithNodeName(cfg.NodeName),
-		telemetry.WithServiceVersion(agentVersion()),
-		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
-		telemetry.WithTraceParenting(cfg.TraceParenting),
-		telemetry.WithLogger(log.With("component", "telemetry")),
-	)
-	if degraded != "" {
-		health.addDegraded(degraded)
-	}
-	var sink report.Sink = report.Discard{}
-	metrics := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "telemetry off: "+degraded, http.StatusServiceUnavailable)
-	}))
-	if tel != nil {
-		sink, metrics = tel, tel.MetricsHandler()
-	}
-
-	// HTTP from here on: /livez answers while the agent waits for the apiserver, and
-	// /readyz says what it waits for. The probes have a server of their own
-	// (newHealthServer): /metrics is open to every pod, and a pod holding its
-	// requests must not fail the liveness probe.
-	errorLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	servers := []struct {
-		srv *http.Server
-		ln  net.Listener
-	}{
-		{newHTTPServer(newMetricsHandler(metrics), errorLog), ln},
-		{newHealthServer(newHealthHandler(health.live, health.ready), errorLog), healthLn},
-	}
-	serveErr := make(chan error, len(servers))
-	for _, s := range servers {
-		go func() {
-			err := s.srv.Serve(s.ln)
-			if !errors.Is(err, http.ErrServerClosed) {
-				err = fmt.Errorf("http server on %s: %w", s.ln.Addr(), err)
-			}
-			serveErr <- err
-		}()
-	}
-	log.Info("serving /metrics", "addr", ln.Addr().String())
-	log.Info("serving /livez, /healthz and /readyz", "addr", healthLn.Addr().String())
-	defer func() {
-		httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancelHTTP()
-		for _, s := range servers {
-			if err := s.srv.Shutdown(httpCtx); err != nil {
-				log.Warn("http server shutdown", "addr", s.ln.Addr().String(), "err", err)
-			}
-		}
-	}()
-	// The debug socket (npagent explain, npagent wait): answered 503 until the loop
-	// exists. It is not worth stopping enforcement for: a failure degrades.
-	debug := &debugAPI{}
-	if cfg.DebugSocket != "" {
-		if stopDebug, err := serveDebug(cfg.DebugSocket, debug, log); err != nil {
-			log.Error("debug socket not served: npagent explain and wait will not reach this agent", "debug_socket", cfg.DebugSocket, "err", err)
-			health.addDegraded("debug socket " + cfg.DebugSocket + ": " + err.Error())
-		} else {
-			defer stopDebug()
-		}
-	}
+	tel, sink, metrics := startTelemetry(ctx, cfg, health, log)
+	serveErr, stopHTTP := serveHTTP(ln, healthLn, metrics, health, log)
+	defer stopHTTP()
+	debug, stopDebug := serveDebugSocket(cfg, health, log)
+	defer stopDebug()
 	if tel != nil { // flushed before the HTTP server stops (defers run last first)
 		defer shutdownTelemetry(tel, cfg.ShutdownTimeout, log)
 	}
-
-	// Everything stops on runCtx: the signal context, or a failed HTTP server.
-	runCtx, cancelRun := context.WithCancel(ctx)
+	runCtx, cancelRun, httpFailed := stopOnHTTPFailure(ctx, serveErr, log)
 	defer cancelRun()
-	httpFailed := make(chan error, 1)
-	go func() {
-		select {
-		case err := <-serveErr:
-			if !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server failed; stopping", "err", err)
-				httpFailed <- err
-			}
-			cancelRun()
-		case <-runCtx.Done():
-		}
-	}()
-	// stopped is run's result once runCtx ended early: the HTTP server's failure, or
-	// nil for a signal.
-	stopped := func() error {
-		select {
-		case err := <-httpFailed:
-			return err
-		default:
-			log.Info("signal received while starting: exiting")
-			return nil
-		}
-	}
 
 	restConfig, err := loadRESTConfig(cfg.Kubeconfig)
 	if err != nil {
@@ -189,23 +116,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			log.Warn("close dataplane", "dataplane", cfg.Dataplane, "err", err)
 		}
 	}()
-	// Traffic between a pod and its own node is always allowed: the node set is in
-	// place before any pod is programmed, and kept current.
-	dpNode, ok := dp.(bpfmaps.NodeExemption)
-	if !ok {
-		return fmt.Errorf("dataplane %s cannot exempt node traffic", cfg.Dataplane)
-	}
-	nodes := &nodeAddrs{dp: dpNode, src: nodeAddrSources{nodeIP: cfg.NodeIP, extra: cfg.NodeCIDRs, ifaces: cfg.NodeAddrInterfaces},
-		list: listHostIfaces, watch: watchHostAddrs, log: log.With("component", "node-addrs"),
-		statusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"}
-	stopNodeAddrs, err := startNodeAddrs(runCtx, nodes, nodeAddrsRefresh)
+	nodes, stopNodeAddrs, err := keepNodeSet(runCtx, cfg, dp, log)
 	if err != nil {
 		return err
 	}
 	defer stopNodeAddrs() // before the dataplane closes
-	health.addCheck(nodes.health)
+	health.addCheck(nodes.Health)
 	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
-		return stopped()
+		return interruptedStart(httpFailed, log)
 	}
 	// The Node's own addresses (status.addresses) before the first commit.
 	stopNode, err := watchNode(runCtx, restConfig, cfg.NodeName, nodes, cfg.APIServerTimeout, log.With("component", "node-addrs"))
@@ -218,7 +136,161 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	ctrl, err := newController(restConfig, cfg, dp, seenSet, sink, log)
+	if err != nil {
+		return err
+	}
+	if tel != nil {
+		observeCounts(tel, ctrl, seenSet, nodes, dp)
+	}
+	debug.setLoop(ctrl)
+	health.setLoop(ctrl, func() error {
+		if err := dp.Ready(); err != nil {
+			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
+		}
+		return nil
+	})
 
+	runErr := ctrl.Run(runCtx)
+	health.setStopping()
+	if ctx.Err() != nil {
+		log.Info("signal received: stopped taking work, in-flight commits finished")
+	}
+	if runErr != nil && ctx.Err() == nil {
+		log.Error("reconcile stopped", "err", runErr)
+	}
+	persistAndLogStop(cfg, seenSet, ctrl, start, log)
+	return stopResult(ctx, runErr, httpFailed)
+}
+
+// startTelemetry opens telemetry, which is local: a bad OTEL_* setting degrades it
+// (listed by /readyz), never stops the agent. tel is nil when it is off; then
+// reports are discarded and /metrics answers 503 saying why.
+func startTelemetry(ctx context.Context, cfg config, health *agentHealth, log *slog.Logger) (tel *telemetry.Telemetry, sink report.Sink, metrics http.Handler) {
+	tel, degraded := openTelemetry(ctx, log.With("component", "telemetry"),
+		telemetry.WithNodeName(cfg.NodeName),
+		telemetry.WithServiceVersion(agentVersion()),
+		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
+		telemetry.WithTraceParenting(cfg.TraceParenting),
+		telemetry.WithLogger(log.With("component", "telemetry")),
+	)
+	if degraded != "" {
+		health.addDegraded(degraded)
+	}
+	if tel != nil {
+		return tel, tel, tel.MetricsHandler()
+	}
+	return nil, report.Discard{}, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "telemetry off: "+degraded, http.StatusServiceUnavailable)
+	})
+}
+
+// serveHTTP serves /metrics on ln and the probes on healthLn, from here on: /livez
+// answers while the agent waits for the apiserver, and /readyz says what it waits
+// for. The probes have a server of their own (newHealthServer): /metrics is open to
+// every pod, and a pod holding its requests must not fail the liveness probe. Each
+// server's end (http.ErrServerClosed after stop) arrives on serveErr; stop shuts
+// both down within 2s.
+func serveHTTP(ln, healthLn net.Listener, metrics http.Handler, health *agentHealth, log *slog.Logger) (serveErr <-chan error, stop func()) {
+	errorLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	servers := []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{
+		{newHTTPServer(newMetricsHandler(metrics), errorLog), ln},
+		{newHealthServer(newHealthHandler(health.live, health.ready), errorLog), healthLn},
+	}
+	errs := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() {
+			err := s.srv.Serve(s.ln)
+			if !errors.Is(err, http.ErrServerClosed) {
+				err = fmt.Errorf("http server on %s: %w", s.ln.Addr(), err)
+			}
+			errs <- err
+		}()
+	}
+	log.Info("serving /metrics", "addr", ln.Addr().String())
+	log.Info("serving /livez, /healthz and /readyz", "addr", healthLn.Addr().String())
+	return errs, func() {
+		httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancelHTTP()
+		for _, s := range servers {
+			if err := s.srv.Shutdown(httpCtx); err != nil {
+				log.Warn("http server shutdown", "addr", s.ln.Addr().String(), "err", err)
+			}
+		}
+	}
+}
+
+// serveDebugSocket serves the debug socket (npagent explain, npagent wait),
+// answered 503 until the loop exists (debugAPI.setLoop). It is not worth stopping
+// enforcement for: a failure degrades (listed by /readyz). stop is a no-op when
+// nothing is served.
+func serveDebugSocket(cfg config, health *agentHealth, log *slog.Logger) (debug *debugAPI, stop func()) {
+	debug = &debugAPI{}
+	if cfg.DebugSocket == "" {
+		return debug, func() {}
+	}
+	stop, err := serveDebug(cfg.DebugSocket, debug, log)
+	if err != nil {
+		log.Error("debug socket not served: npagent explain and wait will not reach this agent", "debug_socket", cfg.DebugSocket, "err", err)
+		health.addDegraded("debug socket " + cfg.DebugSocket + ": " + err.Error())
+		return debug, func() {}
+	}
+	return debug, stop
+}
+
+// stopOnHTTPFailure returns the context everything runs on: ctx, or cancelled
+// early when an HTTP server fails, whose error httpFailed then holds.
+func stopOnHTTPFailure(ctx context.Context, serveErr <-chan error, log *slog.Logger) (runCtx context.Context, cancel context.CancelFunc, httpFailed <-chan error) {
+	runCtx, cancelRun := context.WithCancel(ctx)
+	failed := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-serveErr:
+			if !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed; stopping", "err", err)
+				failed <- err
+			}
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
+	return runCtx, cancelRun, failed
+}
+
+// interruptedStart is runAgent's result once the start was cut short: the HTTP
+// server's failure, or nil for a signal.
+func interruptedStart(httpFailed <-chan error, log *slog.Logger) error {
+	select {
+	case err := <-httpFailed:
+		return err
+	default:
+		log.Info("signal received while starting: exiting")
+		return nil
+	}
+}
+
+// keepNodeSet puts the node set in the dataplane and keeps it current (nodeaddrs):
+// traffic between a pod and its own node is always allowed, so the set is in place
+// before any pod is programmed. stop ends the refreshes.
+func keepNodeSet(ctx context.Context, cfg config, dp bpfmaps.Dataplane, log *slog.Logger) (nodes *nodeaddrs.Keeper, stop func(), err error) {
+	nodes = nodeaddrs.New(nodeaddrs.Config{Dataplane: dp, Max: bpfmaps.MaxNodePrefixes,
+		Sources: nodeaddrs.Sources{NodeIP: cfg.NodeIP, Extra: cfg.NodeCIDRs, Ifaces: cfg.NodeAddrInterfaces},
+		List:    nodeaddrs.ListIfaces, Watch: nodeaddrs.WatchAddrs, Log: log.With("component", "node-addrs"),
+		StatusNote: "node addresses: Node " + cfg.NodeName + " not read yet; only the node IP's interface and --node-cidrs are exempt"})
+	stop, err = nodes.Start(ctx, nodeAddrsRefresh)
+	if err != nil {
+		return nil, nil, err
+	}
+	return nodes, stop, nil
+}
+
+// newController builds the reconcile loop from the configuration, with the last
+// valid versions beside the seen-set's state: both must outlive the agent's
+// container.
+func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, seenSet *seen.Set, sink report.Sink, log *slog.Logger) (*reconcile.Controller, error) {
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
 		NodeIP:                cfg.NodeIP,
@@ -240,43 +312,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,
 	})
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		return nil, fmt.Errorf("reconcile: %w", err)
 	}
-	if tel != nil {
-		// Each count has one owner; telemetry reads them at each collection.
-		tel.ObserveCounts(func(c *report.Counts) {
-			ctrl.Counts(c)
-			st := seenSet.Stats()
-			c.Suppressed = st.Suppressed
-			c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
-			if trigger, _, ok := seenSet.OldestPending(); ok {
-				c.SeenOldestPendingAge = time.Since(trigger)
-			}
-			loop := ctrl.Stats()
-			c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
-			c.NodeAddrsLeftOut = int64(nodes.leftOut())
-			if ur, ok := dp.(bpfmaps.UsageReporter); ok {
-				c.Maps = mapUsage(ur)
-			}
-		})
-	}
-	debug.setLoop(ctrl)
-	health.setLoop(ctrl, func() error {
-		if err := dp.Ready(); err != nil {
-			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
+	return ctrl, nil
+}
+
+// observeCounts hands telemetry the counts' owners: each count has one, and
+// telemetry reads them at each collection.
+func observeCounts(tel *telemetry.Telemetry, ctrl *reconcile.Controller, seenSet *seen.Set, nodes *nodeaddrs.Keeper, dp bpfmaps.Dataplane) {
+	tel.ObserveCounts(func(c *report.Counts) {
+		ctrl.Counts(c)
+		st := seenSet.Stats()
+		c.Suppressed = st.Suppressed
+		c.SeenObjects, c.SeenPending = int64(st.Objects), int64(st.Pending)
+		if trigger, _, ok := seenSet.OldestPending(); ok {
+			c.SeenOldestPendingAge = time.Since(trigger)
 		}
-		return nil
+		loop := ctrl.Stats()
+		c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
+		c.NodeAddrsLeftOut = int64(nodes.LeftOut())
+		c.Maps = mapUsage(dp)
 	})
+}
 
-	runErr := ctrl.Run(runCtx)
-	health.setStopping()
-	if ctx.Err() != nil {
-		log.Info("signal received: stopped taking work, in-flight commits finished")
-	}
-	if runErr != nil && ctx.Err() == nil {
-		log.Error("reconcile stopped", "err", runErr)
-	}
-
+// persistAndLogStop persists the seen-set once the loop stopped and logs what the
+// run did. A failed persist is logged: the next start measures again what it lost.
+func persistAndLogStop(cfg config, seenSet *seen.Set, ctrl *reconcile.Controller, start time.Time, log *slog.Logger) {
 	if err := seenSet.Persist(); err != nil {
 		log.Error("persist seen-set", "state_file", cfg.StateFile, "err", err)
 	}
@@ -287,7 +348,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"syncs", cs.Syncs, "commits", cs.Commits, "commits_skipped", cs.CommitsSkipped,
 		"commit_failures", cs.CommitFailures, "entries_written", cs.EntriesWritten,
 		"objects", cs.Objects, "pods", cs.Pods)
+}
 
+// stopResult is runAgent's result once the loop stopped: a failed HTTP server's
+// error; nil when a signal asked for the stop; the loop's error (or "stopped
+// without a signal") when nobody asked.
+func stopResult(ctx context.Context, runErr error, httpFailed <-chan error) error {
 	select {
 	case err := <-httpFailed:
 		return err

@@ -68,6 +68,24 @@ func (p policyRef) selected(pod *reconcile.PodExplain) bool {
 // every object selecting the pod (and, with --policy, until those policies select
 // it), or the timeout.
 func runWait(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	w, err := parseWaitArgs(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	return w.poll(ctx, stdout, stderr)
+}
+
+// waitArgs is `npagent wait`'s command line, checked.
+type waitArgs struct {
+	socket            string
+	path, what        string // the debug API's path for the pod; the pod, for messages
+	timeout, interval time.Duration
+	policies          policyRefs
+}
+
+// parseWaitArgs parses and checks `npagent wait`'s command line: flag.ErrHelp after
+// printing usage, an exitError with exitUsage for a bad one.
+func parseWaitArgs(args []string, getenv func(string) string, stderr io.Writer) (waitArgs, error) {
 	fs := flag.NewFlagSet("npagent wait", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("debug-socket", debugSocketDefault(getenv), "the agent's debug socket [$"+flagEnv["debug-socket"]+"]")
@@ -97,31 +115,19 @@ Flags:
 	}
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		return err
+		return waitArgs{}, err
 	}
 	if err != nil {
-		return exitError{exitUsage, err}
+		return waitArgs{}, exitError{exitUsage, err}
 	}
-	var path, what string
+	w := waitArgs{socket: *socket, timeout: *timeout, interval: *interval, policies: policies}
 	switch {
 	case len(pos) > 0:
 		err = fmt.Errorf("wait: unexpected argument %q", pos[0])
 	case (*podName == "") == (*podIP == ""):
 		err = errors.New("wait: give one of --pod or --ip")
-	case *podIP != "":
-		ip, perr := netip.ParseAddr(*podIP)
-		if perr != nil {
-			err = fmt.Errorf("wait: --ip %q is not an IP address", *podIP)
-			break
-		}
-		path, what = "/v1/podip/"+ip.String(), "pod "+ip.String()
 	default:
-		ns, name, ok := strings.Cut(*podName, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			err = fmt.Errorf("wait: --pod %q: want <namespace>/<name>", *podName)
-			break
-		}
-		path, what = "/v1/pod/"+url.PathEscape(ns)+"/"+url.PathEscape(name), "pod "+*podName
+		w.path, w.what, err = waitTarget(*podName, *podIP)
 	}
 	if err == nil && *timeout <= 0 {
 		err = fmt.Errorf("wait: --timeout %v: need a positive duration", *timeout)
@@ -130,12 +136,36 @@ Flags:
 		err = fmt.Errorf("wait: --interval %v: need a positive duration", *interval)
 	}
 	if err != nil {
-		return exitError{exitUsage, err}
+		return waitArgs{}, exitError{exitUsage, err}
 	}
+	return w, nil
+}
 
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+// waitTarget is the debug API's path for the pod named by --ip (when given) or
+// --pod, and the pod as messages name it.
+func waitTarget(podName, podIP string) (path, what string, err error) {
+	if podIP != "" {
+		ip, err := netip.ParseAddr(podIP)
+		if err != nil {
+			return "", "", fmt.Errorf("wait: --ip %q is not an IP address", podIP)
+		}
+		return "/v1/podip/" + ip.String(), "pod " + ip.String(), nil
+	}
+	ns, name, ok := strings.Cut(podName, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("wait: --pod %q: want <namespace>/<name>", podName)
+	}
+	return "/v1/pod/" + url.PathEscape(ns) + "/" + url.PathEscape(name), "pod " + podName, nil
+}
+
+// poll asks the agent every interval until the pod is programmed (nil), ctx ends
+// (exitNotProgrammed: interrupted) or the timeout passes: exitUnreachable when the
+// agent never answered at the end, exitNotProgrammed with what the pod still waits
+// for otherwise. Each new status is printed on stderr.
+func (w waitArgs) poll(ctx context.Context, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
-	c := newDebugClient(*socket)
+	c := newDebugClient(w.socket)
 	start := time.Now()
 	var (
 		lastErr    error
@@ -143,7 +173,7 @@ Flags:
 		pod        reconcile.PodExplain
 	)
 	for {
-		err := c.get(ctx, path, &pod)
+		err := c.get(ctx, w.path, &pod)
 		if err != nil && ctx.Err() != nil {
 			break // cut short by the timeout: the previous answer stands
 		}
@@ -151,14 +181,14 @@ Flags:
 		if err != nil {
 			lastStatus = logStatus(stderr, lastStatus, err.Error())
 		} else {
-			status := waitStatus(&pod, policies)
+			status := waitStatus(&pod, w.policies)
 			if status == "" {
-				fmt.Fprintf(stdout, "%s programmed on node %s after %s: %s\n", what, pod.Node, dur(time.Since(start)), objectsLine(&pod))
+				fmt.Fprintf(stdout, "%s programmed on node %s after %s: %s\n", w.what, pod.Node, dur(time.Since(start)), objectsLine(&pod))
 				return nil
 			}
 			lastStatus = logStatus(stderr, lastStatus, status)
 		}
-		t := time.NewTimer(*interval)
+		t := time.NewTimer(w.interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -168,15 +198,15 @@ Flags:
 		break
 	}
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: interrupted: %s", what, lastStatus)}
+		return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: interrupted: %s", w.what, lastStatus)}
 	}
 	if lastErr == nil && lastStatus == "" { // the only request was cut short
-		lastErr = fmt.Errorf("%w: no answer from %s", errUnreachable, *socket)
+		lastErr = fmt.Errorf("%w: no answer from %s", errUnreachable, w.socket)
 	}
 	if errors.Is(lastErr, errUnreachable) {
-		return exitError{exitUnreachable, fmt.Errorf("wait: %s: timed out after %v: %w", what, *timeout, lastErr)}
+		return exitError{exitUnreachable, fmt.Errorf("wait: %s: timed out after %v: %w", w.what, w.timeout, lastErr)}
 	}
-	return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: not programmed after %v: %s", what, *timeout, lastStatus)}
+	return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: not programmed after %v: %s", w.what, w.timeout, lastStatus)}
 }
 
 // logStatus prints status when it differs from the last one, and returns it.

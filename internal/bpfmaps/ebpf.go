@@ -36,8 +36,10 @@ const DefaultPinPath = "/sys/fs/bpf/npagent"
 // EBPFOptions configures OpenEBPF. Zero fields take the defaults.
 type EBPFOptions struct {
 	// PinPath is the bpffs directory holding the pinned maps and links. Default
-	// DefaultPinPath. bpffs is mounted at /sys/fs/bpf if the path is below it and it is
-	// not mounted yet.
+	// DefaultPinPath. It must be on a bpffs the host mounted: OpenEBPF never mounts
+	// one (a mount inside the agent's container would die with it, and the pins
+	// too); it fails, naming the fix, when the path is not on bpffs (ErrNoBPFFS
+	// when /sys/fs/bpf itself is not).
 	PinPath string
 	// Limits are the map capacities. A pinned map adopted from a previous process
 	// must have the same capacity: OpenEBPF fails with a *PinnedCapacityError

@@ -55,7 +55,7 @@ var kernelChecked struct {
 // requireKernel skips the test unless eBPF can be used here.
 func requireKernel(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root (CAP_BPF to load programs, CAP_NET_ADMIN to attach them): run as root")
 	}
 	if !kernelChecked.done.Load() {

@@ -12,7 +12,7 @@ import (
 // MaxNodePrefixes is how many node prefixes of each family the dataplane holds.
 const MaxNodePrefixes = 1024
 
-// NodeExemption is implemented by both backends: traffic between a pod and its own
+// NodeExemption is part of Dataplane (both backends): traffic between a pod and its own
 // node is always allowed — in every tier, admin Deny included, and in both directions
 // unless NodeEgressPolicy makes the pod's egress policy judge its packets to the node
 // (Kubernetes NetworkPolicy's rule for kubelet probes; the AWS agent's too). A packet
@@ -243,7 +243,8 @@ func (m *Memory) SetNodeEgress(mode NodeEgress) {
 	m.maps.nodeEgress = mode
 }
 
-// SetNodeAddrs implements NodeExemption; Verdict consults the set.
+// SetNodeAddrs implements NodeExemption in memory: the in-memory backend's Verdict
+// consults the set; no packet meets it (this backend enforces nothing).
 func (m *Memory) SetNodeAddrs(prefixes []netip.Prefix) error {
 	set, err := normalizeNodePrefixes(prefixes)
 	if err != nil {

@@ -340,10 +340,15 @@ type CommitResult struct {
 }
 
 // Dataplane is what the reconcile loop drives. ifindex is the pod's host-side interface.
+// Both backends (EBPF, Memory) implement all of it, so callers never type-assert for
+// the node exemption, map use or entry counts.
 type Dataplane interface {
-	// Commit makes p the pod's policy. Atomic per pod: packets see the old policy of
-	// both directions or the new one, never a mix of entries. On error nothing of this
-	// commit is visible.
+	// Commit makes p the pod's policy. Atomic per pod and direction: a packet is
+	// decided by its direction's old policy or its new one, never by a mix of their
+	// entries. The directions are not switched together: EBPF stores ingress's word,
+	// then egress's (podstate.go), so between the two stores a packet may meet the
+	// new ingress policy and the old egress one (Memory switches both at once). On
+	// error nothing of this commit is visible.
 	Commit(ifindex int, p PodPolicy) (CommitResult, error)
 	// Remove deletes the pod's state and detaches its programs. Unknown pods are no-ops.
 	Remove(ifindex int) (CommitResult, error)
@@ -353,6 +358,12 @@ type Dataplane interface {
 	Ready() error
 	// Close drops this process's handles. Pinned state (and enforcement) stays.
 	Close() error
+	// NodeExemption: the node's own addresses, whose traffic with a pod always passes.
+	NodeExemption
+	// UsageReporter: each map's use against its capacity, for gauges.
+	UsageReporter
+	// EntryCounter: what a policy would hold before it is committed (namespace shares).
+	EntryCounter
 }
 
 var _ Dataplane = (*Memory)(nil)

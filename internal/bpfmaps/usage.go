@@ -23,7 +23,7 @@ type Usage struct {
 	Conntrack MapUse
 }
 
-// UsageReporter is a Dataplane that reports its map use. Both backends are.
+// UsageReporter reports a dataplane's map use; part of Dataplane.
 type UsageReporter interface {
 	// Usage returns the current use. Safe for concurrent use with commits.
 	Usage() (Usage, error)
@@ -47,7 +47,8 @@ func (c *core) usage() Usage {
 	return u
 }
 
-// Usage implements UsageReporter.
+// Usage implements UsageReporter with the in-memory backend's own tables: the tries
+// and pods it accounts for; Conntrack is zero (it keeps no connection tables).
 func (m *Memory) Usage() (Usage, error) { return m.usage(), nil }
 
 // Usage implements UsageReporter. The connection tables are counted at the call
@@ -66,8 +67,8 @@ func (e *EBPF) Usage() (Usage, error) {
 	return u, nil
 }
 
-// EntryCounter is a Dataplane that tells, without committing, how many trie entries a
-// pod policy compiles to: what a commit of it would hold. Both backends are.
+// EntryCounter tells, without committing, how many trie entries a pod policy
+// compiles to: what a commit of it would hold. Part of Dataplane.
 type EntryCounter interface {
 	// Entries returns the entries p compiles to, [Ingress, Egress][IPv4, IPv6]: one
 	// copy (a pod holds a second while a delta commit keeps two sets level). Content

@@ -20,7 +20,7 @@ import (
 // with the node IP given (the agent's configuration): what each pod of a commit pays,
 // inside the commit lock.
 func BenchmarkRouteResolve(b *testing.B) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(b, "needs root: creates a veth pair and a host route (CAP_NET_ADMIN)")
 	}
 	netlab.RequireIP(b, "build the pod's interface")

@@ -21,7 +21,7 @@ import (
 // the same subnet with no host route (only the connected /24 covers it) is not, so a
 // pod's policy never lands on an interface that merely routes its subnet.
 func TestRouteResolver(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: creates a network namespace, a veth pair and a host route (CAP_NET_ADMIN)")
 	}
 	netlab.RequireIP(t, "build the pod's network namespace")
@@ -60,7 +60,7 @@ func TestRouteResolver(t *testing.T) {
 // found, so the pod is retried like one whose interface is not up yet); a prefix list
 // accepts or rejects the veth by name.
 func TestRouteResolverRejectsNodeInterfaces(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: creates a network namespace, links and routes in it (CAP_NET_ADMIN)")
 	}
 	netlab.RequireIP(t, "build the node's network namespace")
@@ -137,7 +137,7 @@ func TestRouteResolverRejectsNodeInterfaces(t *testing.T) {
 // gateway, another interface's host routes and the kernel's routes for the host's own
 // addresses on the interface (an IPv6 /128 address gets one in the main table) are not.
 func TestHostAddrs(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: creates a network namespace, links and routes in it (CAP_NET_ADMIN)")
 	}
 	netlab.RequireIP(t, "build the node's network namespace")

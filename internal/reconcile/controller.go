@@ -72,8 +72,8 @@ type Config struct {
 	// local pods of one namespace may hold with their namespaced rules: a
 	// PolicyEndpoint version that would take its namespace over it is rejected as bad
 	// input (see share.go). Default 0: not enforced, as is 1 or more (the agent's
-	// --namespace-entry-share defaults to DefaultNamespaceEntryShare). Needs a
-	// Dataplane that is a bpfmaps.EntryCounter (both backends are).
+	// --namespace-entry-share defaults to DefaultNamespaceEntryShare). Counted by the
+	// Dataplane's Entries (bpfmaps.EntryCounter).
 	NamespaceEntryShare float64
 }
 

@@ -71,11 +71,10 @@ func charge(total *[2][2]int, refs func(content string, delta int) int, old, c s
 	}
 }
 
-// newNamespaceShare returns the shares of dp's tries; share outside (0, 1), or a
-// dataplane that cannot count entries, disables them.
+// newNamespaceShare returns the shares of dp's tries; share outside (0, 1) disables them.
 func newNamespaceShare(dp bpfmaps.Dataplane, share float64) namespaceShare {
-	counter, ok := dp.(bpfmaps.EntryCounter)
-	if !ok || share <= 0 || share >= 1 {
+	counter := bpfmaps.EntryCounter(dp)
+	if share <= 0 || share >= 1 {
 		return namespaceShare{}
 	}
 	l := counter.Limits()

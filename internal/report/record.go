@@ -87,9 +87,9 @@ func (a *Attempt) Duration() time.Duration { return a.End.Sub(a.Start) }
 // are what the dataplane measured (bpfmaps.CommitResult).
 type Phases struct {
 	Merge   time.Duration // objects → one policy per pod
-	Compile time.Duration // validate, hash, flatten into map entries
+	Compile time.Duration // validate, hash, flatten into map entries (or take another pod's compile), and the difference from the committed entries
 	Attach  time.Duration // programs attached to a new pod's interface
-	Write   time.Duration // the new generation's entries
-	Switch  time.Duration // the store that makes them active
-	Cleanup time.Duration // the old generation deleted
+	Write   time.Duration // the inactive entry set brought to the new entries
+	Switch  time.Duration // the store that makes that set active
+	Cleanup time.Duration // the other set brought level with it (a delta), or deleted
 }

@@ -36,7 +36,8 @@ type ControlPlane struct {
 	// Scheme knows the built-in types and networking.k8s.aws/v1alpha1.
 	Scheme *runtime.Scheme
 
-	env *envtest.Environment
+	env    *envtest.Environment
+	shared bool // Shared's: no test may stop or restart it
 }
 
 // Option changes how Start runs the control plane.
@@ -62,6 +63,19 @@ func WithCRDDir(dir string) Option {
 
 // Start runs a control plane for the test and stops it in tb.Cleanup.
 func Start(tb testing.TB, opts ...Option) *ControlPlane {
+	tb.Helper()
+	cp, stop := start(tb, opts...)
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Logf("testenv: stop control plane: %v", err)
+		}
+	})
+	return cp
+}
+
+// start runs a control plane; tb is for the tools, failures and the log, and stop,
+// the caller's to call, ends it and removes its certificates.
+func start(tb testing.TB, opts ...Option) (cp *ControlPlane, stop func() error) {
 	tb.Helper()
 	o := options{apiServerArgs: map[string]string{
 		"shutdown-watch-termination-grace-period": "2s",
@@ -92,7 +106,6 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(certDir) })
 
 	env := &envtest.Environment{
 		Scheme:                   scheme,
@@ -108,23 +121,24 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 		args.Set(k, v)
 	}
 
-	start := time.Now()
+	began := time.Now()
 	cfg, err := env.Start()
 	if err != nil {
+		os.RemoveAll(certDir)
 		tb.Fatalf("testenv: start kube-apiserver (%s) and etcd (%s): %v", apiserver, etcd, err)
 	}
-	tb.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			tb.Logf("testenv: stop control plane: %v", err)
-		}
-	})
-	tb.Logf("testenv: control plane up in %v at %s", time.Since(start).Round(time.Millisecond), cfg.Host)
+	stop = func() error {
+		defer os.RemoveAll(certDir)
+		return env.Stop()
+	}
+	tb.Logf("testenv: control plane up in %v at %s", time.Since(began).Round(time.Millisecond), cfg.Host)
 
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
+		_ = stop()
 		tb.Fatalf("testenv: client: %v", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}
+	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}, stop
 }
 
 // RestartAPIServer stops and starts kube-apiserver (etcd keeps running). Informers
@@ -141,6 +155,9 @@ func (c *ControlPlane) RestartAPIServer(tb testing.TB) {
 // again.
 func (c *ControlPlane) StopAPIServer(tb testing.TB) {
 	tb.Helper()
+	if c.shared {
+		tb.Fatal("testenv: StopAPIServer on the shared control plane: the package's other tests use it; use Start")
+	}
 	if err := c.env.ControlPlane.GetAPIServer().Stop(); err != nil {
 		tb.Fatalf("testenv: stop kube-apiserver: %v", err)
 	}
@@ -164,6 +181,9 @@ func (c *ControlPlane) StartAPIServer(tb testing.TB) {
 // while the apiserver restarts its cache).
 func (c *ControlPlane) CompactEtcd(tb testing.TB) int64 {
 	tb.Helper()
+	if c.shared {
+		tb.Fatal("testenv: CompactEtcd on the shared control plane: the package's other tests use it; use Start")
+	}
 	base := c.env.ControlPlane.Etcd.URL.String()
 	post := func(path, body string, out any) {
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
@@ -215,31 +235,38 @@ func (c *ControlPlane) waitReady(timeout time.Duration) error {
 func CRDDir() string { return filepath.Join(RepoRoot(), "config", "crd") }
 
 // EnvUpstreamCRDs names a directory holding the AWS Network Policy Controller's CRD
-// manifests, when they are not where UpstreamCRDDir looks by default.
+// manifests, when they are not beside the checkout (README: Developing).
 const EnvUpstreamCRDs = "NPAGENT_UPSTREAM_CRDS"
 
 // UpstreamCRDDir returns the directory of the controller's own CRD manifests (test
 // data kept outside the repository, never copied into it): $NPAGENT_UPSTREAM_CRDS when
-// set, else ../shared/upstream-crds beside the checkout, else /work/shared/upstream-crds
-// (where CI machines keep it whatever the clone's path). When none holds the
-// manifests the test is skipped — a failure under NPAGENT_TEST_NO_SKIP=1.
+// set, else ../shared/upstream-crds beside the checkout. Nothing else: the project
+// finds its test data relative to itself or where it is told, never at one
+// machine's absolute path (.ci/run tells it where a CI machine keeps them). When
+// neither holds the manifests the test is skipped — a failure under
+// NPAGENT_TEST_NO_SKIP=1.
 func UpstreamCRDDir(tb testing.TB) string {
 	tb.Helper()
-	var tried []string
-	if dir := os.Getenv(EnvUpstreamCRDs); dir != "" {
-		// Set explicitly: no fallback, so a wrong path is not hidden by another copy.
-		tried = append(tried, dir)
-	} else {
-		tried = append(tried, filepath.Join(RepoRoot(), "..", "shared", "upstream-crds"), "/work/shared/upstream-crds")
+	dir, err := upstreamCRDDir(os.Getenv(EnvUpstreamCRDs), RepoRoot())
+	if err != nil {
+		skip.Unmet(tb, "testenv: %v", err)
 	}
-	for _, dir := range tried {
-		if hasUpstreamCRDs(dir) {
-			return filepath.Clean(dir)
-		}
+	return dir
+}
+
+// upstreamCRDDir is UpstreamCRDDir's lookup: env ($NPAGENT_UPSTREAM_CRDS) when set,
+// with no fallback (a wrong path is not hidden by another copy), else
+// ../shared/upstream-crds beside repoRoot.
+func upstreamCRDDir(env, repoRoot string) (string, error) {
+	dir := env
+	if dir == "" {
+		dir = filepath.Join(repoRoot, "..", "shared", "upstream-crds")
 	}
-	skip.Unmet(tb, "testenv: the controller's CRDs (%s and %s) are not in %v; set %s to their directory",
-		UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD, tried, EnvUpstreamCRDs)
-	return ""
+	if !hasUpstreamCRDs(dir) {
+		return "", fmt.Errorf("the controller's CRDs (%s and %s) are not in %s; set %s to their directory",
+			UpstreamPolicyEndpointCRD, UpstreamClusterPolicyEndpointCRD, dir, EnvUpstreamCRDs)
+	}
+	return filepath.Clean(dir), nil
 }
 
 // File names of the controller's CRD manifests, as it publishes them (controller-gen's

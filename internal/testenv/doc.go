@@ -14,4 +14,8 @@
 // The apiserver's certificates live in a fixed CertDir for the life of the test, so
 // RestartAPIServer keeps clients' TLS valid across a restart — the restart is how tests
 // reproduce the relist storm (410 Gone → informers list every object again).
+//
+// Start boots a control plane per test. Shared boots one per test binary (package)
+// for tests that leave each other alone (each in its own Namespace, none stopping,
+// restarting or compacting it), stopped by Main from the package's TestMain.
 package testenv

@@ -18,9 +18,13 @@ import (
 )
 
 // RequireIP skips (or, under NPAGENT_TEST_NO_SKIP, fails) a test when the ip
-// command is missing; why says what the test would have built with it.
+// command is missing; why says what the test would have built with it. Under
+// -short (the unit tier) it skips: the unit tier builds no network.
 func RequireIP(tb testing.TB, why string) {
 	tb.Helper()
+	if !skip.Root() {
+		skip.Unmet(tb, "needs root and the ip command (iproute2) to %s", why)
+	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		skip.Unmet(tb, "needs the ip command (iproute2) to %s", why)
 	}

@@ -19,7 +19,7 @@ func TestEchoStaysInItsNamespace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("creates a network namespace")
 	}
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root to create a network namespace (CAP_SYS_ADMIN, CAP_NET_ADMIN)")
 	}
 	RequireIP(t, "create a network namespace")

@@ -1,4 +1,4 @@
-package main
+package nodeaddrs
 
 import (
 	"context"
@@ -12,33 +12,20 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-
-	"github.com/npagent/npagent/internal/bpfmaps"
 )
 
-// nodeAddrsRefresh is how often the node's addresses are read again besides on
-// netlink's change notifications.
-const nodeAddrsRefresh = 30 * time.Second
-
-// hostIface is one interface of the agent's network namespace (the host's: the
-// agent runs with hostNetwork) and its addresses.
-type hostIface struct {
-	name     string
-	kind     string // netlink's link type: "device", "veth", "dummy", "bridge", ...
-	loopback bool
-	addrs    []netip.Addr
+// Iface is one interface of the agent's network namespace (the host's: the agent
+// runs with hostNetwork) and its addresses.
+type Iface struct {
+	Name     string
+	Kind     string // netlink's link type: "device", "veth", "dummy", "bridge", ...
+	Loopback bool
+	Addrs    []netip.Addr
 }
 
-// listHostIfaces lists the interfaces of the agent's network namespace with their
+// ListIfaces lists the interfaces of the agent's network namespace with their
 // addresses.
-func listHostIfaces() ([]hostIface, error) {
+func ListIfaces() ([]Iface, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list the node's interfaces (netlink): %w", err)
@@ -56,19 +43,19 @@ func listHostIfaces() ([]hostIface, error) {
 			byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], ip.Unmap())
 		}
 	}
-	out := make([]hostIface, 0, len(links))
+	out := make([]Iface, 0, len(links))
 	for _, l := range links {
 		attrs := l.Attrs()
-		out = append(out, hostIface{name: attrs.Name, kind: l.Type(), loopback: attrs.Flags&net.FlagLoopback != 0,
-			addrs: byIndex[attrs.Index]})
+		out = append(out, Iface{Name: attrs.Name, Kind: l.Type(), Loopback: attrs.Flags&net.FlagLoopback != 0,
+			Addrs: byIndex[attrs.Index]})
 	}
 	return out, nil
 }
 
-// watchHostAddrs signals (coalesced) every address added or removed in the agent's
+// WatchAddrs signals (coalesced) every address added or removed in the agent's
 // network namespace, until done is closed; the channel is closed when the
 // subscription ends.
-func watchHostAddrs(done <-chan struct{}) (<-chan struct{}, error) {
+func WatchAddrs(done <-chan struct{}) (<-chan struct{}, error) {
 	updates := make(chan netlink.AddrUpdate, 64)
 	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{}); err != nil {
 		return nil, fmt.Errorf("subscribe to the node's address changes (netlink): %w", err)
@@ -95,16 +82,16 @@ const servicesIface = "kube-ipvs0"
 // node-local DNS cache's VIP, kube-ipvs0's Service VIPs, a BGP speaker's anycast
 // addresses) and kube-ipvs0 whatever its type. Their other addresses are Services
 // and VIPs in front of pods and hosts elsewhere, not the node.
-func carriesOnlyItsOwn(i hostIface) bool {
-	return i.loopback || i.kind == "dummy" || i.name == servicesIface
+func carriesOnlyItsOwn(i Iface) bool {
+	return i.Loopback || i.Kind == "dummy" || i.Name == servicesIface
 }
 
-// nodeAddrSources is what the node set is made of.
-type nodeAddrSources struct {
-	nodeIP netip.Addr     // --node-ip
-	status []netip.Addr   // the Node object's status.addresses (InternalIP, ExternalIP)
-	extra  []netip.Prefix // --node-cidrs
-	ifaces []string       // --node-address-interfaces: names; "name*" is a prefix
+// Sources is what the node set is made of besides the interfaces.
+type Sources struct {
+	NodeIP netip.Addr     // --node-ip
+	Status []netip.Addr   // the Node object's status.addresses (InternalIP, ExternalIP); Keeper.SetStatus's
+	Extra  []netip.Prefix // --node-cidrs
+	Ifaces []string       // --node-address-interfaces: names; "name*" is a prefix
 }
 
 // matchIface reports whether name is one of patterns (a trailing * matches any
@@ -134,8 +121,8 @@ func matchIface(patterns []string, name string) bool {
 // (within a tier, in address order): what does not fit is returned as left, so a
 // node with too many addresses still exempts its own IP. set is sorted and without
 // duplicates.
-func nodeSet(ifaces []hostIface, src nodeAddrSources, max int) (set, left []netip.Prefix) {
-	own := append([]netip.Addr{src.nodeIP}, src.status...)
+func nodeSet(ifaces []Iface, src Sources, max int) (set, left []netip.Prefix) {
+	own := append([]netip.Addr{src.NodeIP}, src.Status...)
 	var tiers [4][]netip.Prefix
 	host := func(a netip.Addr) (netip.Prefix, bool) {
 		a = a.Unmap().WithZone("")
@@ -149,16 +136,16 @@ func nodeSet(ifaces []hostIface, src nodeAddrSources, max int) (set, left []neti
 			tiers[0] = append(tiers[0], p)
 		}
 	}
-	for _, p := range src.extra {
+	for _, p := range src.Extra {
 		tiers[1] = append(tiers[1], p.Masked())
 	}
 	for _, i := range ifaces {
 		tier := -1
 		switch {
-		case matchIface(src.ifaces, i.name):
+		case matchIface(src.Ifaces, i.Name):
 			tier = 3
 		case carriesOnlyItsOwn(i):
-		case slices.ContainsFunc(i.addrs, func(a netip.Addr) bool {
+		case slices.ContainsFunc(i.Addrs, func(a netip.Addr) bool {
 			return slices.ContainsFunc(own, func(o netip.Addr) bool { return o.IsValid() && o.Unmap() == a.Unmap().WithZone("") })
 		}):
 			tier = 2
@@ -166,7 +153,7 @@ func nodeSet(ifaces []hostIface, src nodeAddrSources, max int) (set, left []neti
 		if tier < 0 {
 			continue
 		}
-		for _, a := range i.addrs {
+		for _, a := range i.Addrs {
 			if p, ok := host(a); ok {
 				tiers[tier] = append(tiers[tier], p)
 			}
@@ -206,21 +193,42 @@ func sortPrefixes(ps []netip.Prefix) {
 	})
 }
 
-// nodeAddrs keeps the dataplane's node set current: set once before any pod is
+// Exempter holds the node set: bpfmaps.NodeExemption (this package does not import
+// the dataplane).
+type Exempter interface {
+	SetNodeAddrs(prefixes []netip.Prefix) error
+}
+
+// Config is a Keeper's: where the set goes and where its parts come from.
+type Config struct {
+	Dataplane Exempter
+	Sources   Sources // Status is SetStatus's
+	// Max is how many prefixes of each family the dataplane holds
+	// (bpfmaps.MaxNodePrefixes); what does not fit is left out and reported.
+	Max   int
+	List  func() ([]Iface, error)                             // ListIfaces, or a test's
+	Watch func(done <-chan struct{}) (<-chan struct{}, error) // WatchAddrs; nil: polling only
+	Log   *slog.Logger
+	// StatusNote is Health's note until SetStatus is first called: why the Node
+	// object's addresses are not in the set yet.
+	StatusNote string
+}
+
+// Keeper keeps the dataplane's node set current: set once before any pod is
 // programmed (so a pod isolated at its first commit is reachable from its node at
 // once), then computed again on every address change, every change of the Node
-// object's addresses (setStatus) and every nodeAddrsRefresh (in case a change
+// object's addresses (SetStatus) and every refresh interval (in case a change
 // notification was lost), and written when it changed.
-type nodeAddrs struct {
-	dp    bpfmaps.NodeExemption
-	src   nodeAddrSources // status is setStatus's
-	max   int             // prefixes of each family the dataplane holds; 0: bpfmaps.MaxNodePrefixes
-	list  func() ([]hostIface, error)
+type Keeper struct {
+	dp    Exempter
+	src   Sources // Status is SetStatus's
+	max   int
+	list  func() ([]Iface, error)
 	watch func(done <-chan struct{}) (<-chan struct{}, error) // nil: polling only
 	log   *slog.Logger
 	cur   []netip.Prefix // the loop's own: the set in force
 
-	statusChanged chan struct{} // poked by setStatus; made by startNodeAddrs
+	statusChanged chan struct{} // poked by SetStatus; made by Start
 
 	mu         sync.Mutex
 	status     []netip.Addr
@@ -230,10 +238,16 @@ type nodeAddrs struct {
 	leftErr    error  // why, for /readyz
 }
 
-// setStatus records the Node object's addresses (or why there are none: note) and
+// New returns a Keeper of cfg; Start sets the node set and keeps it.
+func New(cfg Config) *Keeper {
+	return &Keeper{dp: cfg.Dataplane, src: cfg.Sources, max: cfg.Max, list: cfg.List, watch: cfg.Watch, log: cfg.Log,
+		statusNote: cfg.StatusNote}
+}
+
+// SetStatus records the Node object's addresses (or why there are none: note) and
 // asks for a refresh. O(1) for an informer's handler: the set is computed by the
 // loop.
-func (n *nodeAddrs) setStatus(addrs []netip.Addr, note string) {
+func (n *Keeper) SetStatus(addrs []netip.Addr, note string) {
 	n.mu.Lock()
 	n.status, n.statusRead, n.statusNote = addrs, note == "", note
 	n.mu.Unlock()
@@ -243,18 +257,18 @@ func (n *nodeAddrs) setStatus(addrs []netip.Addr, note string) {
 	}
 }
 
-// health is what the node set means for /readyz: an error while some of the node's
+// Health is what the node set means for /readyz: an error while some of the node's
 // addresses do not fit the dataplane (traffic between pods and them is policed),
 // a note while the Node object's addresses are not known.
-func (n *nodeAddrs) health() (note string, err error) {
+func (n *Keeper) Health() (note string, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.statusNote, n.leftErr
 }
 
-// leftOut is how many of the node's addresses the dataplane's node set could not
+// LeftOut is how many of the node's addresses the dataplane's node set could not
 // hold at the last refresh (a metric).
-func (n *nodeAddrs) leftOut() int {
+func (n *Keeper) LeftOut() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.left
@@ -264,19 +278,16 @@ func (n *nodeAddrs) leftOut() int {
 // too large for the dataplane is cut (nodeSet's order: the node's own IPs first),
 // logged and reported by health, never an error: the agent keeps running with the
 // node's own addresses exempt.
-func (n *nodeAddrs) refresh() error {
+func (n *Keeper) refresh() error {
 	ifaces, err := n.list()
 	if err != nil {
 		return err
 	}
 	src := n.src
 	n.mu.Lock()
-	src.status = n.status
+	src.Status = n.status
 	n.mu.Unlock()
 	max := n.max
-	if max == 0 {
-		max = bpfmaps.MaxNodePrefixes
-	}
 	set, left := nodeSet(ifaces, src, max)
 	var leftErr error
 	if len(left) > 0 {
@@ -302,12 +313,12 @@ func (n *nodeAddrs) refresh() error {
 	return nil
 }
 
-// startNodeAddrs sets the node set, then refreshes it on every address change and
+// Start sets the node set, then refreshes it on every address change and
 // every interval until the returned stop is called (stop waits for the goroutines).
 // A failed first set is an error: without it node traffic to isolated pods would be
 // dropped. A failed refresh keeps the set in force and is logged; without change
 // notifications the interval alone refreshes.
-func startNodeAddrs(ctx context.Context, n *nodeAddrs, interval time.Duration) (stop func(), err error) {
+func (n *Keeper) Start(ctx context.Context, interval time.Duration) (stop func(), err error) {
 	if n.statusChanged == nil {
 		n.statusChanged = make(chan struct{}, 1)
 	}
@@ -359,63 +370,4 @@ func drain(ch <-chan struct{}) {
 	}
 	for range ch {
 	}
-}
-
-// nodeStatusAddrs is a Node's own addresses: its InternalIP and ExternalIP
-// status addresses (not host names).
-func nodeStatusAddrs(node *corev1.Node) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range node.Status.Addresses {
-		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
-			continue
-		}
-		if ip, err := netip.ParseAddr(a.Address); err == nil {
-			out = append(out, ip.Unmap())
-		}
-	}
-	return out
-}
-
-// watchNode watches this node's Node object (a field selector on its name: one
-// object) and hands its addresses to n. It waits up to syncTimeout for the first
-// list, so that the first commits find the Node's addresses exempt; after that, or
-// when the Node is not found or cannot be read (RBAC: get, list, watch nodes), the
-// node set goes on without them (the node IP, its interface, --node-cidrs), /readyz
-// notes it, and the watch keeps trying. stop ends the watch.
-func watchNode(ctx context.Context, rc *rest.Config, name string, n *nodeAddrs, syncTimeout time.Duration, log *slog.Logger) (stop func(), err error) {
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: client: %w", name, err)
-	}
-	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-	}))
-	inf := f.Core().V1().Nodes().Informer()
-	set := func(obj any) {
-		if node, ok := obj.(*corev1.Node); ok && node.Name == name {
-			n.setStatus(nodeStatusAddrs(node), "")
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    set,
-		UpdateFunc: func(_, obj any) { set(obj) },
-		DeleteFunc: func(any) {
-			n.setStatus(nil, "node addresses: Node "+name+" deleted; only the node IP's interface and --node-cidrs are exempt")
-		},
-	}); err != nil {
-		return nil, fmt.Errorf("node %s: %w", name, err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	f.Start(ctx.Done())
-	syncCtx, cancelSync := context.WithTimeout(ctx, syncTimeout)
-	defer cancelSync()
-	switch {
-	case !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced):
-		log.Warn("Node object not read; exempting the node IP's interface and --node-cidrs until it is (needs get, list and watch on nodes)",
-			"node", name, "waited", syncTimeout)
-	case len(inf.GetStore().List()) == 0:
-		n.setStatus(nil, "node addresses: Node "+name+" not found; only the node IP's interface and --node-cidrs are exempt")
-		log.Warn("Node object not found; exempting the node IP's interface and --node-cidrs until it exists", "node", name)
-	}
-	return func() { cancel(); f.Shutdown() }, nil
 }

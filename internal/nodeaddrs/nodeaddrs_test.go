@@ -1,4 +1,4 @@
-package main
+package nodeaddrs
 
 import (
 	"bytes"
@@ -24,19 +24,19 @@ import (
 
 func TestNodeSet(t *testing.T) {
 	a := netip.MustParseAddr
-	ifaces := []hostIface{
-		{name: "lo", kind: "device", loopback: true, addrs: []netip.Addr{a("127.0.0.1"), a("::1"), a("10.0.0.99")}},
-		{name: "eth0", kind: "device", addrs: []netip.Addr{a("10.0.0.5"), a("10.0.0.50"), a("fe80::1%eth0"), a("2001:db8::5")}},
-		{name: "eth1", kind: "device", addrs: []netip.Addr{a("192.0.2.7"), a("192.0.2.8")}}, // holds the ExternalIP
-		{name: "kube-ipvs0", kind: "dummy", addrs: []netip.Addr{a("10.96.0.1"), a("10.96.0.10")}},
-		{name: "nodelocaldns", kind: "dummy", addrs: []netip.Addr{a("169.254.20.10")}},
-		{name: "bgp0", kind: "dummy", addrs: []netip.Addr{a("2001:db8::9"), a("2001:db8::100")}}, // a status address and an anycast VIP
-		{name: "eni1a2b", kind: "veth", addrs: []netip.Addr{a("10.251.3.1")}},                    // a pod's host side
-		{name: "tun0", kind: "tun", addrs: []netip.Addr{a("172.16.0.1")}},                        // another network
-		{name: "cilium_host", kind: "veth", addrs: []netip.Addr{a("10.0.1.1")}},
+	ifaces := []Iface{
+		{Name: "lo", Kind: "device", Loopback: true, Addrs: []netip.Addr{a("127.0.0.1"), a("::1"), a("10.0.0.99")}},
+		{Name: "eth0", Kind: "device", Addrs: []netip.Addr{a("10.0.0.5"), a("10.0.0.50"), a("fe80::1%eth0"), a("2001:db8::5")}},
+		{Name: "eth1", Kind: "device", Addrs: []netip.Addr{a("192.0.2.7"), a("192.0.2.8")}}, // holds the ExternalIP
+		{Name: "kube-ipvs0", Kind: "dummy", Addrs: []netip.Addr{a("10.96.0.1"), a("10.96.0.10")}},
+		{Name: "nodelocaldns", Kind: "dummy", Addrs: []netip.Addr{a("169.254.20.10")}},
+		{Name: "bgp0", Kind: "dummy", Addrs: []netip.Addr{a("2001:db8::9"), a("2001:db8::100")}}, // a status address and an anycast VIP
+		{Name: "eni1a2b", Kind: "veth", Addrs: []netip.Addr{a("10.251.3.1")}},                    // a pod's host side
+		{Name: "tun0", Kind: "tun", Addrs: []netip.Addr{a("172.16.0.1")}},                        // another network
+		{Name: "cilium_host", Kind: "veth", Addrs: []netip.Addr{a("10.0.1.1")}},
 	}
-	src := nodeAddrSources{nodeIP: a("10.0.0.5"), status: []netip.Addr{a("::ffff:192.0.2.7"), a("10.0.0.99"), a("2001:db8::9")},
-		extra: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::7/64")}}
+	src := Sources{NodeIP: a("10.0.0.5"), Status: []netip.Addr{a("::ffff:192.0.2.7"), a("10.0.0.99"), a("2001:db8::9")},
+		Extra: []netip.Prefix{netip.MustParsePrefix("169.254.20.10/32"), netip.MustParsePrefix("fd00:10::7/64")}}
 	got, left := nodeSet(ifaces, src, 1024)
 	want := []netip.Prefix{
 		netip.MustParsePrefix("10.0.0.5/32"),
@@ -54,7 +54,7 @@ func TestNodeSet(t *testing.T) {
 		t.Errorf("node set\n got %v (left %v)\nwant %v", got, left, want)
 	}
 	// Named interfaces join; a trailing * is a prefix.
-	src.ifaces = []string{"cilium_host", "eni*"}
+	src.Ifaces = []string{"cilium_host", "eni*"}
 	got, _ = nodeSet(ifaces, src, 1024)
 	for _, p := range []string{"10.0.1.1/32", "10.251.3.1/32"} {
 		if !slices.Contains(got, netip.MustParsePrefix(p)) {
@@ -62,7 +62,7 @@ func TestNodeSet(t *testing.T) {
 		}
 	}
 	// The node IP is exempt even when no interface here holds it.
-	if got, _ := nodeSet(nil, nodeAddrSources{nodeIP: a("192.0.2.20")}, 1024); !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("192.0.2.20/32")}) {
+	if got, _ := nodeSet(nil, Sources{NodeIP: a("192.0.2.20")}, 1024); !slices.Equal(got, []netip.Prefix{netip.MustParsePrefix("192.0.2.20/32")}) {
 		t.Errorf("node set without interfaces: %v, want the node IP", got)
 	}
 	// Beyond capacity the node's own IPs are kept first, then --node-cidrs.
@@ -70,8 +70,8 @@ func TestNodeSet(t *testing.T) {
 	for i := range 10 {
 		many = append(many, netip.AddrFrom4([4]byte{10, 0, 0, byte(200 + i)}))
 	}
-	ifaces[1].addrs = append(ifaces[1].addrs, many...)
-	got, left = nodeSet(ifaces, nodeAddrSources{nodeIP: a("10.0.0.5"), status: []netip.Addr{a("192.0.2.7")}, extra: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}, 4)
+	ifaces[1].Addrs = append(ifaces[1].Addrs, many...)
+	got, left = nodeSet(ifaces, Sources{NodeIP: a("10.0.0.5"), Status: []netip.Addr{a("192.0.2.7")}, Extra: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}, 4)
 	if n4 := len(slices.DeleteFunc(slices.Clone(got), func(p netip.Prefix) bool { return !p.Addr().Is4() })); n4 != 4 {
 		t.Errorf("capacity 4: %d IPv4 prefixes kept (%v)", n4, got)
 	}
@@ -85,26 +85,26 @@ func TestNodeSet(t *testing.T) {
 	}
 }
 
-// TestListHostIfaces reads this namespace's interfaces with netlink, as the agent does.
-func TestListHostIfaces(t *testing.T) {
-	ifaces, err := listHostIfaces()
+// TestListIfaces reads this namespace's interfaces with netlink, as the agent does.
+func TestListIfaces(t *testing.T) {
+	ifaces, err := ListIfaces()
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(ifaces, func(i hostIface) bool { return i.loopback })
-	if i < 0 || !slices.Contains(ifaces[i].addrs, netip.MustParseAddr("127.0.0.1")) {
+	i := slices.IndexFunc(ifaces, func(i Iface) bool { return i.Loopback })
+	if i < 0 || !slices.Contains(ifaces[i].Addrs, netip.MustParseAddr("127.0.0.1")) {
 		t.Errorf("interfaces %v lack the loopback with the address every namespace's lo has", ifaces)
 	}
 }
 
-// TestWatchHostAddrs: adding an address in the namespace is signalled (as root: it
+// TestWatchAddrs: adding an address in the namespace is signalled (as root: it
 // adds one to a dummy interface of its own), and the channel closes once done is.
-func TestWatchHostAddrs(t *testing.T) {
-	if os.Geteuid() != 0 {
+func TestWatchAddrs(t *testing.T) {
+	if !skip.Root() {
 		t.Skip("needs root (CAP_NET_ADMIN) to add an address")
 	}
 	done := make(chan struct{})
-	changed, err := watchHostAddrs(done)
+	changed, err := WatchAddrs(done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,17 +151,17 @@ func TestNodeAddrsRefresh(t *testing.T) {
 	}
 	var mu sync.Mutex
 	host, listErr := []netip.Addr{netip.MustParseAddr("10.0.0.5")}, error(nil)
-	list := func() ([]hostIface, error) {
+	list := func() ([]Iface, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		return []hostIface{{name: "eth0", kind: "device", addrs: slices.Clone(host)}}, listErr
+		return []Iface{{Name: "eth0", Kind: "device", Addrs: slices.Clone(host)}}, listErr
 	}
 	allowed := func(a string) bool {
 		return dp.Verdict(7, bpfmaps.Ingress, netip.MustParseAddr(a), bpfmaps.ProtocolTCP, 8080) &&
 			dp.Verdict(7, bpfmaps.Egress, netip.MustParseAddr(a), bpfmaps.ProtocolUDP, 53)
 	}
-	n := &nodeAddrs{dp: dp, src: nodeAddrSources{nodeIP: netip.MustParseAddr("10.0.0.5"), extra: []netip.Prefix{netip.MustParsePrefix("169.254.20.0/24")}},
-		list: list, log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}
+	n := New(Config{Dataplane: dp, Sources: Sources{NodeIP: netip.MustParseAddr("10.0.0.5"), Extra: []netip.Prefix{netip.MustParsePrefix("169.254.20.0/24")}},
+		Max: bpfmaps.MaxNodePrefixes, List: list, Log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))})
 	notify := make(chan struct{}, 1) // the address changes netlink would signal
 	n.watch = func(done <-chan struct{}) (<-chan struct{}, error) {
 		ch := make(chan struct{})
@@ -178,7 +178,7 @@ func TestNodeAddrsRefresh(t *testing.T) {
 		}()
 		return ch, nil
 	}
-	stop, err := startNodeAddrs(context.Background(), n, time.Hour) // changes are noticed by the watch, not the interval
+	stop, err := n.Start(context.Background(), time.Hour) // changes are noticed by the watch, not the interval
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestNodeAddrsRefresh(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// The Node object's addresses join at once.
-	n.setStatus([]netip.Addr{netip.MustParseAddr("10.0.0.7")}, "")
+	n.SetStatus([]netip.Addr{netip.MustParseAddr("10.0.0.7")}, "")
 	for !allowed("10.0.0.7") {
 		if time.Now().After(deadline) {
 			t.Fatal("the Node's address was not picked up")
@@ -215,9 +215,9 @@ func TestNodeAddrsRefresh(t *testing.T) {
 	}
 	stop()
 	// A first read that fails is an error: the agent does not start without the set.
-	n2 := &nodeAddrs{dp: dp, list: list, watch: n.watch, log: n.log}
-	if _, err := startNodeAddrs(context.Background(), n2, time.Second); err == nil {
-		t.Fatal("startNodeAddrs with a failing first read: no error")
+	n2 := New(Config{Dataplane: dp, Max: bpfmaps.MaxNodePrefixes, List: list, Watch: n.watch, Log: n.log})
+	if _, err := n2.Start(context.Background(), time.Second); err == nil {
+		t.Fatal("Start with a failing first read: no error")
 	}
 }
 
@@ -228,7 +228,7 @@ func TestNodeAddrsRefresh(t *testing.T) {
 // none. Then 1100 addresses on the uplink: the set is cut to what the dataplane
 // holds, the node IP kept, and the agent goes on, not ready, saying why.
 func TestNodeSetFromANamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
+	if !skip.Root() {
 		skip.Unmet(t, "needs root: builds a network namespace with interfaces")
 	}
 	netlab.RequireIP(t, "build the node's interfaces")
@@ -255,12 +255,12 @@ func TestNodeSetFromANamespace(t *testing.T) {
 		}
 		ip("link", "set", dev, "up")
 	}
-	list := func() ([]hostIface, error) { return netlab.In(ns, listHostIfaces) }
+	list := func() ([]Iface, error) { return netlab.In(ns, ListIfaces) }
 	ifaces, err := list()
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := nodeAddrSources{nodeIP: netip.MustParseAddr("10.214.0.2"), status: []netip.Addr{netip.MustParseAddr("10.214.0.2")}}
+	src := Sources{NodeIP: netip.MustParseAddr("10.214.0.2"), Status: []netip.Addr{netip.MustParseAddr("10.214.0.2")}}
 	set, left := nodeSet(ifaces, src, bpfmaps.MaxNodePrefixes)
 	for _, want := range []string{"10.214.0.2/32", "10.214.0.3/32", "2001:db8:214::2/128"} {
 		if !slices.Contains(set, netip.MustParsePrefix(want)) {
@@ -288,8 +288,8 @@ func TestNodeSetFromANamespace(t *testing.T) {
 	}
 	dp := bpfmaps.NewMemory()
 	var logs bytes.Buffer
-	n := &nodeAddrs{dp: dp, src: src, list: list, log: slog.New(slog.NewTextHandler(&logs, nil))}
-	stop, err := startNodeAddrs(context.Background(), n, time.Hour)
+	n := New(Config{Dataplane: dp, Sources: src, Max: bpfmaps.MaxNodePrefixes, List: list, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	stop, err := n.Start(context.Background(), time.Hour)
 	if err != nil {
 		t.Fatalf("start with 1100 node addresses: %v; want the agent to go on with what fits", err)
 	}
@@ -301,10 +301,10 @@ func TestNodeSetFromANamespace(t *testing.T) {
 	if !dp.Verdict(7, bpfmaps.Egress, netip.MustParseAddr("10.214.0.2"), bpfmaps.ProtocolTCP, 443) {
 		t.Error("the node IP is not exempt once the set is cut")
 	}
-	if _, err := n.health(); err == nil || !strings.Contains(err.Error(), "do not fit") {
+	if _, err := n.Health(); err == nil || !strings.Contains(err.Error(), "do not fit") {
 		t.Errorf("health with 1100 addresses = %v, want an error saying they do not fit", err)
 	}
-	if got := n.leftOut(); got != 1102-bpfmaps.MaxNodePrefixes+0 {
+	if got := n.LeftOut(); got != 1102-bpfmaps.MaxNodePrefixes+0 {
 		t.Errorf("left out %d, want %d", got, 1102-bpfmaps.MaxNodePrefixes)
 	}
 	if !strings.Contains(logs.String(), "more addresses than the dataplane") {
