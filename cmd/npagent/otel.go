@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/npagent/npagent/internal/telemetry"
 )
@@ -48,4 +49,18 @@ func openTelemetry(ctx context.Context, log *slog.Logger, opts ...telemetry.Opti
 	}
 	log.Error("telemetry off: nothing is measured; policies are still enforced", "err", err)
 	return nil, fmt.Sprintf("telemetry off (%v)", err)
+}
+
+// instanceID is the agent's service.instance.id: the node name, so that per-node
+// series and dashboard panels keyed by it continue across agent restarts (one agent
+// per node; the SDK's default is a random UUID per process, which starts a new series
+// at every restart). An operator's service.instance.id in OTEL_RESOURCE_ATTRIBUTES
+// (resourceAttrs) wins: then "" (no option) leaves it to the environment.
+func instanceID(nodeName, resourceAttrs string) string {
+	for _, kv := range strings.Split(resourceAttrs, ",") {
+		if k, _, _ := strings.Cut(kv, "="); strings.TrimSpace(k) == "service.instance.id" {
+			return ""
+		}
+	}
+	return nodeName
 }

@@ -63,3 +63,20 @@ func TestOpenTelemetryAsConfiguredIsNotDegraded(t *testing.T) {
 		t.Errorf("logged with a valid configuration:\n%s", logs.String())
 	}
 }
+
+// TestInstanceIDIsTheNode: service.instance.id is the node name, stable across agent
+// restarts (the SDK's default, a random UUID per process, started new series at each
+// restart and emptied per-node panels), unless OTEL_RESOURCE_ATTRIBUTES sets it.
+func TestInstanceIDIsTheNode(t *testing.T) {
+	for _, tc := range []struct{ attrs, want string }{
+		{"", "node-a"},
+		{"k8s.cluster.name=prod", "node-a"},
+		{"k8s.cluster.name=prod, service.instance.id=pod-xyz", ""},
+		{"service.instance.id=pod-xyz", ""},
+		{"service.instance.idx=1", "node-a"},
+	} {
+		if got := instanceID("node-a", tc.attrs); got != tc.want {
+			t.Errorf("instanceID(node-a, %q) = %q, want %q", tc.attrs, got, tc.want)
+		}
+	}
+}

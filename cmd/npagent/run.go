@@ -169,6 +169,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 func startTelemetry(ctx context.Context, cfg config, health *agentHealth, log *slog.Logger) (tel *telemetry.Telemetry, sink report.Sink, metrics http.Handler) {
 	tel, degraded := openTelemetry(ctx, log.With("component", "telemetry"),
 		telemetry.WithNodeName(cfg.NodeName),
+		telemetry.WithInstanceID(instanceID(cfg.NodeName, os.Getenv(envResourceAttributes))),
 		telemetry.WithServiceVersion(agentVersion()),
 		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
 		telemetry.WithTraceParenting(cfg.TraceParenting),
