@@ -331,6 +331,7 @@ func observeCounts(tel *telemetry.Telemetry, ctrl *reconcile.Controller, seenSet
 		}
 		loop := ctrl.Stats()
 		c.PodsIsolated, c.PodsStrictDenied = loop.PodsIsolated, int64(loop.PodsStrictDenied)
+		c.PodsUnisolable = loop.PodsUnisolable
 		c.NodeAddrsLeftOut = int64(nodes.LeftOut())
 		c.Maps = mapUsage(dp)
 	})

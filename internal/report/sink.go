@@ -42,6 +42,10 @@ type Counts struct {
 	// policy could not be committed or an object naming them has no valid
 	// version: never left open (reconcile).
 	PodsIsolated uint64
+	// PodsUnisolable counts endpoints of rejected PolicyEndpoints with no valid
+	// version that could not be isolated: their hostIP or podIP does not parse, so
+	// a pod of this node among them cannot be found (and is left as it was).
+	PodsUnisolable uint64
 	// PodsStrictDenied is how many pods strict mode denies now (node traffic
 	// excepted) because no policy selecting them is committed (reconcile).
 	PodsStrictDenied int64

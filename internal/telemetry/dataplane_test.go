@@ -49,6 +49,26 @@ func TestPodsIsolatedExported(t *testing.T) {
 	}
 }
 
+// Endpoints that could not be isolated (a rejected PolicyEndpoint without a valid
+// version, its hostIP or podIP unparsable) are a cumulative counter too.
+func TestPodsUnisolableExported(t *testing.T) {
+	tel := newInMemory(t)
+	var n uint64 = 2
+	tel.ObserveCounts(func(c *report.Counts) { c.PodsUnisolable = n })
+	m, ok := findMetric(tel.collect(t), PodsUnisolableName)
+	if !ok {
+		t.Fatalf("no %s metric", PodsUnisolableName)
+	}
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok || !sum.IsMonotonic || len(sum.DataPoints) != 1 || sum.DataPoints[0].Value != 2 {
+		t.Fatalf("%s = %+v, want one monotonic point 2", PodsUnisolableName, m.Data)
+	}
+	n = 7
+	if body := scrape(t, tel); !containsSample(body, "npagent_dataplane_pods_unisolable_total", "7") {
+		t.Errorf("/metrics has no npagent_dataplane_pods_unisolable_total sample of 7:\n%s", body)
+	}
+}
+
 // Strict mode's denied-pod count is a gauge (pods leave it when a policy selects
 // them), over OTLP and on /metrics.
 func TestPodsStrictDeniedExported(t *testing.T) {

@@ -276,6 +276,10 @@ const (
 	// valid version: the fail-closed path, each
 	// also logged naming the pod and the object.
 	PodsIsolatedName = "npagent.dataplane.pods_isolated"
+	// PodsUnisolableName counts endpoints of rejected PolicyEndpoints without a
+	// valid version whose hostIP or podIP does not parse: if one is a pod of this
+	// node it cannot be found, so it is not isolated (logged naming the object).
+	PodsUnisolableName = "npagent.dataplane.pods_unisolable"
 	// PodsStrictDeniedName is how many pods strict mode denies now (node traffic
 	// excepted) until a policy selecting them is committed (--enforcing-mode=strict).
 	PodsStrictDeniedName = "npagent.dataplane.pods_strict_denied"
@@ -306,6 +310,7 @@ func dataplaneMaps(c *report.DataplaneMaps) [6]report.MapUse {
 // dataplaneInstruments exports the dataplane's part of report.Counts.
 type dataplaneInstruments struct {
 	podsIsolated     metric.Int64ObservableCounter
+	podsUnisolable   metric.Int64ObservableCounter
 	podsStrictDenied metric.Int64ObservableGauge
 	nodeAddrsLeft    metric.Int64ObservableGauge
 	mapEntries       metric.Int64ObservableGauge
@@ -318,6 +323,9 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	var err error
 	d.podsIsolated, err = m.Int64ObservableCounter(PodsIsolatedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods isolated (denied, node traffic excepted) because their policy could not be committed or an object naming them has no valid version."))
+	check(err)
+	d.podsUnisolable, err = m.Int64ObservableCounter(PodsUnisolableName, metric.WithUnit("{endpoint}"),
+		metric.WithDescription("Endpoints of rejected PolicyEndpoints without a valid version whose hostIP or podIP does not parse: a pod of this node among them cannot be found, so it is not isolated."))
 	check(err)
 	d.podsStrictDenied, err = m.Int64ObservableGauge(PodsStrictDeniedName, metric.WithUnit("{pod}"),
 		metric.WithDescription("Pods strict mode denies (node traffic excepted) until a policy selecting them is committed."))
@@ -334,11 +342,12 @@ func (d *dataplaneInstruments) build(m metric.Meter, check func(error)) []metric
 	for i, name := range mapNames {
 		d.mapSets[i] = newMeasureOptions(MapKey.String(name))
 	}
-	return []metric.Observable{d.podsIsolated, d.podsStrictDenied, d.nodeAddrsLeft, d.mapEntries, d.mapCapacity}
+	return []metric.Observable{d.podsIsolated, d.podsUnisolable, d.podsStrictDenied, d.nodeAddrsLeft, d.mapEntries, d.mapCapacity}
 }
 
 func (d *dataplaneInstruments) observe(o metric.Observer, c *report.Counts) {
 	o.ObserveInt64(d.podsIsolated, int64(c.PodsIsolated))
+	o.ObserveInt64(d.podsUnisolable, int64(c.PodsUnisolable))
 	o.ObserveInt64(d.podsStrictDenied, c.PodsStrictDenied)
 	o.ObserveInt64(d.nodeAddrsLeft, c.NodeAddrsLeftOut)
 	for i, u := range dataplaneMaps(&c.Maps) {
