@@ -102,7 +102,8 @@
 //     attempt's lock wait), and so are the merge and the dataplane's phases.
 //   - gc.go: after the caches sync, restore of last valid versions; after the initial
 //     sync, leftovers of the previous process.
-//   - lastvalid.go: each object's last valid version, saved for the next process.
+//   - lastvalid.go: each object's last valid version, saved for the next process
+//     (the objects in an internal/lastvalid store).
 //   - pods.go: strict enforcing mode: a watch of this node's pods (only in that
 //     mode), whose worker denies a pod no object selects until one does.
 //   - policy.go: object → rules (compile) and the per-pod merge.
