@@ -65,7 +65,7 @@ unit: ## fast tests only (no control plane, no root)
 # Fuzz targets as package:function. `go test` (make test, CI) runs each one's seed
 # corpus and the inputs it once failed on (testdata/fuzz); `make fuzz` explores.
 FUZZ_TARGETS := ./internal/seen/:FuzzParseTrigger ./internal/seen/:FuzzDecodeState \
-	./internal/reconcile/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict
+	./internal/translate/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict
 FUZZTIME ?= 30s
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s; the first run builds an instrumented test binary per package)

@@ -24,6 +24,7 @@ import (
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // usageError is a bad command line or environment: main exits 2 for it.
@@ -230,7 +231,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Resolver:              podif.NewRouteResolver(podif.WithNodeIPs(cfg.NodeIP), podif.WithInterfacePrefixes(cfg.PodInterfacePrefixes...)),
 		TriggerAnnotation:     cfg.TriggerAnnotation,
 		TraceParentAnnotation: cfg.TraceParentAnnotation,
-		Compile: reconcile.CompileOptions{DropDomainAllowRules: cfg.DropFQDNAllowRules, MaxEntriesPerObject: cfg.MaxEntriesPerObject,
+		Compile: translate.Options{DropDomainAllowRules: cfg.DropFQDNAllowRules, MaxEntriesPerObject: cfg.MaxEntriesPerObject,
 			MapEntriesV4: cfg.MapEntriesV4, MapEntriesV6: cfg.MapEntriesV6},
 		ResyncPeriod:      cfg.ResyncPeriod,
 		Workers:           cfg.Workers,

@@ -542,7 +542,7 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 		if ok && prev.uid == m.GetUID() && prev.rv == m.GetResourceVersion() {
 			// Unchanged: re-deliver the object the reflector holds, not the new
 			// decode. The informer's cache then keeps its object (node-local
-			// versions in the pod table refer to it, see nodeLocal), and the new
+			// versions in the pod table refer to it, see translate.Options.NodeLocal), and the new
 			// list, which every listed item points into, is not kept alive by it.
 			events = append(events, watch.Event{Type: watch.Modified, Object: prev.obj})
 			l.delivered[key] = prev

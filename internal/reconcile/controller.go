@@ -20,6 +20,7 @@ import (
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // Config configures New. Zero fields take the defaults stated.
@@ -43,8 +44,8 @@ type Config struct {
 	// v1alpha1.AnnotationTraceParent.
 	TraceParentAnnotation string
 	// Compile changes how objects compile (what to do with domainName rules). Default:
-	// the zero CompileOptions, strict.
-	Compile CompileOptions
+	// the zero translate.Options, strict.
+	Compile translate.Options
 	// ResyncPeriod is the informers' resync period. Default 0: no resync. A resync only
 	// re-delivers cached objects (counted, dropped): nothing is re-committed.
 	ResyncPeriod time.Duration
@@ -83,7 +84,7 @@ type Controller struct {
 	log           *slog.Logger
 	informers     [report.NumKinds]cache.SharedIndexInformer
 	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
-	queue         workqueue.TypedRateLimitingInterface[objectKey]
+	queue         workqueue.TypedRateLimitingInterface[translate.Key]
 	started       atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see transform).
@@ -173,8 +174,8 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		cfg: cfg,
 		log: cfg.Logger.With("node", cfg.NodeName),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[objectKey](5*time.Millisecond, cfg.MaxRetryDelay),
-			workqueue.TypedRateLimitingQueueConfig[objectKey]{}),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay),
+			workqueue.TypedRateLimitingQueueConfig[translate.Key]{}),
 	}
 	c.progress.init(cfg.Workers)
 	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
@@ -252,15 +253,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)
-	var keys []objectKey
+	var keys []translate.Key
 	for kind, inf := range c.informers {
 		for _, k := range inf.GetStore().ListKeys() {
 			ns, name, _ := cache.SplitMetaNamespaceKey(k)
-			keys = append(keys, objectKey{kind: report.Kind(kind), namespace: ns, name: name})
+			keys = append(keys, translate.Key{Kind: report.Kind(kind), Namespace: ns, Name: name})
 		}
 	}
 	c.initial.begin(keys)
-	c.initialSynced(objectKey{})
+	c.initialSynced(translate.Key{})
 	c.progress.started(time.Now())
 	if c.podWatch != nil {
 		c.startPodWorker(ctx, &wg)
@@ -304,7 +305,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	case outcomeDone, outcomeGiveUp:
 		c.queue.Forget(key)
 	case outcomeRetry:
-		c.stats.deliveries[key.kind][report.CauseRequeue].Add(1)
+		c.stats.deliveries[key.Kind][report.CauseRequeue].Add(1)
 		c.queue.AddRateLimited(key)
 	}
 	c.initialSynced(key)

@@ -106,7 +106,8 @@
 //     (the objects in an internal/lastvalid store).
 //   - pods.go: strict enforcing mode: a watch of this node's pods (only in that
 //     mode), whose worker denies a pod no object selects until one does.
-//   - policy.go: object → rules (compile) and the per-pod merge.
+//   - internal/translate (not this package): object → rules and the per-pod merge;
+//     gc.go:compile and sync.go call it, the pod table keeps what it returns.
 //   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
 //     the caches, the pod table and the seen-set hold now, plus a bounded history per
 //     uid recorded as it happens (the newest 8 versions with their sync's outcome,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // A read-only view of the loop for an operator ("is my policy applied here? why was
@@ -388,7 +389,7 @@ type ObjectExplain struct {
 // ExplainObject returns what this node knows of the object kind namespace/name
 // (namespace "" for a ClusterPolicyEndpoint).
 func (c *Controller) ExplainObject(kind report.Kind, namespace, name string) ObjectExplain {
-	key := objectKey{kind: kind, namespace: namespace, name: name}
+	key := translate.Key{Kind: kind, Namespace: namespace, Name: name}
 	out := ObjectExplain{Node: c.cfg.NodeName, At: time.Now(), Kind: kind.String(), Namespace: namespace, Name: name}
 	cur, ok := c.current(key)
 	if !ok {
@@ -424,7 +425,7 @@ func (c *Controller) ExplainObject(kind report.Kind, namespace, name string) Obj
 
 // currentObject is what the informer cache holds for a key, read-only.
 type currentObject struct {
-	key       objectKey
+	key       translate.Key
 	meta      metav1.Object
 	uid       types.UID
 	rv        string
@@ -435,22 +436,22 @@ type currentObject struct {
 func currentOf(kind report.Kind, obj any) (currentObject, bool) {
 	switch o := obj.(type) {
 	case *v1alpha1.PolicyEndpoint:
-		return currentObject{key: objectKey{kind: kind, namespace: o.Namespace, name: o.Name}, meta: o, uid: o.UID, rv: o.ResourceVersion,
+		return currentObject{key: translate.Key{Kind: kind, Namespace: o.Namespace, Name: o.Name}, meta: o, uid: o.UID, rv: o.ResourceVersion,
 			policyRef: o.Spec.PolicyRef.Name, endpoints: o.Spec.PodSelectorEndpoints}, true
 	case *v1alpha1.ClusterPolicyEndpoint:
-		return currentObject{key: objectKey{kind: kind, name: o.Name}, meta: o, uid: o.UID, rv: o.ResourceVersion,
+		return currentObject{key: translate.Key{Kind: kind, Name: o.Name}, meta: o, uid: o.UID, rv: o.ResourceVersion,
 			policyRef: o.Spec.PolicyRef.Name, endpoints: o.Spec.PodSelectorEndpoints}, true
 	}
 	return currentObject{}, false
 }
 
 // current reads key's object from the informer cache.
-func (c *Controller) current(key objectKey) (currentObject, bool) {
-	obj, exists, err := c.informers[key.kind].GetIndexer().GetByKey(key.storeKey())
+func (c *Controller) current(key translate.Key) (currentObject, bool) {
+	obj, exists, err := c.informers[key.Kind].GetIndexer().GetByKey(key.StoreKey())
 	if err != nil || !exists {
 		return currentObject{}, false
 	}
-	return currentOf(key.kind, obj)
+	return currentOf(key.Kind, obj)
 }
 
 // localPod returns the endpoint's pod IP when the pod is on this node.
@@ -468,14 +469,14 @@ func (c *Controller) localPod(p v1alpha1.PodEndpoint) (netip.Addr, bool) {
 // commit is incomplete (failed, or waiting for interfaces: the caller tells them
 // apart). With pod valid, only that pod's part counts: an object whose other pods
 // still wait is programmed for this one.
-func (t *podTable) stateOf(key objectKey, uid types.UID, rv string, pod netip.Addr) string {
+func (t *podTable) stateOf(key translate.Key, uid types.UID, rv string, pod netip.Addr) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
 	switch {
 	case st == nil || st.uid != uid:
 		return StateNotSynced
-	case st.compiled == nil || st.compiled.resourceVersion != rv:
+	case st.compiled == nil || st.compiled.ResourceVersion != rv:
 		if st.rejectedRV == rv {
 			return StateRejected
 		}
@@ -562,7 +563,7 @@ func (c *Controller) ExplainPod(q PodQuery) PodExplain {
 		return p.Name == q.Name && p.Namespace == q.Namespace
 	}
 	// Pass 1: the objects listing the pod, and the pod's IP when named.
-	lists := map[objectKey]bool{}
+	lists := map[translate.Key]bool{}
 	for _, cur := range all {
 		for _, p := range cur.endpoints {
 			if !match(p) {
@@ -604,23 +605,23 @@ func (c *Controller) ExplainPod(q PodQuery) PodExplain {
 		out.HostIP = strings.Join(hosts, ",")
 	}
 	// Pass 2: every chunk of the policies of those objects applies too.
-	policies := map[policyKey]bool{}
+	policies := map[translate.PolicyKey]bool{}
 	for _, cur := range all {
 		if lists[cur.key] {
-			if pk := policyOf(cur.key.kind, cur.key.namespace, cur.policyRef); pk != (policyKey{}) {
+			if pk := translate.PolicyOf(cur.key.Kind, cur.key.Namespace, cur.policyRef); pk != (translate.PolicyKey{}) {
 				policies[pk] = true
 			}
 		}
 	}
-	byKey := map[objectKey]currentObject{}
+	byKey := map[translate.Key]currentObject{}
 	for _, cur := range all {
-		if lists[cur.key] || policies[policyOf(cur.key.kind, cur.key.namespace, cur.policyRef)] {
+		if lists[cur.key] || policies[translate.PolicyOf(cur.key.Kind, cur.key.Namespace, cur.policyRef)] {
 			byKey[cur.key] = cur
 		}
 	}
 	// And what the table merged for the pod last: an object that listed it then
 	// must commit its change (or its deletion) before the pod is current.
-	var merged []objectKey
+	var merged []translate.Key
 	if ip.IsValid() {
 		merged, out.Ifindex = c.pods.mergedFor(ip)
 	}
@@ -633,15 +634,15 @@ func (c *Controller) ExplainPod(q PodQuery) PodExplain {
 			byKey[k] = cur
 		}
 	}
-	keys := make([]objectKey, 0, len(byKey))
+	keys := make([]translate.Key, 0, len(byKey))
 	for k := range byKey {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, objectKey.compare)
+	slices.SortFunc(keys, translate.Key.Compare)
 	out.Programmed = out.Synced && out.OnNode
 	for _, k := range keys {
 		cur := byKey[k]
-		po := PodObject{Kind: k.kind.String(), Namespace: k.namespace, Name: k.name, UID: string(cur.uid),
+		po := PodObject{Kind: k.Kind.String(), Namespace: k.Namespace, Name: k.Name, UID: string(cur.uid),
 			ResourceVersion: cur.rv, PolicyRef: cur.policyRef, Lists: lists[k]}
 		if cur.uid == "" {
 			po.State = StateNotFound
@@ -659,18 +660,18 @@ func (c *Controller) ExplainPod(q PodQuery) PodExplain {
 // mergedFor returns the keys whose versions the pod's last merge would read (the
 // objects indexed as listing it, and their chunks), and the ifindex holding its
 // committed state (0 if none).
-func (t *podTable) mergedFor(pod netip.Addr) ([]objectKey, int) {
+func (t *podTable) mergedFor(pod netip.Addr) ([]translate.Key, int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var keys []objectKey
+	var keys []translate.Key
 	for _, c := range t.objectsFor(pod, nil) {
-		keys = append(keys, c.key)
+		keys = append(keys, c.Key)
 	}
 	return keys, t.programmed[pod]
 }
 
 // holds reports whether the table still tracks key (a deletion not yet committed).
-func (t *podTable) holds(key objectKey) bool {
+func (t *podTable) holds(key translate.Key) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.objects[key] != nil

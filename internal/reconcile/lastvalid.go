@@ -8,6 +8,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/lastvalid"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // lastValidStore keeps each object's last valid version with work on this node
@@ -47,12 +48,12 @@ func (f lastValidFile) Identity() (key lastvalid.Key, uid, resourceVersion strin
 	return lastvalid.Key{}, "", "", false
 }
 
-func lastValidKey(k objectKey) lastvalid.Key {
-	return lastvalid.Key{Kind: k.kind.String(), Namespace: k.namespace, Name: k.name}
+func lastValidKey(k translate.Key) lastvalid.Key {
+	return lastvalid.Key{Kind: k.Kind.String(), Namespace: k.Namespace, Name: k.Name}
 }
 
 // save records obj, a valid version of key just committed.
-func (s *lastValidStore) save(key objectKey, obj any) error {
+func (s *lastValidStore) save(key translate.Key, obj any) error {
 	if s == nil {
 		return nil
 	}
@@ -69,7 +70,7 @@ func (s *lastValidStore) save(key objectKey, obj any) error {
 }
 
 // load returns the saved version of key if it is of uid, else nil.
-func (s *lastValidStore) load(key objectKey, uid types.UID) (any, error) {
+func (s *lastValidStore) load(key translate.Key, uid types.UID) (any, error) {
 	if s == nil {
 		return nil, nil
 	}
@@ -77,16 +78,16 @@ func (s *lastValidStore) load(key objectKey, uid types.UID) (any, error) {
 	switch {
 	case err != nil || !ok:
 		return nil, err
-	case key.kind == report.KindPolicyEndpoint && f.PolicyEndpoint != nil:
+	case key.Kind == report.KindPolicyEndpoint && f.PolicyEndpoint != nil:
 		return f.PolicyEndpoint, nil
-	case key.kind == report.KindClusterPolicyEndpoint && f.ClusterPolicyEndpoint != nil:
+	case key.Kind == report.KindClusterPolicyEndpoint && f.ClusterPolicyEndpoint != nil:
 		return f.ClusterPolicyEndpoint, nil
 	}
 	return nil, nil
 }
 
 // remove forgets key (the object was deleted).
-func (s *lastValidStore) remove(key objectKey) error {
+func (s *lastValidStore) remove(key translate.Key) error {
 	if s == nil {
 		return nil
 	}
@@ -94,11 +95,11 @@ func (s *lastValidStore) remove(key objectKey) error {
 }
 
 // keys returns the keys with a saved version.
-func (s *lastValidStore) keys() []objectKey {
+func (s *lastValidStore) keys() []translate.Key {
 	if s == nil {
 		return nil
 	}
-	var keys []objectKey
+	var keys []translate.Key
 	for _, k := range s.store.Keys() {
 		if key, ok := objectKeyOf(k); ok {
 			keys = append(keys, key)
@@ -109,7 +110,7 @@ func (s *lastValidStore) keys() []objectKey {
 
 // prune removes the files of keys live does not hold (objects deleted while the agent
 // was down), and returns how many it removed.
-func (s *lastValidStore) prune(live func(objectKey) bool) int {
+func (s *lastValidStore) prune(live func(translate.Key) bool) int {
 	if s == nil {
 		return 0
 	}
@@ -119,13 +120,13 @@ func (s *lastValidStore) prune(live func(objectKey) bool) int {
 	})
 }
 
-// objectKeyOf is the objectKey of a store's key; false for a kind the agent does not
+// objectKeyOf is the translate.Key of a store's key; false for a kind the agent does not
 // know.
-func objectKeyOf(k lastvalid.Key) (objectKey, bool) {
+func objectKeyOf(k lastvalid.Key) (translate.Key, bool) {
 	for kind := range report.Kind(report.NumKinds) {
 		if kind.String() == k.Kind {
-			return objectKey{kind: kind, namespace: k.Namespace, name: k.Name}, true
+			return translate.Key{Kind: kind, Namespace: k.Namespace, Name: k.Name}, true
 		}
 	}
-	return objectKey{}, false
+	return translate.Key{}, false
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // TestLastValidStore: a saved version comes back for its uid only (a recreated
@@ -26,7 +27,7 @@ func TestLastValidStore(t *testing.T) {
 	cpe := &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "deny", UID: "u2", ResourceVersion: "8"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{Tier: v1alpha1.TierAdmin}}
 	peKey := keyOf(report.KindPolicyEndpoint, pe)
 	cpeKey := keyOf(report.KindClusterPolicyEndpoint, cpe)
-	for key, obj := range map[objectKey]any{peKey: pe, cpeKey: cpe} {
+	for key, obj := range map[translate.Key]any{peKey: pe, cpeKey: cpe} {
 		if err := s.save(key, obj); err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +47,7 @@ func TestLastValidStore(t *testing.T) {
 	if got, err := again.load(cpeKey, "u2"); err != nil || got.(*v1alpha1.ClusterPolicyEndpoint).Name != "deny" {
 		t.Errorf("load CPE = %v, %v", got, err)
 	}
-	if n := again.prune(func(k objectKey) bool { return k == peKey }); n != 1 {
+	if n := again.prune(func(k translate.Key) bool { return k == peKey }); n != 1 {
 		t.Errorf("pruned %d, want the CPE's file", n)
 	}
 	if got, _ := again.load(cpeKey, "u2"); got != nil {

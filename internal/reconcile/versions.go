@@ -13,6 +13,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // TracingTraceParentAnnotation is the annotation KEP-5915 standardises for a
@@ -329,20 +330,20 @@ func (t *triggerVersions) forget(uid types.UID) {
 // commit of the object cannot race its Forget.
 type deletedUIDs struct {
 	mu    sync.Mutex
-	byKey map[objectKey][]types.UID
+	byKey map[translate.Key][]types.UID
 }
 
-func (d *deletedUIDs) add(key objectKey, uid types.UID) {
+func (d *deletedUIDs) add(key translate.Key, uid types.UID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.byKey == nil {
-		d.byKey = map[objectKey][]types.UID{}
+		d.byKey = map[translate.Key][]types.UID{}
 	}
 	d.byKey[key] = append(d.byKey[key], uid)
 }
 
 // take removes and returns the key's deleted uids.
-func (d *deletedUIDs) take(key objectKey) []types.UID {
+func (d *deletedUIDs) take(key translate.Key) []types.UID {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	uids := d.byKey[key]
