@@ -19,6 +19,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/report"
@@ -133,7 +134,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}()
 	// The debug socket (npagent explain, npagent wait): answered 503 until the loop
 	// exists. It is not worth stopping enforcement for: a failure degrades.
-	debug := &debugAPI{}
+	debug := &explain.Server{}
 	if cfg.DebugSocket != "" {
 		if stopDebug, err := serveDebug(cfg.DebugSocket, debug, log); err != nil {
 			log.Error("debug socket not served: npagent explain and wait will not reach this agent", "debug_socket", cfg.DebugSocket, "err", err)
@@ -263,7 +264,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-	debug.setLoop(ctrl)
+	debug.SetSource(ctrl)
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -54,7 +54,7 @@ func (r *policyRefs) Set(v string) error {
 }
 
 // selected reports whether an object of the policy lists the pod and is programmed.
-func (p policyRef) selected(pod *reconcile.PodExplain) bool {
+func (p policyRef) selected(pod *explain.PodExplain) bool {
 	for _, o := range pod.Objects {
 		if o.Lists && o.Programmed && o.Kind == p.kind.String() && o.PolicyRef == p.name &&
 			(p.kind == report.KindClusterPolicyEndpoint || o.Namespace == p.namespace) {
@@ -135,15 +135,15 @@ Flags:
 
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	c := newDebugClient(*socket)
+	c := explain.NewClient(*socket)
 	start := time.Now()
 	var (
 		lastErr    error
 		lastStatus string
-		pod        reconcile.PodExplain
+		pod        explain.PodExplain
 	)
 	for {
-		err := c.get(ctx, path, &pod)
+		err := c.Get(ctx, path, &pod)
 		if err != nil && ctx.Err() != nil {
 			break // cut short by the timeout: the previous answer stands
 		}
@@ -171,9 +171,9 @@ Flags:
 		return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: interrupted: %s", what, lastStatus)}
 	}
 	if lastErr == nil && lastStatus == "" { // the only request was cut short
-		lastErr = fmt.Errorf("%w: no answer from %s", errUnreachable, *socket)
+		lastErr = fmt.Errorf("%w: no answer from %s", explain.ErrUnreachable, *socket)
 	}
-	if errors.Is(lastErr, errUnreachable) {
+	if errors.Is(lastErr, explain.ErrUnreachable) {
 		return exitError{exitUnreachable, fmt.Errorf("wait: %s: timed out after %v: %w", what, *timeout, lastErr)}
 	}
 	return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: not programmed after %v: %s", what, *timeout, lastStatus)}
@@ -188,7 +188,7 @@ func logStatus(w io.Writer, last, status string) string {
 }
 
 // waitStatus says what the pod still waits for; "" when nothing.
-func waitStatus(pod *reconcile.PodExplain, policies policyRefs) string {
+func waitStatus(pod *explain.PodExplain, policies policyRefs) string {
 	switch {
 	case !pod.Synced:
 		return "the agent's informer caches have not synced"
@@ -215,7 +215,7 @@ func waitStatus(pod *reconcile.PodExplain, policies policyRefs) string {
 	return ""
 }
 
-func objectsLine(pod *reconcile.PodExplain) string {
+func objectsLine(pod *explain.PodExplain) string {
 	if len(pod.Objects) == 0 {
 		return "no policy object selects it"
 	}

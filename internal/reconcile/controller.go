@@ -17,6 +17,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
@@ -119,7 +120,7 @@ type Controller struct {
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
 	// (see explain.go).
-	explain explainLog
+	explain explain.History
 	// progress is when keys were taken, syncs finished and events arrived, for a
 	// liveness check (see progress.go).
 	progress progress
@@ -190,7 +191,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log, strict, cfg.NamespaceEntryShare)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
-	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
+	c.versions.history, c.cfg.Sink = &c.explain, c.explain.Sink(cfg.Sink)
 
 	rc, err := newRESTClient(restConfig)
 	if err != nil {

@@ -108,10 +108,10 @@
 //     mode), whose worker denies a pod no object selects until one does.
 //   - internal/translate (not this package): object → rules and the per-pod merge;
 //     gc.go:compile and sync.go call it, the pod table keeps what it returns.
-//   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
-//     the caches, the pod table and the seen-set hold now, plus a bounded history per
-//     uid recorded as it happens (the newest 8 versions with their sync's outcome,
-//     the newest 4 reports with their phases), dropped when the uid is forgotten.
+//   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod, in
+//     internal/explain's wire types): what the caches, the pod table and the seen-set
+//     hold now, plus the explain.History it feeds as things happen (versions at event
+//     time, each sync's outcome, reports), dropped when the uid is forgotten.
 //
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
 // pod are two pods (and would fight over one interface); commits are serialized by

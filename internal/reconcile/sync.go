@@ -75,7 +75,7 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 		// a recreated object's predecessor left are still re-committed without it.
 		rej := translate.ReadRejected(obj, c.cfg.NodeIP)
 		res := c.pods.commitVersion(key, v.uid, nil, &rej)
-		c.explain.synced(v, &res, err)
+		c.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		return c.rejected(key, v, err, &res, log)
 	}
@@ -86,7 +86,7 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 	}
 	res := c.pods.commitVersion(key, v.uid, compiled, nil)
 	compiled.Settle()
-	c.explain.synced(v, &res, nil)
+	c.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	if res.rejected != nil {
 		return c.rejected(key, v, res.rejected, &res, log)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/translate"
@@ -70,9 +71,9 @@ func (v objectVersion) removedOnly() bool { return v.localWork && !v.local }
 type versionTable struct {
 	mu       sync.Mutex
 	byUID    map[types.UID]*versionEntry
-	triggerK string      // the trigger annotation's key
-	traceK   string      // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
-	history  *explainLog // each new version is added to it; forget drops the uid's
+	triggerK string           // the trigger annotation's key
+	traceK   string           // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
+	history  *explain.History // each new version is added to it; forget drops the uid's
 	nodeIP   netip.Addr
 	// synced is set once the informers' initial lists are in: a uid first recorded
 	// after it is a new object (no earlier version ever had pods here); one first
@@ -118,7 +119,7 @@ func (t *versionTable) recordKnown(m metav1.Object) (v objectVersion, fresh, red
 	}
 	t.byUID[v.uid] = e
 	t.mu.Unlock()
-	t.history.received(v, time.Now())
+	t.history.Received(string(v.uid), v.resourceVersion, v.trigger, v.localWork, time.Now())
 	return v, true, false
 }
 
@@ -198,7 +199,7 @@ func (t *versionTable) forget(uid types.UID) {
 	t.mu.Lock()
 	delete(t.byUID, uid)
 	t.mu.Unlock()
-	t.history.forget(uid)
+	t.history.Forget(string(uid))
 }
 
 // observed records the seen-set's answer to the first observation of version v's
