@@ -166,9 +166,28 @@ func (t *podTable) stateOf(key translate.Key, uid types.UID, rv string, pod neti
 // whether each one's current version is programmed for it. It reads the informer
 // caches (a scan of every object: O(objects × pods), for an operator or a wait
 // polling a few times a second, not for a hot path) and holds the pod table's
-// lock only to copy a few fields per object.
+// lock only to copy a few fields per object. Its phases: find the objects listing
+// the pod (and its IP), place the pod (this node or another), add the other chunks
+// of their policies and what the table merged for the pod last, then each object's
+// state for it.
 func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 	out := explain.PodExplain{Node: c.cfg.NodeName, At: time.Now(), Namespace: q.Namespace, Name: q.Name, Synced: c.HasSynced(), Objects: []explain.PodObject{}}
+	all := c.currentObjects()
+	lists, ip, hosts := findListing(all, q, &out)
+	if !ip.IsValid() {
+		ip = c.strictPodIP(q)
+	}
+	c.placePod(&out, ip, hosts)
+	byKey := withChunks(all, lists)
+	if ip.IsValid() {
+		c.addMerged(byKey, ip, &out)
+	}
+	c.podObjects(&out, byKey, lists, ip)
+	return out
+}
+
+// currentObjects is every object in the informer caches.
+func (c *Controller) currentObjects() []currentObject {
 	var all []currentObject
 	for kind, inf := range c.informers {
 		for _, obj := range inf.GetStore().List() {
@@ -177,8 +196,14 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 			}
 		}
 	}
-	ip := q.IP.Unmap()
-	var hosts []string
+	return all
+}
+
+// findListing returns the objects listing the pod q names, its IP (q's, or the
+// first the objects list for it) and the hosts they place it on; out gets its
+// namespace and name when q named it by IP.
+func findListing(all []currentObject, q explain.PodQuery, out *explain.PodExplain) (lists map[translate.Key]bool, ip netip.Addr, hosts []string) {
+	ip = q.IP.Unmap()
 	match := func(p v1alpha1.PodEndpoint) bool {
 		if q.IP.IsValid() {
 			pip, err := netip.ParseAddr(string(p.PodIP))
@@ -186,8 +211,7 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 		}
 		return p.Name == q.Name && p.Namespace == q.Namespace
 	}
-	// Pass 1: the objects listing the pod, and the pod's IP when named.
-	lists := map[translate.Key]bool{}
+	lists = map[translate.Key]bool{}
 	for _, cur := range all {
 		for _, p := range cur.endpoints {
 			if !match(p) {
@@ -207,14 +231,26 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 			}
 		}
 	}
-	if !ip.IsValid() && c.podWatch != nil && q.Name != "" {
-		// Strict mode: a pod no object lists yet is known from the pod watch.
-		if obj, ok, _ := c.podWatch.informer.GetStore().GetByKey(q.Namespace + "/" + q.Name); ok {
-			if _, addrs, ok := podAddrs(obj); ok && len(addrs) > 0 {
-				ip = addrs[0]
-			}
+	return lists, ip, hosts
+}
+
+// strictPodIP is, in strict mode, the IP of a pod no object lists yet, known from
+// the pod watch; invalid otherwise.
+func (c *Controller) strictPodIP(q explain.PodQuery) netip.Addr {
+	if c.podWatch == nil || q.Name == "" {
+		return netip.Addr{}
+	}
+	if obj, ok, _ := c.podWatch.informer.GetStore().GetByKey(q.Namespace + "/" + q.Name); ok {
+		if _, addrs, ok := podAddrs(obj); ok && len(addrs) > 0 {
+			return addrs[0]
 		}
 	}
+	return netip.Addr{}
+}
+
+// placePod sets the pod's IP, whether strict mode denies it, and whether the
+// objects place it on this node (true when none lists it).
+func (c *Controller) placePod(out *explain.PodExplain, ip netip.Addr, hosts []string) {
 	if ip.IsValid() {
 		out.IP = ip.String()
 		out.StrictDenied = c.pods.strictlyDenied(ip)
@@ -228,7 +264,11 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 	if !out.OnNode {
 		out.HostIP = strings.Join(hosts, ",")
 	}
-	// Pass 2: every chunk of the policies of those objects applies too.
+}
+
+// withChunks returns the objects listing the pod and every chunk of their
+// policies: the pod merges those too.
+func withChunks(all []currentObject, lists map[translate.Key]bool) map[translate.Key]currentObject {
 	policies := map[translate.PolicyKey]bool{}
 	for _, cur := range all {
 		if lists[cur.key] {
@@ -243,12 +283,15 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 			byKey[cur.key] = cur
 		}
 	}
-	// And what the table merged for the pod last: an object that listed it then
-	// must commit its change (or its deletion) before the pod is current.
+	return byKey
+}
+
+// addMerged adds to byKey what the table merged for the pod last: an object that
+// listed it then must commit its change (or its deletion) before the pod is
+// current. out gets the interface holding the pod's state.
+func (c *Controller) addMerged(byKey map[translate.Key]currentObject, ip netip.Addr, out *explain.PodExplain) {
 	var merged []translate.Key
-	if ip.IsValid() {
-		merged, out.Ifindex = c.pods.mergedFor(ip)
-	}
+	merged, out.Ifindex = c.pods.mergedFor(ip)
 	for _, k := range merged {
 		if _, ok := byKey[k]; !ok {
 			cur, ok := c.current(k)
@@ -258,6 +301,11 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 			byKey[k] = cur
 		}
 	}
+}
+
+// podObjects appends each object's state for the pod, in key order, and sets
+// out.Programmed: synced, on this node, and every object programmed for it.
+func (c *Controller) podObjects(out *explain.PodExplain, byKey map[translate.Key]currentObject, lists map[translate.Key]bool, ip netip.Addr) {
 	keys := make([]translate.Key, 0, len(byKey))
 	for k := range byKey {
 		keys = append(keys, k)
@@ -278,7 +326,6 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 		out.Programmed = out.Programmed && po.Programmed
 		out.Objects = append(out.Objects, po)
 	}
-	return out
 }
 
 // mergedFor returns the keys whose versions the pod's last merge would read (the
