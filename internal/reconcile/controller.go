@@ -18,6 +18,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/explain"
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
@@ -60,7 +61,7 @@ type Config struct {
 	// WatchStallTimeout is how long an informer's watch may be down before it
 	// counts as stalled (WatchStalled, Counts); an open watch counts as stalled
 	// when silent (no event, no bookmark, not reopened) for its own timeout plus
-	// this (see watchStalled). Default 1m.
+	// this (see kubewatch.Health.Snapshot). Default 1m.
 	WatchStallTimeout time.Duration
 	// LastValidDir holds the last valid version of each object with work on this
 	// node, so that after a restart an object whose current version is invalid keeps
@@ -91,7 +92,7 @@ type Controller struct {
 	// relists tells a relist's re-deliveries apart (see transform).
 	relists [report.NumKinds]relistTracker
 	// watch is each informer's list-and-watch health (see watchhealth.go).
-	watch [report.NumKinds]watchHealth
+	watch [report.NumKinds]kubewatch.Health
 
 	// versions holds each object version's parsed annotations, recorded at event
 	// time and checked out by the worker (see versions.go).
@@ -193,7 +194,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
 	c.versions.history, c.cfg.Sink = &c.explain, c.explain.Sink(cfg.Sink)
 
-	rc, err := newRESTClient(restConfig)
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("reconcile: scheme: %w", err)
+	}
+	rc, err := kubewatch.NewRESTClient(restConfig, scheme, v1alpha1.SchemeGroupVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +210,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		report.KindClusterPolicyEndpoint: {v1alpha1.ResourceClusterPolicyEndpoints, &v1alpha1.ClusterPolicyEndpoint{}},
 	}
 	for kind := range report.Kind(report.NumKinds) {
-		lw := newListWatch(rc, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
+		lw := kubewatch.NewListWatch(rc, scheme, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
 			func() { c.relists[kind].begin() }, &c.watch[kind], c.log.With("kind", kind.String()))
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})

@@ -89,9 +89,10 @@
 // Where each job lives:
 //
 //   - controller.go: Config, New, Run, the worker loop (lifecycle).
-//   - client.go: the REST client and the informers' ListWatch (apiserver restarts,
-//     410 relists in place).
-//   - watchhealth.go: per-informer watch health and the stall rule.
+//   - internal/kubewatch (not this package): the REST client and the informers'
+//     ListWatch (apiserver restarts, 410 relists in place), watch health and the
+//     stall rule; controller.go builds the informers on it.
+//   - watchhealth.go: each informer's watch health read for Counts and /readyz.
 //   - events.go: event handlers, the transform, relist detection.
 //   - versions.go: each object version's parsed annotations, recorded at event time;
 //     the uids delete events removed, until a worker forgets them.

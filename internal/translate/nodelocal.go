@@ -19,7 +19,7 @@ import (
 // That reference is the one dependency on the caller: it saves memory only when src
 // is an object the caller keeps anyway, and only while the caller keeps that same
 // object. internal/reconcile passes the informer's cached object; its ListWatch
-// (reconcile/client.go: listWatch.diff) re-delivers an unchanged object on an in-place
+// (internal/kubewatch: listWatch.diff) re-delivers an unchanged object on an in-place
 // relist as the object the cache already holds, not as the new decode, and copies a
 // new or changed one out of its list, so a kept version never holds a list alive
 // (TestListWatchDiffKeepsDeliveredObject). A relist the reflector makes itself (rare:
