@@ -13,14 +13,15 @@ TEST_TIMEOUT ?= 25m
 # package (-short: a test needing root, the kernel, an apiserver or a built tool
 # skips); make test runs every package once, in its tier.
 UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
-	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/
-INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ \
+	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/ \
+	./internal/translate/ ./internal/explain/ ./internal/lastvalid/
+INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
 E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/
 # Packages whose code runs goroutines or is called from several: their tier runs them
 # under the race detector (only: not a second time without it).
-RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
+RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
 # Tests that skip under the race detector (timing, allocation counts: its stalls
 # and sync.Pool's drops make them meaningless), as package:regex. The race pass
 # skips them; a plain pass of their own runs them, and only them.
@@ -125,7 +126,7 @@ check-tiers:
 # Fuzz targets as package:function. `go test` (make test, CI) runs each one's seed
 # corpus and the inputs it once failed on (testdata/fuzz); `make fuzz` explores.
 FUZZ_TARGETS := ./internal/seen/:FuzzParseTrigger ./internal/seen/:FuzzDecodeState \
-	./internal/reconcile/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict \
+	./internal/translate/:FuzzCompilePolicyEndpoint ./internal/bpfmaps/:FuzzCompiledEntriesMatchVerdict \
 	./internal/bpfmaps/:FuzzCompileMatchesReference
 FUZZTIME ?= 30s
 

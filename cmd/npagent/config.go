@@ -17,6 +17,7 @@ import (
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/translate"
 	"k8s.io/klog/v2"
 )
 
@@ -179,7 +180,7 @@ func newFlagSet(c *config, raw *rawFlags, usage io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
-	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", reconcile.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
+	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", translate.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.Float64Var(&c.NamespaceEntryShare, "namespace-entry-share", 100*reconcile.DefaultNamespaceEntryShare, "percent of each policy map (direction and family) the pods of one namespace on this node may hold with their NetworkPolicy rules: a policy object that would take its namespace over it is rejected as bad input (counted in invalid objects; its last valid version stays in force), so that one tenant cannot crowd others out of the node's maps (README: How capacity is divided). 0 or 100: no bound")

@@ -2,21 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/reconcile"
-	"github.com/npagent/npagent/internal/report"
 )
 
 // The debug endpoint: a read-only JSON API on a unix socket (--debug-socket),
@@ -24,13 +21,8 @@ import (
 // that mounts the socket's directory). Never TCP: what it shows (pod IPs, policy
 // names, errors) is for whoever may read the node's /run, not the network.
 //
-//	GET /v1/object/pe/{namespace}/{name}   reconcile.ObjectExplain
-//	GET /v1/object/cpe/{name}              reconcile.ObjectExplain
-//	GET /v1/pod/{namespace}/{name}         reconcile.PodExplain
-//	GET /v1/podip/{ip}                     reconcile.PodExplain
-//
-// Until the reconcile loop exists (the agent waits for the apiserver) every
-// request is answered 503 with {"error": "..."}; a bad path segment is 400.
+// The API itself (paths, answers, the 503 until the reconcile loop exists) is
+// internal/explain's Server; this file listens.
 
 // defaultDebugSocket is --debug-socket's default.
 const defaultDebugSocket = "/run/npagent/debug.sock"
@@ -39,64 +31,8 @@ const defaultDebugSocket = "/run/npagent/debug.sock"
 // and the socket is made under a temporary name (path.<pid>.tmp) first.
 const maxDebugSocketPath = 90
 
-// explainer is what the debug endpoint reads: the reconcile loop.
-type explainer interface {
-	ExplainObject(kind report.Kind, namespace, name string) reconcile.ObjectExplain
-	ExplainPod(q reconcile.PodQuery) reconcile.PodExplain
-}
-
-var _ explainer = (*reconcile.Controller)(nil)
-
-// debugAPI serves the endpoints; the loop is set once it exists.
-type debugAPI struct {
-	loop atomic.Pointer[explainer]
-}
-
-func (d *debugAPI) setLoop(e explainer) { d.loop.Store(&e) }
-
-func (d *debugAPI) handler() http.Handler {
-	mux := http.NewServeMux()
-	with := func(f func(explainer, *http.Request) (any, error)) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			e := d.loop.Load()
-			if e == nil {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				json.NewEncoder(w).Encode(debugError{"agent starting: the reconcile loop is not running yet (waiting for the apiserver)"})
-				return
-			}
-			v, err := f(*e, r)
-			if err != nil {
-				w.WriteHeader(http.StatusBadRequest)
-				json.NewEncoder(w).Encode(debugError{err.Error()})
-				return
-			}
-			json.NewEncoder(w).Encode(v)
-		}
-	}
-	mux.HandleFunc("GET /v1/object/pe/{namespace}/{name}", with(func(e explainer, r *http.Request) (any, error) {
-		return e.ExplainObject(report.KindPolicyEndpoint, r.PathValue("namespace"), r.PathValue("name")), nil
-	}))
-	mux.HandleFunc("GET /v1/object/cpe/{name}", with(func(e explainer, r *http.Request) (any, error) {
-		return e.ExplainObject(report.KindClusterPolicyEndpoint, "", r.PathValue("name")), nil
-	}))
-	mux.HandleFunc("GET /v1/pod/{namespace}/{name}", with(func(e explainer, r *http.Request) (any, error) {
-		return e.ExplainPod(reconcile.PodQuery{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}), nil
-	}))
-	mux.HandleFunc("GET /v1/podip/{ip}", with(func(e explainer, r *http.Request) (any, error) {
-		ip, err := netip.ParseAddr(r.PathValue("ip"))
-		if err != nil {
-			return nil, fmt.Errorf("%q is not an IP address", r.PathValue("ip"))
-		}
-		return e.ExplainPod(reconcile.PodQuery{IP: ip}), nil
-	}))
-	return mux
-}
-
-// debugError is the body of every error answer.
-type debugError struct {
-	Error string `json:"error"`
-}
+// The reconcile loop is the debug API's source (internal/explain serves it).
+var _ explain.Source = (*reconcile.Controller)(nil)
 
 // listenDebug listens on the unix socket path, readable and writable by the
 // owner only (0600), in a directory it creates 0700 if missing. The socket is
@@ -157,12 +93,12 @@ func (l *unlinkListener) Close() error {
 
 // serveDebug serves d on the unix socket path until the returned stop is called,
 // with the bounds of the metrics server (timeouts, headers, requests in flight).
-func serveDebug(path string, d *debugAPI, log *slog.Logger) (stop func(), err error) {
+func serveDebug(path string, d *explain.Server, log *slog.Logger) (stop func(), err error) {
 	ln, err := listenDebug(path)
 	if err != nil {
 		return nil, err
 	}
-	srv := newHTTPServer(d.handler(), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	srv := newHTTPServer(d.Handler(), slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

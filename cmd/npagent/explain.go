@@ -7,15 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -40,51 +38,6 @@ func (e exitError) Error() string {
 	return e.err.Error()
 }
 func (e exitError) Unwrap() error { return e.err }
-
-// debugClient talks to the agent's debug socket.
-type debugClient struct {
-	socket string
-	http   *http.Client
-}
-
-func newDebugClient(socket string) *debugClient {
-	var d net.Dialer
-	return &debugClient{socket: socket, http: &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", socket)
-		}},
-	}}
-}
-
-// errUnreachable wraps every failure to reach the agent.
-var errUnreachable = errors.New("agent unreachable")
-
-// get fetches path into v. A transport failure wraps errUnreachable; an answer
-// other than 200 is an error with the agent's message.
-func (c *debugClient) get(ctx context.Context, path string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://npagent"+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: debug socket %s: %v (is npagent running on this node with --debug-socket=%s, and is its directory mounted here?)", errUnreachable, c.socket, err, c.socket)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("%w: debug socket %s: %v", errUnreachable, c.socket, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e debugError
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return fmt.Errorf("agent answered %d: %s", resp.StatusCode, e.Error)
-		}
-		return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
-	}
-	return json.Unmarshal(body, v)
-}
 
 // explainTarget is what explain was asked about: the debug path, and whether it is
 // an object (else a pod).
@@ -172,16 +125,16 @@ Flags:
 	if err != nil {
 		return exitError{exitUsage, fmt.Errorf("explain: %w", err)}
 	}
-	c := newDebugClient(*socket)
+	c := explain.NewClient(*socket)
 	var raw json.RawMessage
-	if err := c.get(ctx, target.path, &raw); err != nil {
-		if errors.Is(err, errUnreachable) {
+	if err := c.Get(ctx, target.path, &raw); err != nil {
+		if errors.Is(err, explain.ErrUnreachable) {
 			return exitError{exitUnreachable, err}
 		}
 		return exitError{exitNotProgrammed, err}
 	}
 	if target.object {
-		var ex reconcile.ObjectExplain
+		var ex explain.ObjectExplain
 		if err := json.Unmarshal(raw, &ex); err != nil {
 			return fmt.Errorf("agent's answer: %w", err)
 		}
@@ -190,12 +143,12 @@ Flags:
 		} else {
 			printObject(stdout, &ex)
 		}
-		if ex.State == reconcile.StateNotFound {
+		if ex.State == explain.StateNotFound {
 			return exitError{exitNotProgrammed, nil}
 		}
 		return nil
 	}
-	var pod reconcile.PodExplain
+	var pod explain.PodExplain
 	if err := json.Unmarshal(raw, &pod); err != nil {
 		return fmt.Errorf("agent's answer: %w", err)
 	}
@@ -259,9 +212,9 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-func printObject(w io.Writer, ex *reconcile.ObjectExplain) {
+func printObject(w io.Writer, ex *explain.ObjectExplain) {
 	fmt.Fprintf(w, "%s on node %s (at %s)\n", objectName(ex.Kind, ex.Namespace, ex.Name), ex.Node, ex.At.UTC().Format(time.RFC3339))
-	if ex.State == reconcile.StateNotFound {
+	if ex.State == explain.StateNotFound {
 		fmt.Fprintln(w, "  not found in the agent's informer cache")
 		return
 	}
@@ -321,7 +274,7 @@ func printObject(w io.Writer, ex *reconcile.ObjectExplain) {
 }
 
 // attemptLine is one attempt: lock wait, time under the lock, phases, error.
-func attemptLine(a *reconcile.AttemptInfo) string {
+func attemptLine(a *explain.AttemptInfo) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "lock wait %s, commit %s", dur(a.LockWait), dur(a.Duration))
 	p := a.Phases
@@ -343,7 +296,7 @@ func attemptLine(a *reconcile.AttemptInfo) string {
 	return b.String()
 }
 
-func printPod(w io.Writer, p *reconcile.PodExplain) {
+func printPod(w io.Writer, p *explain.PodExplain) {
 	name := "pod " + orDash(p.IP)
 	if p.Name != "" {
 		name = fmt.Sprintf("pod %s/%s (%s)", p.Namespace, p.Name, orDash(p.IP))

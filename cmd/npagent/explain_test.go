@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
-	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
@@ -157,15 +157,15 @@ func TestExplainAndWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut = runSubcommand(t, 10*time.Second, "explain", socketFlag, "--json", "pe/default/allow-web")
-	var ex reconcile.ObjectExplain
+	var ex explain.ObjectExplain
 	if err := json.Unmarshal([]byte(out), &ex); code != 0 || err != nil {
 		t.Fatalf("explain --json: exit %d, %v\nstdout: %s\nstderr: %s", code, err, out, errOut)
 	}
-	if ex.State != reconcile.StateProgrammed || ex.UID != string(pe.UID) || ex.ResourceVersion != pe.ResourceVersion ||
+	if ex.State != explain.StateProgrammed || ex.UID != string(pe.UID) || ex.ResourceVersion != pe.ResourceVersion ||
 		ex.WriterTraceID != "0af7651916cd43dd8448eb211c80319c" || fmt.Sprint(ex.LocalPods) != "["+podIP+"]" || ex.Node != testNodeName {
 		t.Errorf("explain: %+v", ex)
 	}
-	if len(ex.Versions) != 1 || ex.Versions[0].ResourceVersion != pe.ResourceVersion || ex.Versions[0].Outcome != reconcile.StateProgrammed ||
+	if len(ex.Versions) != 1 || ex.Versions[0].ResourceVersion != pe.ResourceVersion || ex.Versions[0].Outcome != explain.StateProgrammed ||
 		!ex.Versions[0].HasLocalWork() || ex.Versions[0].Received.IsZero() {
 		t.Errorf("versions: %+v", ex.Versions)
 	}
@@ -199,10 +199,10 @@ func TestExplainAndWait(t *testing.T) {
 	}
 	testenv.Eventually(t, 20*time.Second, "default/stuck pending for more than a second", func() bool {
 		_, out, _ := runSubcommand(t, 10*time.Second, "explain", socketFlag, "--json", "pe/default/stuck")
-		ex = reconcile.ObjectExplain{}
+		ex = explain.ObjectExplain{}
 		return json.Unmarshal([]byte(out), &ex) == nil && len(ex.Pending) == 1 && ex.Pending[0].Age > time.Second
 	})
-	if ex.State != reconcile.StateWaiting || ex.Programmed || !strings.Contains(ex.Detail, stuckIP) {
+	if ex.State != explain.StateWaiting || ex.Programmed || !strings.Contains(ex.Detail, stuckIP) {
 		t.Errorf("stuck: %+v", ex)
 	}
 	if age := a.metric(t, "npagent_seen_oldest_pending_age_seconds"); age < 1 {
@@ -320,11 +320,11 @@ func TestDebugSocketFlag(t *testing.T) {
 // attempt with its phases and error.
 func TestPrintObjectFailedAttempts(t *testing.T) {
 	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
-	ex := reconcile.ObjectExplain{
+	ex := explain.ObjectExplain{
 		Node: "n1", At: at, Kind: "PolicyEndpoint", Namespace: "shop", Name: "web", UID: "u1", ResourceVersion: "7",
-		State: reconcile.StateFailed, Detail: "commit pod 10.0.0.1 (ifindex 4): map full",
-		Pending: []reconcile.PendingInfo{{Trigger: at.Add(-90 * time.Second), Received: at.Add(-89 * time.Second), Age: 90 * time.Second, Waiting: 89 * time.Second, Failures: 3}},
-		FailedAttempts: []reconcile.AttemptInfo{{Start: at.Add(-80 * time.Second), LockWait: 2 * time.Millisecond, Duration: 5 * time.Millisecond,
+		State: explain.StateFailed, Detail: "commit pod 10.0.0.1 (ifindex 4): map full",
+		Pending: []explain.PendingInfo{{Trigger: at.Add(-90 * time.Second), Received: at.Add(-89 * time.Second), Age: 90 * time.Second, Waiting: 89 * time.Second, Failures: 3}},
+		FailedAttempts: []explain.AttemptInfo{{Start: at.Add(-80 * time.Second), LockWait: 2 * time.Millisecond, Duration: 5 * time.Millisecond,
 			Err: "commit pod 10.0.0.1 (ifindex 4): map full"}},
 	}
 	ex.FailedAttempts[0].Phases.Write = 4 * time.Millisecond
@@ -339,8 +339,8 @@ func TestPrintObjectFailedAttempts(t *testing.T) {
 
 // TestPrintPodStrictDenied: the human form of a pod strict mode denies says so.
 func TestPrintPodStrictDenied(t *testing.T) {
-	ex := reconcile.PodExplain{Node: "n1", Namespace: "shop", Name: "web", IP: "10.0.0.7", OnNode: true, Synced: true,
-		Ifindex: 9, Programmed: true, StrictDenied: true, Objects: []reconcile.PodObject{}}
+	ex := explain.PodExplain{Node: "n1", Namespace: "shop", Name: "web", IP: "10.0.0.7", OnNode: true, Synced: true,
+		Ifindex: 9, Programmed: true, StrictDenied: true, Objects: []explain.PodObject{}}
 	var b bytes.Buffer
 	printPod(&b, &ex)
 	for _, want := range []string{"pod shop/web (10.0.0.7) on node n1", "denied by strict mode until a policy selects it", "ifindex 9"} {

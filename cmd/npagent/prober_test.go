@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npagent/npagent/api/v1alpha1"
-	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 )
@@ -138,15 +138,15 @@ func TestProberFlipLatency(t *testing.T) {
 	l := newNodeLab(t, "npr", 207)
 	cp, _ := l.startAgent(t)
 	ctx := context.Background()
-	debug := newDebugClient(l.debugSocket)
+	debug := explain.NewClient(l.debugSocket)
 
 	// reported waits for the agent's report of trigger and returns its commit time.
-	reported := func(trigger time.Time, rv string) reconcile.ReportInfo {
+	reported := func(trigger time.Time, rv string) explain.ReportInfo {
 		t.Helper()
-		var r *reconcile.ReportInfo
+		var r *explain.ReportInfo
 		testenv.Eventually(t, 20*time.Second, "the agent reports trigger "+trigger.Format(time.RFC3339Nano), func() bool {
-			var ex reconcile.ObjectExplain
-			if err := debug.get(ctx, "/v1/object/pe/default/prober", &ex); err != nil {
+			var ex explain.ObjectExplain
+			if err := debug.Get(ctx, "/v1/object/pe/default/prober", &ex); err != nil {
 				return false
 			}
 			for i := range ex.Reports {

@@ -19,12 +19,14 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/nodeaddrs"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // usageError is a bad command line or environment: main exits 2 for it.
@@ -143,7 +145,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	if tel != nil {
 		observeCounts(tel, ctrl, seenSet, nodes, dp)
 	}
-	debug.setLoop(ctrl)
+	debug.SetSource(ctrl)
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
@@ -225,11 +227,11 @@ func serveHTTP(ln, healthLn net.Listener, metrics http.Handler, health *agentHea
 }
 
 // serveDebugSocket serves the debug socket (npagent explain, npagent wait),
-// answered 503 until the loop exists (debugAPI.setLoop). It is not worth stopping
+// answered 503 until the loop exists (explain.Server.SetSource). It is not worth stopping
 // enforcement for: a failure degrades (listed by /readyz). stop is a no-op when
 // nothing is served.
-func serveDebugSocket(cfg config, health *agentHealth, log *slog.Logger) (debug *debugAPI, stop func()) {
-	debug = &debugAPI{}
+func serveDebugSocket(cfg config, health *agentHealth, log *slog.Logger) (debug *explain.Server, stop func()) {
+	debug = &explain.Server{}
 	if cfg.DebugSocket == "" {
 		return debug, func() {}
 	}
@@ -301,7 +303,7 @@ func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, se
 		Resolver:              podif.NewRouteResolver(podif.WithNodeIPs(cfg.NodeIP), podif.WithInterfacePrefixes(cfg.PodInterfacePrefixes...)),
 		TriggerAnnotation:     cfg.TriggerAnnotation,
 		TraceParentAnnotation: cfg.TraceParentAnnotation,
-		Compile: reconcile.CompileOptions{DropDomainAllowRules: cfg.DropFQDNAllowRules, MaxEntriesPerObject: cfg.MaxEntriesPerObject,
+		Compile: translate.Options{DropDomainAllowRules: cfg.DropFQDNAllowRules, MaxEntriesPerObject: cfg.MaxEntriesPerObject,
 			MapEntriesV4: cfg.MapEntriesV4, MapEntriesV6: cfg.MapEntriesV6},
 		ResyncPeriod:      cfg.ResyncPeriod,
 		Workers:           cfg.Workers,

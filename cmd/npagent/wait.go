@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -54,7 +54,7 @@ func (r *policyRefs) Set(v string) error {
 }
 
 // selected reports whether an object of the policy lists the pod and is programmed.
-func (p policyRef) selected(pod *reconcile.PodExplain) bool {
+func (p policyRef) selected(pod *explain.PodExplain) bool {
 	for _, o := range pod.Objects {
 		if o.Lists && o.Programmed && o.Kind == p.kind.String() && o.PolicyRef == p.name &&
 			(p.kind == report.KindClusterPolicyEndpoint || o.Namespace == p.namespace) {
@@ -165,15 +165,15 @@ func waitTarget(podName, podIP string) (path, what string, err error) {
 func (w waitArgs) poll(ctx context.Context, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
-	c := newDebugClient(w.socket)
+	c := explain.NewClient(w.socket)
 	start := time.Now()
 	var (
 		lastErr    error
 		lastStatus string
-		pod        reconcile.PodExplain
+		pod        explain.PodExplain
 	)
 	for {
-		err := c.get(ctx, w.path, &pod)
+		err := c.Get(ctx, w.path, &pod)
 		if err != nil && ctx.Err() != nil {
 			break // cut short by the timeout: the previous answer stands
 		}
@@ -201,9 +201,9 @@ func (w waitArgs) poll(ctx context.Context, stdout, stderr io.Writer) error {
 		return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: interrupted: %s", w.what, lastStatus)}
 	}
 	if lastErr == nil && lastStatus == "" { // the only request was cut short
-		lastErr = fmt.Errorf("%w: no answer from %s", errUnreachable, w.socket)
+		lastErr = fmt.Errorf("%w: no answer from %s", explain.ErrUnreachable, w.socket)
 	}
-	if errors.Is(lastErr, errUnreachable) {
+	if errors.Is(lastErr, explain.ErrUnreachable) {
 		return exitError{exitUnreachable, fmt.Errorf("wait: %s: timed out after %v: %w", w.what, w.timeout, lastErr)}
 	}
 	return exitError{exitNotProgrammed, fmt.Errorf("wait: %s: not programmed after %v: %s", w.what, w.timeout, lastStatus)}
@@ -218,7 +218,7 @@ func logStatus(w io.Writer, last, status string) string {
 }
 
 // waitStatus says what the pod still waits for; "" when nothing.
-func waitStatus(pod *reconcile.PodExplain, policies policyRefs) string {
+func waitStatus(pod *explain.PodExplain, policies policyRefs) string {
 	switch {
 	case !pod.Synced:
 		return "the agent's informer caches have not synced"
@@ -245,7 +245,7 @@ func waitStatus(pod *reconcile.PodExplain, policies policyRefs) string {
 	return ""
 }
 
-func objectsLine(pod *reconcile.PodExplain) string {
+func objectsLine(pod *explain.PodExplain) string {
 	if len(pod.Objects) == 0 {
 		return "no policy object selects it"
 	}

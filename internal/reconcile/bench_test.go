@@ -386,8 +386,8 @@ func startRelistProfile(b *testing.B, iteration int) func() {
 // relistsBegun is how many relists the PolicyEndpoint ListWatch has begun.
 func relistsBegun(c *Controller) uint64 {
 	var n uint64
-	for i := range c.watch[report.KindPolicyEndpoint].relists {
-		n += c.watch[report.KindPolicyEndpoint].relists[i].Load()
+	for _, r := range c.watch[report.KindPolicyEndpoint].Snapshot(time.Now(), 0).Relists {
+		n += r
 	}
 	return n
 }

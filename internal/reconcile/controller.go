@@ -17,9 +17,12 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // Config configures New. Zero fields take the defaults stated.
@@ -43,8 +46,8 @@ type Config struct {
 	// v1alpha1.AnnotationTraceParent.
 	TraceParentAnnotation string
 	// Compile changes how objects compile (what to do with domainName rules). Default:
-	// the zero CompileOptions, strict.
-	Compile CompileOptions
+	// the zero translate.Options, strict.
+	Compile translate.Options
 	// ResyncPeriod is the informers' resync period. Default 0: no resync. A resync only
 	// re-delivers cached objects (counted, dropped): nothing is re-committed.
 	ResyncPeriod time.Duration
@@ -58,7 +61,7 @@ type Config struct {
 	// WatchStallTimeout is how long an informer's watch may be down before it
 	// counts as stalled (WatchStalled, Counts); an open watch counts as stalled
 	// when silent (no event, no bookmark, not reopened) for its own timeout plus
-	// this (see watchStalled). Default 1m.
+	// this (see kubewatch.Health.Snapshot). Default 1m.
 	WatchStallTimeout time.Duration
 	// LastValidDir holds the last valid version of each object with work on this
 	// node, so that after a restart an object whose current version is invalid keeps
@@ -83,13 +86,13 @@ type Controller struct {
 	log           *slog.Logger
 	informers     [report.NumKinds]cache.SharedIndexInformer
 	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
-	queue         workqueue.TypedRateLimitingInterface[objectKey]
+	queue         workqueue.TypedRateLimitingInterface[translate.Key]
 	started       atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see transform).
 	relists [report.NumKinds]relistTracker
 	// watch is each informer's list-and-watch health (see watchhealth.go).
-	watch [report.NumKinds]watchHealth
+	watch [report.NumKinds]kubewatch.Health
 
 	// versions holds each object version's parsed annotations, recorded at event
 	// time and checked out by the worker (see versions.go).
@@ -118,7 +121,7 @@ type Controller struct {
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
 	// (see explain.go).
-	explain explainLog
+	explain explain.History
 	// progress is when keys were taken, syncs finished and events arrived, for a
 	// liveness check (see progress.go).
 	progress progress
@@ -173,8 +176,8 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		cfg: cfg,
 		log: cfg.Logger.With("node", cfg.NodeName),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[objectKey](5*time.Millisecond, cfg.MaxRetryDelay),
-			workqueue.TypedRateLimitingQueueConfig[objectKey]{}),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay),
+			workqueue.TypedRateLimitingQueueConfig[translate.Key]{}),
 	}
 	c.progress.init(cfg.Workers)
 	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
@@ -189,9 +192,13 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	c.pods = newPodTable(cfg.Dataplane, cfg.Resolver, &c.stats, c.log, strict, cfg.NamespaceEntryShare)
 	c.versions.init(cfg.TriggerAnnotation, cfg.TraceParentAnnotation, cfg.NodeIP)
-	c.versions.history, c.cfg.Sink = &c.explain, explainSink{next: cfg.Sink, log: &c.explain}
+	c.versions.history, c.cfg.Sink = &c.explain, c.explain.Sink(cfg.Sink)
 
-	rc, err := newRESTClient(restConfig)
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("reconcile: scheme: %w", err)
+	}
+	rc, err := kubewatch.NewRESTClient(restConfig, scheme, v1alpha1.SchemeGroupVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +210,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		report.KindClusterPolicyEndpoint: {v1alpha1.ResourceClusterPolicyEndpoints, &v1alpha1.ClusterPolicyEndpoint{}},
 	}
 	for kind := range report.Kind(report.NumKinds) {
-		lw := newListWatch(rc, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
+		lw := kubewatch.NewListWatch(rc, scheme, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
 			func() { c.relists[kind].begin() }, &c.watch[kind], c.log.With("kind", kind.String()))
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
@@ -252,15 +259,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("informer caches synced", "objects", len(c.informers[report.KindPolicyEndpoint].GetStore().ListKeys())+len(c.informers[report.KindClusterPolicyEndpoint].GetStore().ListKeys()),
 		"seenPruned", pruned, "workers", c.cfg.Workers)
-	var keys []objectKey
+	var keys []translate.Key
 	for kind, inf := range c.informers {
 		for _, k := range inf.GetStore().ListKeys() {
 			ns, name, _ := cache.SplitMetaNamespaceKey(k)
-			keys = append(keys, objectKey{kind: report.Kind(kind), namespace: ns, name: name})
+			keys = append(keys, translate.Key{Kind: report.Kind(kind), Namespace: ns, Name: name})
 		}
 	}
 	c.initial.begin(keys)
-	c.initialSynced(objectKey{})
+	c.initialSynced(translate.Key{})
 	c.progress.started(time.Now())
 	if c.podWatch != nil {
 		c.startPodWorker(ctx, &wg)
@@ -304,7 +311,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	case outcomeDone, outcomeGiveUp:
 		c.queue.Forget(key)
 	case outcomeRetry:
-		c.stats.deliveries[key.kind][report.CauseRequeue].Add(1)
+		c.stats.deliveries[key.Kind][report.CauseRequeue].Add(1)
 		c.queue.AddRateLimited(key)
 	}
 	c.initialSynced(key)

@@ -10,6 +10,7 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -281,7 +282,7 @@ func TestCompileOptionsReachTheWorker(t *testing.T) {
 	for _, drop := range []bool{false, true} {
 		mem := bpfmaps.NewMemory()
 		c := offlineController(t, mem, newLookupTableResolver("10.60.0.1", 7), nil)
-		c.cfg.Compile = CompileOptions{DropDomainAllowRules: drop}
+		c.cfg.Compile = translate.Options{DropDomainAllowRules: drop}
 		store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
 		pe, _ := newVersion(benchPE(0, 1), func(pe *v1alpha1.PolicyEndpoint) {
 			pe.Spec.Egress = append(pe.Spec.Egress, v1alpha1.EndpointInfo{DomainName: "example.com"})

@@ -89,9 +89,10 @@
 // Where each job lives:
 //
 //   - controller.go: Config, New, Run, the worker loop (lifecycle).
-//   - client.go: the REST client and the informers' ListWatch (apiserver restarts,
-//     410 relists in place).
-//   - watchhealth.go: per-informer watch health and the stall rule.
+//   - internal/kubewatch (not this package): the REST client and the informers'
+//     ListWatch (apiserver restarts, 410 relists in place), watch health and the
+//     stall rule; controller.go builds the informers on it.
+//   - watchhealth.go: each informer's watch health read for Counts and /readyz.
 //   - events.go: event handlers, the transform, relist detection.
 //   - versions.go: each object version's parsed annotations, recorded at event time;
 //     the uids delete events removed, until a worker forgets them.
@@ -102,14 +103,16 @@
 //     attempt's lock wait), and so are the merge and the dataplane's phases.
 //   - gc.go: after the caches sync, restore of last valid versions; after the initial
 //     sync, leftovers of the previous process.
-//   - lastvalid.go: each object's last valid version, saved for the next process.
+//   - lastvalid.go: each object's last valid version, saved for the next process
+//     (the objects in an internal/lastvalid store).
 //   - pods.go: strict enforcing mode: a watch of this node's pods (only in that
 //     mode), whose worker denies a pod no object selects until one does.
-//   - policy.go: object → rules (compile) and the per-pod merge.
-//   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod): what
-//     the caches, the pod table and the seen-set hold now, plus a bounded history per
-//     uid recorded as it happens (the newest 8 versions with their sync's outcome,
-//     the newest 4 reports with their phases), dropped when the uid is forgotten.
+//   - internal/translate (not this package): object → rules and the per-pod merge;
+//     gc.go:compile and sync.go call it, the pod table keeps what it returns.
+//   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod, in
+//     internal/explain's wire types): what the caches, the pod table and the seen-set
+//     hold now, plus the explain.History it feeds as things happen (versions at event
+//     time, each sync's outcome, reports), dropped when the uid is forgotten.
 //
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
 // pod are two pods (and would fight over one interface); commits are serialized by

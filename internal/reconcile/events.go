@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // Event handlers do O(1) work, as kube-proxy's change trackers do: record the version
@@ -77,13 +78,13 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			}
 		},
 		DeleteFunc: func(obj any) {
-			var key objectKey
+			var key translate.Key
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				ns, name, err := cache.SplitMetaNamespaceKey(tomb.Key)
 				if err != nil {
 					return
 				}
-				key = objectKey{kind: kind, namespace: ns, name: name}
+				key = translate.Key{Kind: kind, Namespace: ns, Name: name}
 				obj = tomb.Obj
 			}
 			c.stats.deliveries[kind][report.CauseDelete].Add(1)
@@ -91,7 +92,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 				key = keyOf(kind, m)
 				c.deleted.add(key, m.GetUID())
 			}
-			if key.name != "" {
+			if key.Name != "" {
 				c.queue.Add(key)
 			}
 		},
@@ -208,6 +209,6 @@ func (t *relistTracker) current() int64 { return t.lists.Load() }
 // listing reports whether a relist (not the initial list) has begun.
 func (t *relistTracker) listing() bool { return t.current() > 1 }
 
-func keyOf(kind report.Kind, m metav1.Object) objectKey {
-	return objectKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
+func keyOf(kind report.Kind, m metav1.Object) translate.Key {
+	return translate.Key{Kind: kind, Namespace: m.GetNamespace(), Name: m.GetName()}
 }

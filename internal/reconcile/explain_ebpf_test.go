@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -22,7 +23,7 @@ func TestExplainEBPF(t *testing.T) {
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: podif.NewRouteResolver
 	pe := ingressPE("explain-ebpf", "web", []v1alpha1.PodEndpoint{pod(node, l.podIP)}, l.hostIP+"/32", 8080)
 	create(t, cp, pe)
-	var ex ObjectExplain
+	var ex explain.ObjectExplain
 	testenv.Eventually(t, 20*time.Second, "web programmed with a report", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain-ebpf", "web")
 		return ex.Programmed && len(ex.Reports) == 1
@@ -35,7 +36,7 @@ func TestExplainEBPF(t *testing.T) {
 	if sum := last.Phases.Merge + last.Phases.Compile + last.Phases.Attach + last.Phases.Write + last.Phases.Switch + last.Phases.Cleanup; sum > last.Duration {
 		t.Errorf("phases sum to %v, more than the attempt's %v under the lock", sum, last.Duration)
 	}
-	if pod := a.c.ExplainPod(PodQuery{IP: addr(l.podIP)}); !pod.Programmed || pod.Ifindex != l.hostIndex {
+	if pod := a.c.ExplainPod(explain.PodQuery{IP: addr(l.podIP)}); !pod.Programmed || pod.Ifindex != l.hostIndex {
 		t.Errorf("pod = %+v, want programmed on ifindex %d (%s)", pod, l.hostIndex, l.hostIf)
 	}
 }

@@ -2,15 +2,16 @@ package reconcile
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -36,10 +37,10 @@ func TestExplain(t *testing.T) {
 	trigger := create(t, cp, web)
 
 	// 1. The pod's interface is missing: pending, waiting, not programmed.
-	var ex ObjectExplain
+	var ex explain.ObjectExplain
 	testenv.Eventually(t, 20*time.Second, "web waiting for its interface", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "web")
-		return ex.State == StateWaiting
+		return ex.State == explain.StateWaiting
 	})
 	if ex.Programmed || ex.UID != string(web.UID) || ex.ResourceVersion != web.ResourceVersion || !ex.Trigger.Equal(trigger) {
 		t.Errorf("explain = %+v: want web's uid, rv %s, trigger %v, not programmed", ex, web.ResourceVersion, trigger)
@@ -54,14 +55,14 @@ func TestExplain(t *testing.T) {
 		t.Errorf("pending = %+v: want the trigger, with its age and wait", ex.Pending)
 	}
 	if len(ex.Versions) != 1 || ex.Versions[0].ResourceVersion != web.ResourceVersion || !ex.Versions[0].Trigger.Equal(trigger) ||
-		ex.Versions[0].Received.IsZero() || ex.Versions[0].Outcome != StateWaiting {
+		ex.Versions[0].Received.IsZero() || ex.Versions[0].Outcome != explain.StateWaiting {
 		t.Errorf("versions = %+v: want the one version, received, waiting", ex.Versions)
 	}
 	if len(ex.Reports) != 0 {
 		t.Errorf("reports before any commit: %+v", ex.Reports)
 	}
-	pod := a.c.ExplainPod(PodQuery{IP: addr("10.1.40.1")})
-	if pod.Programmed || !pod.Synced || !pod.OnNode || len(pod.Objects) != 1 || pod.Objects[0].State != StateWaiting || pod.Name != "web-0" {
+	pod := a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.40.1")})
+	if pod.Programmed || !pod.Synced || !pod.OnNode || len(pod.Objects) != 1 || pod.Objects[0].State != explain.StateWaiting || pod.Name != "web-0" {
 		t.Errorf("pod = %+v: want web waiting, not programmed", pod)
 	}
 
@@ -72,7 +73,7 @@ func TestExplain(t *testing.T) {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "web")
 		return ex.Programmed
 	})
-	if ex.State != StateProgrammed || len(ex.Pending) != 0 || len(ex.FailedAttempts) != 0 || !ex.Consumed.Equal(trigger) {
+	if ex.State != explain.StateProgrammed || len(ex.Pending) != 0 || len(ex.FailedAttempts) != 0 || !ex.Consumed.Equal(trigger) {
 		t.Errorf("explain = %+v: want programmed, nothing pending, the trigger consumed", ex)
 	}
 	if len(ex.Reports) != 1 {
@@ -94,10 +95,10 @@ func TestExplain(t *testing.T) {
 			t.Errorf("last attempt = %+v: want its merge phase within its duration, and the commit at its switch, inside it", last)
 		}
 	}
-	if v := ex.Versions[len(ex.Versions)-1]; v.Outcome != StateProgrammed || v.Pods != 1 || !v.HasLocalWork() {
+	if v := ex.Versions[len(ex.Versions)-1]; v.Outcome != explain.StateProgrammed || v.Pods != 1 || !v.HasLocalWork() {
 		t.Errorf("version = %+v: want programmed, one pod, local work", v)
 	}
-	pod = a.c.ExplainPod(PodQuery{Namespace: "explain", Name: "web-0"})
+	pod = a.c.ExplainPod(explain.PodQuery{Namespace: "explain", Name: "web-0"})
 	if !pod.Programmed || pod.IP != "10.1.40.1" || pod.Ifindex != 41 || len(pod.Objects) != 1 || !pod.Objects[0].Lists || !pod.Objects[0].Programmed {
 		t.Errorf("pod by name = %+v: want web programmed on ifindex 41", pod)
 	}
@@ -107,7 +108,7 @@ func TestExplain(t *testing.T) {
 	chunk.Spec.PolicyRef.Name = "web"
 	create(t, cp, chunk)
 	testenv.Eventually(t, 20*time.Second, "the chunk listed for the pod, programmed", func() bool {
-		pod = a.c.ExplainPod(PodQuery{IP: addr("10.1.40.1")})
+		pod = a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.40.1")})
 		return len(pod.Objects) == 2 && pod.Programmed
 	})
 	if o := pod.Objects[1]; o.Name != "web-2" || o.Lists || o.PolicyRef != "web" {
@@ -119,12 +120,12 @@ func TestExplain(t *testing.T) {
 	create(t, cp, remote)
 	testenv.Eventually(t, 20*time.Second, "remote synced", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "remote")
-		return ex.State == StateNoLocalWork
+		return ex.State == explain.StateNoLocalWork
 	})
 	if !ex.Programmed || len(ex.LocalPods) != 0 || len(ex.Versions) != 1 || ex.Versions[0].HasLocalWork() {
 		t.Errorf("remote = %+v: want nothing to do here, no local work", ex)
 	}
-	if p := a.c.ExplainPod(PodQuery{IP: addr("10.1.99.1")}); p.OnNode || p.Programmed || p.HostIP != "192.0.2.99" {
+	if p := a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.99.1")}); p.OnNode || p.Programmed || p.HostIP != "192.0.2.99" {
 		t.Errorf("a pod of another node = %+v: want not on this node, not programmed", p)
 	}
 
@@ -136,13 +137,13 @@ func TestExplain(t *testing.T) {
 	flakyTrigger := create(t, cp, flaky)
 	testenv.Eventually(t, 20*time.Second, "flaky failing, twice at least", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "flaky")
-		return ex.State == StateFailed && len(ex.FailedAttempts) >= 2
+		return ex.State == explain.StateFailed && len(ex.FailedAttempts) >= 2
 	})
 	if ex.Programmed || !strings.Contains(ex.Detail, errInjected.Error()) || !strings.Contains(ex.FailedAttempts[0].Err, errInjected.Error()) ||
 		len(ex.Pending) != 1 || !ex.Pending[0].Trigger.Equal(flakyTrigger) || ex.Pending[0].Failures < 2 {
 		t.Errorf("flaky = %+v: want failed, the injected error, the trigger pending with its failures", ex)
 	}
-	if p := a.c.ExplainPod(PodQuery{IP: addr("10.1.40.2")}); p.Programmed || len(p.Objects) != 1 || p.Objects[0].State != StateFailed {
+	if p := a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.40.2")}); p.Programmed || len(p.Objects) != 1 || p.Objects[0].State != explain.StateFailed {
 		t.Errorf("pod of a failing object = %+v", p)
 	}
 	dp.failures.Store(0)
@@ -158,28 +159,25 @@ func TestExplain(t *testing.T) {
 	update(t, cp, web, func(pe *v1alpha1.PolicyEndpoint) { pe.Spec.Ingress[0].CIDR = "10.2.0.0/33" })
 	testenv.Eventually(t, 20*time.Second, "web rejected", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "web")
-		return ex.State == StateRejected
+		return ex.State == explain.StateRejected
 	})
-	if ex.Programmed || !strings.Contains(ex.Detail, "10.2.0.0/33") || len(ex.Versions) != 2 || ex.Versions[1].Outcome != StateRejected {
+	if ex.Programmed || !strings.Contains(ex.Detail, "10.2.0.0/33") || len(ex.Versions) != 2 || ex.Versions[1].Outcome != explain.StateRejected {
 		t.Errorf("rejected = %+v: want not programmed, the field error, two versions", ex)
 	}
-	if p := a.c.ExplainPod(PodQuery{IP: addr("10.1.40.1")}); p.Programmed {
+	if p := a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.40.1")}); p.Programmed {
 		t.Errorf("pod of a rejected version reported programmed: %+v", p)
 	}
 
 	// 6. Unknown objects; a deleted object's history is dropped.
-	if ex := a.c.ExplainObject(report.KindClusterPolicyEndpoint, "", "nope"); ex.State != StateNotFound || ex.Programmed {
+	if ex := a.c.ExplainObject(report.KindClusterPolicyEndpoint, "", "nope"); ex.State != explain.StateNotFound || ex.Programmed {
 		t.Errorf("unknown object = %+v", ex)
 	}
 	remove(t, cp, web)
 	testenv.Eventually(t, 20*time.Second, "web's history dropped", func() bool {
-		a.c.explain.mu.Lock()
-		defer a.c.explain.mu.Unlock()
-		_, ok := a.c.explain.byUID[web.UID]
-		return !ok
+		return !a.c.explain.Holds(string(web.UID))
 	})
 	testenv.Eventually(t, 20*time.Second, "the pod without web", func() bool {
-		p := a.c.ExplainPod(PodQuery{IP: addr("10.1.40.1")})
+		p := a.c.ExplainPod(explain.PodQuery{IP: addr("10.1.40.1")})
 		return p.Programmed && len(p.Objects) == 0
 	})
 
@@ -194,56 +192,35 @@ func pod2(hostIP, podIP string) v1alpha1.PodEndpoint {
 	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "explain"}
 }
 
-// TestExplainLogBounded: per uid at most explainVersions versions and
-// explainReports reports (each with at most explainAttempts attempts), the newest
-// kept; forget drops the uid.
-func TestExplainLogBounded(t *testing.T) {
-	var l explainLog
+// TestSyncOutcome: how a sync ended, as the history records it: rejected (with the
+// reason), failed (with the error), waiting for interfaces (the pods and the
+// resolver's error), no local work, programmed; the time is the attempt's end, or
+// its start when nothing was committed.
+func TestSyncOutcome(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for i := range 20 {
-		v := objectVersion{uid: "u", resourceVersion: fmt.Sprint(i), trigger: base.Add(time.Duration(i) * time.Second)}
-		l.received(v, base.Add(time.Duration(i)*time.Second+time.Millisecond))
-		res := commitResult{pods: 1}
-		res.attempt.Start, res.attempt.End = base, base.Add(time.Duration(i)*time.Second+2*time.Millisecond)
-		l.synced(v, &res, nil)
-		attempts := make([]report.Attempt, i+1)
-		for j := range attempts {
-			attempts[j] = report.Attempt{Start: base, End: base.Add(time.Duration(j) * time.Millisecond), Err: fmt.Sprint(j)}
-		}
-		l.reported(&report.Record{UID: "u", ResourceVersion: fmt.Sprint(i), Trigger: v.trigger, Attempts: attempts})
+	res := func(f func(*commitResult)) *commitResult {
+		r := &commitResult{pods: 1}
+		r.attempt.Start, r.attempt.End = base, base.Add(time.Second)
+		f(r)
+		return r
 	}
-	versions, reports := l.snapshot("u")
-	if len(versions) != explainVersions || versions[0].ResourceVersion != "12" || versions[explainVersions-1].ResourceVersion != "19" {
-		t.Errorf("versions = %d, %s..%s; want the newest %d", len(versions), versions[0].ResourceVersion, versions[len(versions)-1].ResourceVersion, explainVersions)
-	}
-	if versions[explainVersions-1].Outcome != StateProgrammed {
-		t.Errorf("newest version outcome %q", versions[explainVersions-1].Outcome)
-	}
-	if len(reports) != explainReports || reports[explainReports-1].ResourceVersion != "19" {
-		t.Fatalf("reports = %+v; want the newest %d", reports, explainReports)
-	}
-	last := reports[explainReports-1]
-	if len(last.Attempts) != explainAttempts || last.AttemptCount != 20 || last.Attempts[explainAttempts-1].Err != "19" {
-		t.Errorf("attempts kept %d of %d, last %q: want the newest %d", len(last.Attempts), last.AttemptCount, last.Attempts[len(last.Attempts)-1].Err, explainAttempts)
-	}
-	l.forget("u")
-	if v, r := l.snapshot("u"); v != nil || r != nil || len(l.byUID) != 0 {
-		t.Errorf("after forget: %v %v", v, r)
-	}
-	var nilLog *explainLog
-	nilLog.received(objectVersion{uid: types.UID("x")}, base) // a loop built in parts: no panic
-}
-
-func TestTraceID(t *testing.T) {
-	for in, want := range map[string]string{
-		"00-4bf92f3577b34da6a3ce929e0e9a0e4f-00f067aa0ba902b7-01": "4bf92f3577b34da6a3ce929e0e9a0e4f",
-		"00-00000000000000000000000000000000-00f067aa0ba902b7-01": "",
-		"00-4BF92F3577B34DA6A3CE929E0E9A0E4F-00f067aa0ba902b7-01": "",
-		"garbage": "",
-		"":        "",
+	for _, tc := range []struct {
+		name    string
+		res     *commitResult
+		invalid error
+		want    explain.Sync
+	}{
+		{"programmed", res(func(*commitResult) {}), nil, explain.Sync{Outcome: explain.StateProgrammed, Pods: 1, SyncedAt: base.Add(time.Second)}},
+		{"rejected", res(func(*commitResult) {}), errors.New("bad cidr"), explain.Sync{Outcome: explain.StateRejected, Detail: "bad cidr", Pods: 1, SyncedAt: base.Add(time.Second)}},
+		{"failed", res(func(r *commitResult) { r.err = errors.New("boom") }), nil, explain.Sync{Outcome: explain.StateFailed, Detail: "boom", Pods: 1, SyncedAt: base.Add(time.Second)}},
+		{"waiting", res(func(r *commitResult) {
+			r.notDone, r.resolveErr = []netip.Addr{addr("10.0.0.1"), addr("10.0.0.2")}, errors.New("no route")
+		}), nil, explain.Sync{Outcome: explain.StateWaiting, Detail: "10.0.0.1,10.0.0.2: no route", Pods: 1, SyncedAt: base.Add(time.Second)}},
+		{"no local work", res(func(r *commitResult) { r.noLocalWork = true }), nil, explain.Sync{Outcome: explain.StateNoLocalWork, Pods: 1, SyncedAt: base.Add(time.Second)}},
+		{"no pods, nothing committed", res(func(r *commitResult) { r.pods, r.attempt.End = 0, time.Time{} }), nil, explain.Sync{Outcome: explain.StateNoLocalWork, SyncedAt: base}},
 	} {
-		if got := traceID(in); got != want {
-			t.Errorf("traceID(%q) = %q, want %q", in, got, want)
+		if got := syncOutcome(tc.res, tc.invalid); got != tc.want {
+			t.Errorf("%s: syncOutcome = %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // initialSyncDone reports whether the controller collected the dataplane's leftovers
@@ -311,7 +312,7 @@ func TestEntryBudgetRejectsObject(t *testing.T) {
 	mem := bpfmaps.NewMemory()
 	logs := &logBuffer{}
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.25.1", 251),
-		logger: slog.New(slog.NewTextHandler(logs, nil)), compile: CompileOptions{MaxEntriesPerObject: 4}})
+		logger: slog.New(slog.NewTextHandler(logs, nil)), compile: translate.Options{MaxEntriesPerObject: 4}})
 	pods := []v1alpha1.PodEndpoint{pod(node, "10.1.25.1")}
 	pe := ingressPE("budget", "big", pods, "10.2.0.0/16", 80)
 	create(t, cp, pe)

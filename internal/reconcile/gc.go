@@ -6,20 +6,21 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // initialSync tracks the keys of the initial list until each was synced once.
 type initialSync struct {
 	mu      sync.Mutex
-	pending map[objectKey]struct{} // nil before begin and once every key was synced
+	pending map[translate.Key]struct{} // nil before begin and once every key was synced
 	begun   bool
 }
 
 // begin starts tracking keys, the objects the caches held when they synced.
-func (s *initialSync) begin(keys []objectKey) {
+func (s *initialSync) begin(keys []translate.Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pending = make(map[objectKey]struct{}, len(keys))
+	s.pending = make(map[translate.Key]struct{}, len(keys))
 	for _, k := range keys {
 		s.pending[k] = struct{}{}
 	}
@@ -28,7 +29,7 @@ func (s *initialSync) begin(keys []objectKey) {
 
 // synced notes that key was synced once; it reports true exactly once, when the last
 // key of the initial list was.
-func (s *initialSync) synced(key objectKey) bool {
+func (s *initialSync) synced(key translate.Key) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending == nil {
@@ -44,7 +45,7 @@ func (s *initialSync) synced(key objectKey) bool {
 
 // initialSynced notes that key was synced once; after the last key of the initial list,
 // it collects the dataplane's leftovers.
-func (c *Controller) initialSynced(key objectKey) {
+func (c *Controller) initialSynced(key translate.Key) {
 	if c.initial.synced(key) {
 		removed := c.pods.removeLeftovers()
 		c.log.Info("initial sync done", "leftoverPodsRemoved", removed)
@@ -64,7 +65,7 @@ func (c *Controller) restoreLastValid() int {
 	}
 	restored := 0
 	for _, key := range c.lastValid.keys() { // objects with work here: fewer than the caches hold
-		obj, ok, err := c.informers[key.kind].GetIndexer().GetByKey(key.storeKey())
+		obj, ok, err := c.informers[key.Kind].GetIndexer().GetByKey(key.StoreKey())
 		if err != nil || !ok {
 			continue
 		}
@@ -85,7 +86,7 @@ func (c *Controller) restoreLastValid() int {
 		}
 		compiled, err := c.compile(saved)
 		if err == nil {
-			err = compiled.buildSets(nil)
+			err = compiled.BuildSets(nil)
 		}
 		if err != nil {
 			c.log.Warn("saved last valid version no longer compiles: not restored", "object", key.String(), "err", err)
@@ -94,17 +95,17 @@ func (c *Controller) restoreLastValid() int {
 		c.pods.restore(key, compiled)
 		restored++
 		c.log.Info("current version invalid: the last valid version saved before the restart stays in force",
-			"object", key.String(), "resourceVersion", m.GetResourceVersion(), "validResourceVersion", compiled.resourceVersion)
+			"object", key.String(), "resourceVersion", m.GetResourceVersion(), "validResourceVersion", compiled.ResourceVersion)
 	}
 	return restored
 }
 
 // compile compiles a PolicyEndpoint or ClusterPolicyEndpoint, in the form the pod
-// table keeps (see nodeLocal).
-func (c *Controller) compile(obj any) (*compiledObject, error) {
-	compiled, err := c.cfg.Compile.compileObject(obj, c.cfg.NodeIP)
-	if compiled = c.cfg.Compile.nodeLocal(compiled, obj, c.cfg.NodeIP); compiled != nil {
-		compiled.settle()
+// table keeps (see translate.Options.NodeLocal).
+func (c *Controller) compile(obj any) (*translate.Compiled, error) {
+	compiled, err := c.cfg.Compile.Compile(obj, c.cfg.NodeIP)
+	if compiled = c.cfg.Compile.NodeLocal(compiled, obj, c.cfg.NodeIP); compiled != nil {
+		compiled.Settle()
 	}
 	return compiled, err
 }
@@ -114,15 +115,15 @@ func (c *Controller) compile(obj any) (*compiledObject, error) {
 // It also drops the saved last valid versions of those objects.
 func (c *Controller) pruneSeen() int {
 	live := map[string]struct{}{}
-	liveKeys := map[objectKey]struct{}{}
+	liveKeys := map[translate.Key]struct{}{}
 	for kind, inf := range c.informers {
 		for _, obj := range inf.GetStore().List() {
 			if m, err := meta.Accessor(obj); err == nil {
 				live[string(m.GetUID())] = struct{}{}
-				liveKeys[objectKey{kind: report.Kind(kind), namespace: m.GetNamespace(), name: m.GetName()}] = struct{}{}
+				liveKeys[translate.Key{Kind: report.Kind(kind), Namespace: m.GetNamespace(), Name: m.GetName()}] = struct{}{}
 			}
 		}
 	}
-	c.lastValid.prune(func(k objectKey) bool { _, ok := liveKeys[k]; return ok })
+	c.lastValid.prune(func(k translate.Key) bool { _, ok := liveKeys[k]; return ok })
 	return c.cfg.Seen.Prune(func(uid string) bool { _, ok := live[uid]; return ok })
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // recordingSink keeps everything the loop reports, for assertions.
@@ -142,7 +143,7 @@ type agentOptions struct {
 	resync   time.Duration
 	state    string // seen-set state file; "" for none
 	logger   *slog.Logger
-	compile  CompileOptions
+	compile  translate.Options
 	// watchStall is Config.WatchStallTimeout; 0 for the default.
 	watchStall time.Duration
 	lastValid  string // LastValidDir; "" for none
@@ -317,4 +318,12 @@ func hasRules(p bpfmaps.PodPolicy) bool {
 		}
 	}
 	return false
+}
+
+func ptr[T any](v T) *T { return &v }
+
+var testNode = netip.MustParseAddr("192.0.2.10")
+
+func pod(hostIP, podIP string) v1alpha1.PodEndpoint {
+	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "shop"}
 }

@@ -21,10 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -210,7 +212,11 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 // heap and RSS once synced, over the process's before it started. It is stopped after.
 func plainInformerMemory(b *testing.B, cp *testenv.ControlPlane, objects int) (heap, resident int64) {
 	heap0, rss0 := liveHeap(), rss(b)
-	rc, err := newRESTClient(cp.Config)
+	scheme := kruntime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		b.Fatal(err)
+	}
+	rc, err := kubewatch.NewRESTClient(cp.Config, scheme, v1alpha1.SchemeGroupVersion)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,31 +12,19 @@ import (
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // keptRules is how many rules the pod table keeps of key's version, and whether it
 // keeps one at all.
-func keptRules(c *Controller, key objectKey) (int, bool) {
+func keptRules(c *Controller, key translate.Key) (int, bool) {
 	c.pods.mu.Lock()
 	defer c.pods.mu.Unlock()
 	st := c.pods.objects[key]
 	if st == nil || st.compiled == nil {
 		return 0, false
 	}
-	n := 0
-	for d := range st.compiled.allow {
-		n += len(st.compiled.allow[d]) + len(st.compiled.tierRules[d])
-	}
-	if d := st.compiled.deferred; d != nil {
-		d.mu.Lock()
-		if d.full != nil {
-			for dir := range d.full.allow {
-				n += len(d.full.allow[dir])
-			}
-		}
-		d.mu.Unlock()
-	}
-	return n, true
+	return st.compiled.HeldRules(), true
 }
 
 // TestNodeLocalMemory: a version with no pod on this node is kept without its rules,
@@ -173,7 +161,7 @@ func TestNodeLocalInvalidRejected(t *testing.T) {
 	c.pods.mu.Lock()
 	kept := c.pods.objects[key].compiled
 	c.pods.mu.Unlock()
-	if kept == nil || kept.resourceVersion != "1" {
+	if kept == nil || kept.ResourceVersion != "1" {
 		t.Errorf("kept version %+v, want the last valid one (resourceVersion 1)", kept)
 	}
 }

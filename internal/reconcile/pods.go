@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // EnforcingMode is what a local pod gets before a policy selects it (Config.EnforcingMode),
@@ -308,7 +310,7 @@ func (c *Controller) requeuePods() {
 // recreated with the same IP, or its interface came after the objects' sync): then
 // their policy is committed here at once, never left open, and their keys are
 // returned in requeue, so their syncs run again and report their pending triggers.
-func (t *podTable) commitStrict(addrs []netip.Addr) (res commitResult, requeue []objectKey) {
+func (t *podTable) commitStrict(addrs []netip.Addr) (res commitResult, requeue []translate.Key) {
 	res = t.lock()
 	defer t.mu.Unlock()
 	for _, pod := range addrs {

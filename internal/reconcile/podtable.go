@@ -14,6 +14,7 @@ import (
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // podTable is this node's view of the policy objects: the last valid version of each
@@ -36,11 +37,11 @@ type podTable struct {
 	log      *slog.Logger
 
 	mu         sync.Mutex
-	objects    map[objectKey]*objectState
-	podIndex   map[netip.Addr]map[objectKey]struct{} // pod → the objects that list it
-	chunks     map[policyKey]map[objectKey]struct{}  // policy → its objects' keys
-	programmed map[netip.Addr]int                    // local pod → ifindex holding its committed state
-	heldIndex  map[netip.Addr]map[objectKey]struct{} // pod → the objects holding it (see objectState.held)
+	objects    map[translate.Key]*objectState
+	podIndex   map[netip.Addr]map[translate.Key]struct{}          // pod → the objects that list it
+	chunks     map[translate.PolicyKey]map[translate.Key]struct{} // policy → its objects' keys
+	programmed map[netip.Addr]int                                 // local pod → ifindex holding its committed state
+	heldIndex  map[netip.Addr]map[translate.Key]struct{}          // pod → the objects holding it (see objectState.held)
 
 	// strict is this node's pods in strict mode (nil: standard): one no object
 	// selects is denied (denyStrict), not removed. strictDenied is the pods so
@@ -59,7 +60,7 @@ type podTable struct {
 // objectState is what the table remembers of one object key.
 type objectState struct {
 	uid      types.UID
-	compiled *compiledObject // last valid version, nil if none; its pods are in podIndex
+	compiled *translate.Compiled // last valid version, nil if none; its pods are in podIndex
 	// dirty lists the pods a failed or incomplete commit still has to commit,
 	// including pods the object no longer selects; the next sync of the key retries
 	// them.
@@ -75,7 +76,7 @@ type objectState struct {
 	// no allow rule (fail closed: an isolated direction allows only what a valid
 	// object allows). Its pods are a subset of held. isolatedLogged are those
 	// whose isolation was counted and logged.
-	isolation      isolation
+	isolation      translate.Isolation
 	isolatedLogged []netip.Addr
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
@@ -84,11 +85,11 @@ type objectState struct {
 func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger, strict *localPodSet, share float64) *podTable {
 	return &podTable{
 		dp: dp, resolver: resolver, stats: stats, log: log,
-		objects:      map[objectKey]*objectState{},
-		podIndex:     map[netip.Addr]map[objectKey]struct{}{},
-		chunks:       map[policyKey]map[objectKey]struct{}{},
+		objects:      map[translate.Key]*objectState{},
+		podIndex:     map[netip.Addr]map[translate.Key]struct{}{},
+		chunks:       map[translate.PolicyKey]map[translate.Key]struct{}{},
 		programmed:   map[netip.Addr]int{},
-		heldIndex:    map[netip.Addr]map[objectKey]struct{}{},
+		heldIndex:    map[netip.Addr]map[translate.Key]struct{}{},
 		strict:       strict,
 		strictDenied: map[netip.Addr]struct{}{},
 		share:        newNamespaceShare(dp, share),
@@ -114,7 +115,7 @@ type commitResult struct {
 	// rejected is set when the version, merged with the other objects of a pod it
 	// reaches, is a policy the dataplane can never take: the version was dropped and
 	// the object's previous version re-committed (see commitVersion).
-	rejected *FieldError
+	rejected *translate.FieldError
 	// isolated are the pods this commit isolated, newly, because the object has no
 	// valid version (objectState.isolation), with the directions; for the caller to
 	// count and log. unisolable is the rejected version's endpoints that could not be
@@ -159,7 +160,7 @@ func (t *podTable) lock() commitResult {
 //
 // A PolicyEndpoint version that would take its namespace over its share of a trie
 // (see share.go) is rejected before any commit, as a merge the dataplane refuses is.
-func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compiledObject, rej *rejectedVersion) commitResult {
+func (t *podTable) commitVersion(key translate.Key, uid types.UID, compiled *translate.Compiled, rej *translate.Rejected) commitResult {
 	res := t.lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
@@ -168,7 +169,7 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		if st != nil {
 			next.dirty = union(st.dirty, t.reach(st.compiled), st.held)
 			t.index(st, nil)
-			t.hold(key, st, nil, isolation{})
+			t.hold(key, st, nil, translate.Isolation{})
 			res.replaced = st.uid
 		}
 		st = next
@@ -180,17 +181,17 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 	case compiled != nil:
 		before := t.reach(st.compiled)
 		affected = union(st.dirty, before, st.held)
-		t.hold(key, st, nil, isolation{})
+		t.hold(key, st, nil, translate.Isolation{})
 		t.index(st, compiled)
 		affected = union(affected, t.reach(compiled))
 	case st.compiled == nil:
 		// No valid version known here: whatever the previous process pinned for the
 		// pods this version names is the last valid enforcement; keep it. The others
 		// it isolates (and those it isolated before and names no more) are committed.
-		iso := rej.isolation
-		affected = union(st.dirty, t.notPinned(union(st.isolation.pods, iso.pods)))
-		t.hold(key, st, union(st.held, rej.named), iso)
-		res.unisolable = rej.unreadable
+		iso := rej.Isolation
+		affected = union(st.dirty, t.notPinned(union(st.isolation.Pods, iso.Pods)))
+		t.hold(key, st, union(st.held, rej.Named), iso)
+		res.unisolable = rej.Unreadable
 	}
 	if len(affected) == 0 {
 		res.noLocalWork = true
@@ -211,20 +212,20 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 		// previous version, this one's pods are isolated in its directions.
 		res.rejected = over
 		if over == nil {
-			res.rejected = &FieldError{Path: "spec", Field: "spec", Value: key.String(),
+			res.rejected = &translate.FieldError{Path: "spec", Field: "spec", Value: key.String(),
 				Msg: fmt.Sprintf("merged with the other objects selecting its pods, not a policy the dataplane can take: %v", res.err)}
 		}
 		counts = nil
 		t.index(st, prev)
-		if prev == nil && compiled.key.kind == report.KindPolicyEndpoint {
-			prevIsolation = isolation{pods: compiled.pods, dirs: compiled.isolated}
-			prevHeld = union(prevHeld, compiled.pods)
+		if prev == nil && compiled.Key.Kind == report.KindPolicyEndpoint {
+			prevIsolation = translate.Isolation{Pods: compiled.Pods, Dirs: compiled.Isolated}
+			prevHeld = union(prevHeld, compiled.Pods)
 		}
 		t.hold(key, st, prevHeld, prevIsolation)
 		res.err, res.notDone, res.refused = nil, nil, false
 		t.commitLocked(&res, affected)
 	}
-	t.recordShare(key.namespace, counts)
+	t.recordShare(key.Namespace, counts)
 	t.noteIsolated(&res, st)
 	st.dirty = res.notDone
 	if compiled != nil && res.rejected == nil && res.err == nil && len(res.notDone) == 0 {
@@ -234,11 +235,11 @@ func (t *podTable) commitVersion(key objectKey, uid types.UID, compiled *compile
 }
 
 // version returns the key's last valid version if it has uid, else nil: what a new
-// version's rule sets are built from (compiledObject.buildSets). It does not wait
+// version's rule sets are built from (translate.Compiled.BuildSets). It does not wait
 // for mu: a worker builds them before it asks for the lock.
-func (t *podTable) version(key objectKey, uid types.UID) *compiledObject {
-	if v, ok := t.versions.Load(key); ok && v.(*compiledObject).uid == uid {
-		return v.(*compiledObject)
+func (t *podTable) version(key translate.Key, uid types.UID) *translate.Compiled {
+	if v, ok := t.versions.Load(key); ok && v.(*translate.Compiled).UID == uid {
+		return v.(*translate.Compiled)
 	}
 	return nil
 }
@@ -246,7 +247,7 @@ func (t *podTable) version(key objectKey, uid types.UID) *compiledObject {
 // commitDeleted re-commits the pods the deleted object under key selected, without
 // it, and drops the key once that is done. It returns the uid the key held, "" if
 // none.
-func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
+func (t *podTable) commitDeleted(key translate.Key) (commitResult, types.UID) {
 	res := t.lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
@@ -255,10 +256,10 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 	}
 	affected := union(st.dirty, t.reach(st.compiled), st.held)
 	t.index(st, nil)
-	t.hold(key, st, nil, isolation{})
+	t.hold(key, st, nil, translate.Isolation{})
 	counts, _ := t.measureShare(key, affected, false)
 	t.commitLocked(&res, affected)
-	t.recordShare(key.namespace, counts)
+	t.recordShare(key.Namespace, counts)
 	st.dirty = res.notDone
 	if res.err == nil && len(res.notDone) == 0 {
 		delete(t.objects, key)
@@ -268,35 +269,35 @@ func (t *podTable) commitDeleted(key objectKey) (commitResult, types.UID) {
 
 // reach returns the local pods a version's rules apply to: its own, and those of
 // every other chunk of its policy. Called with mu held.
-func (t *podTable) reach(c *compiledObject) []netip.Addr {
+func (t *podTable) reach(c *translate.Compiled) []netip.Addr {
 	if c == nil {
 		return nil
 	}
-	if c.policy == (policyKey{}) {
-		return c.pods
+	if c.Policy == (translate.PolicyKey{}) {
+		return c.Pods
 	}
 	var lists [][]netip.Addr
-	for k := range t.chunks[c.policy] {
+	for k := range t.chunks[c.Policy] {
 		if st := t.objects[k]; st != nil && st.compiled != nil {
-			lists = append(lists, st.compiled.pods)
+			lists = append(lists, st.compiled.Pods)
 		}
 	}
-	return union(append(lists, c.pods)...)
+	return union(append(lists, c.Pods)...)
 }
 
 // objectsFor returns the valid versions a pod's policy merges: every object that
 // lists the pod, and every other chunk of their policies. Called with mu held.
-func (t *podTable) objectsFor(pod netip.Addr, objs []*compiledObject) []*compiledObject {
+func (t *podTable) objectsFor(pod netip.Addr, objs []*translate.Compiled) []*translate.Compiled {
 	for k := range t.podIndex[pod] {
 		st := t.objects[k]
 		if st == nil || st.compiled == nil {
 			continue
 		}
-		if st.compiled.policy == (policyKey{}) {
+		if st.compiled.Policy == (translate.PolicyKey{}) {
 			objs = appendOnce(objs, st.compiled)
 			continue
 		}
-		for sibling := range t.chunks[st.compiled.policy] {
+		for sibling := range t.chunks[st.compiled.Policy] {
 			if sst := t.objects[sibling]; sst != nil && sst.compiled != nil {
 				objs = appendOnce(objs, sst.compiled)
 			}
@@ -307,7 +308,7 @@ func (t *podTable) objectsFor(pod netip.Addr, objs []*compiledObject) []*compile
 
 // appendOnce appends c unless objs holds it already (a pod is listed by several
 // chunks of one policy).
-func appendOnce(objs []*compiledObject, c *compiledObject) []*compiledObject {
+func appendOnce(objs []*translate.Compiled, c *translate.Compiled) []*translate.Compiled {
 	for _, o := range objs {
 		if o == c {
 			return objs
@@ -317,53 +318,53 @@ func appendOnce(objs []*compiledObject, c *compiledObject) []*compiledObject {
 }
 
 // index makes compiled the state's version and updates podIndex. Called with mu held.
-func (t *podTable) index(st *objectState, compiled *compiledObject) {
+func (t *podTable) index(st *objectState, compiled *translate.Compiled) {
 	if old := st.compiled; old != nil {
-		for _, pod := range old.pods {
+		for _, pod := range old.Pods {
 			keys := t.podIndex[pod]
-			delete(keys, old.key)
+			delete(keys, old.Key)
 			if len(keys) == 0 {
 				delete(t.podIndex, pod)
 			}
 		}
-		if old.policy != (policyKey{}) {
-			delete(t.chunks[old.policy], old.key)
-			if len(t.chunks[old.policy]) == 0 {
-				delete(t.chunks, old.policy)
+		if old.Policy != (translate.PolicyKey{}) {
+			delete(t.chunks[old.Policy], old.Key)
+			if len(t.chunks[old.Policy]) == 0 {
+				delete(t.chunks, old.Policy)
 			}
 		}
 	}
 	if old := st.compiled; old != nil && compiled == nil {
-		t.versions.CompareAndDelete(old.key, old)
+		t.versions.CompareAndDelete(old.Key, old)
 	}
 	st.compiled = compiled
 	if compiled == nil {
 		return
 	}
-	t.versions.Store(compiled.key, compiled)
-	if compiled.policy != (policyKey{}) {
-		if t.chunks[compiled.policy] == nil {
-			t.chunks[compiled.policy] = map[objectKey]struct{}{}
+	t.versions.Store(compiled.Key, compiled)
+	if compiled.Policy != (translate.PolicyKey{}) {
+		if t.chunks[compiled.Policy] == nil {
+			t.chunks[compiled.Policy] = map[translate.Key]struct{}{}
 		}
-		t.chunks[compiled.policy][compiled.key] = struct{}{}
+		t.chunks[compiled.Policy][compiled.Key] = struct{}{}
 	}
-	for _, pod := range compiled.pods {
+	for _, pod := range compiled.Pods {
 		keys := t.podIndex[pod]
 		if keys == nil {
-			keys = map[objectKey]struct{}{}
+			keys = map[translate.Key]struct{}{}
 			t.podIndex[pod] = keys
 		}
-		keys[compiled.key] = struct{}{}
+		keys[compiled.Key] = struct{}{}
 	}
 }
 
 // hold makes pods the held pods of key's state st, and iso (its pods among them) its
 // isolation, and updates heldIndex. Called with mu held.
-func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr, iso isolation) {
-	if len(iso.pods) == 0 {
+func (t *podTable) hold(key translate.Key, st *objectState, pods []netip.Addr, iso translate.Isolation) {
+	if len(iso.Pods) == 0 {
 		st.isolatedLogged = nil
 	} else {
-		st.isolatedLogged = slices.DeleteFunc(st.isolatedLogged, func(p netip.Addr) bool { return !slices.Contains(iso.pods, p) })
+		st.isolatedLogged = slices.DeleteFunc(st.isolatedLogged, func(p netip.Addr) bool { return !slices.Contains(iso.Pods, p) })
 	}
 	st.isolation = iso
 	for _, pod := range st.held {
@@ -377,7 +378,7 @@ func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr, iso i
 	for _, pod := range pods {
 		keys := t.heldIndex[pod]
 		if keys == nil {
-			keys = map[objectKey]struct{}{}
+			keys = map[translate.Key]struct{}{}
 			t.heldIndex[pod] = keys
 		}
 		keys[key] = struct{}{}
@@ -387,13 +388,13 @@ func (t *podTable) hold(key objectKey, st *objectState, pods []netip.Addr, iso i
 // restore indexes compiled, a valid version a previous process committed, as the
 // key's version without committing anything: the first sync of any object reaching
 // its pods commits them, merged with it. Before the workers start only.
-func (t *podTable) restore(key objectKey, compiled *compiledObject) {
+func (t *podTable) restore(key translate.Key, compiled *translate.Compiled) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.objects[key] != nil {
 		return
 	}
-	st := &objectState{uid: compiled.uid}
+	st := &objectState{uid: compiled.UID}
 	t.objects[key] = st
 	t.index(st, compiled)
 	st.dirty = t.reach(compiled)
@@ -401,7 +402,7 @@ func (t *podTable) restore(key objectKey, compiled *compiledObject) {
 
 // noteRejected records that the key's version rv was rejected; it reports whether
 // this is the first time for rv (to log and count it once per written version).
-func (t *podTable) noteRejected(key objectKey, uid types.UID, rv string) bool {
+func (t *podTable) noteRejected(key translate.Key, uid types.UID, rv string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
@@ -415,7 +416,7 @@ func (t *podTable) noteRejected(key objectKey, uid types.UID, rv string) bool {
 
 // noteWaiting records that the key's version rv waits for pod interfaces; it reports
 // whether this is the first time for rv.
-func (t *podTable) noteWaiting(key objectKey, rv string) bool {
+func (t *podTable) noteWaiting(key translate.Key, rv string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := t.objects[key]
@@ -431,7 +432,7 @@ func (t *podTable) noteWaiting(key objectKey, rv string) bool {
 // it now. A pod no object selects any more is removed from the dataplane, or in
 // strict mode denied (denyStrict). Called with mu held, on a result opened by lock.
 func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
-	objs := make([]*compiledObject, 0, 4)
+	objs := make([]*translate.Compiled, 0, 4)
 	for _, pod := range pods {
 		objs = t.objectsFor(pod, objs[:0])
 		iso := t.isolatedBy(pod)
@@ -441,7 +442,7 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 			continue
 		}
 		mergeStart := time.Now()
-		policy := mergePodPolicy(objs)
+		policy := translate.MergePodPolicy(objs)
 		policy.Ingress.Isolated = policy.Ingress.Isolated || iso[bpfmaps.Ingress]
 		policy.Egress.Isolated = policy.Egress.Isolated || iso[bpfmaps.Egress]
 		res.attempt.Phases.Merge += time.Since(mergeStart)
@@ -463,9 +464,9 @@ func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
 func (t *podTable) isolatedBy(pod netip.Addr) (dirs [2]bool) {
 	for key := range t.heldIndex[pod] {
 		if st := t.objects[key]; st != nil {
-			if _, ok := slices.BinarySearchFunc(st.isolation.pods, pod, netip.Addr.Compare); ok {
-				dirs[0] = dirs[0] || st.isolation.dirs[0]
-				dirs[1] = dirs[1] || st.isolation.dirs[1]
+			if _, ok := slices.BinarySearchFunc(st.isolation.Pods, pod, netip.Addr.Compare); ok {
+				dirs[0] = dirs[0] || st.isolation.Dirs[0]
+				dirs[1] = dirs[1] || st.isolation.Dirs[1]
 			}
 		}
 	}
@@ -492,7 +493,7 @@ func (t *podTable) notPinned(pods []netip.Addr) []netip.Addr {
 // noteIsolated lists in res the pods of st's isolation this commit reached that were
 // not counted and logged yet (see objectState.isolation). Called with mu held.
 func (t *podTable) noteIsolated(res *commitResult, st *objectState) {
-	for _, pod := range st.isolation.pods {
+	for _, pod := range st.isolation.Pods {
 		if slices.Contains(st.isolatedLogged, pod) || slices.Contains(res.notDone, pod) {
 			continue
 		}
@@ -505,7 +506,7 @@ func (t *podTable) noteIsolated(res *commitResult, st *objectState) {
 		st.isolatedLogged = append(st.isolatedLogged, pod)
 		res.isolated = append(res.isolated, pod)
 	}
-	res.isolatedDirs = st.isolation.dirs
+	res.isolatedDirs = st.isolation.Dirs
 }
 
 // removePod removes the state of a pod no object selects any more: what this process
@@ -584,7 +585,7 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 // The node exemption still applies (the datapath checks it first). A pod with state
 // keeps it: that is its last committed policy. The key is retried as for any failed
 // commit; the next successful commit replaces the isolation.
-func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy, objs []*compiledObject) {
+func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy *bpfmaps.PodPolicy, objs []*translate.Compiled) {
 	if _, ok := t.programmed[pod]; ok {
 		return
 	}
@@ -600,7 +601,7 @@ func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy 
 	}
 	names := make([]string, len(objs))
 	for i, o := range objs {
-		names[i] = o.key.String()
+		names[i] = o.Key.String()
 	}
 	if _, err := t.commitDeny(res, pod, ifindex, ingress, egress); err != nil {
 		t.log.Error("pod left open: neither its policy nor an isolation could be committed", "pod", pod, "ifindex", ifindex, "objects", names, "err", err)
@@ -713,7 +714,7 @@ func (t *podTable) removeLeftovers() (removed int) {
 	for _, ifindex := range t.programmed {
 		wanted[ifindex] = true
 	}
-	for _, index := range []map[netip.Addr]map[objectKey]struct{}{t.podIndex, t.heldIndex} {
+	for _, index := range []map[netip.Addr]map[translate.Key]struct{}{t.podIndex, t.heldIndex} {
 		for pod := range index {
 			if ifindex, err := t.resolver.Resolve(pod); err == nil {
 				wanted[ifindex] = true

@@ -8,6 +8,7 @@ import (
 
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // DefaultNamespaceEntryShare is Config.NamespaceEntryShare's default: half of each
@@ -107,12 +108,12 @@ func namespacedPolicy(p *bpfmaps.PodPolicy) bpfmaps.PodPolicy {
 // the version takes a trie over the share and holds more of it than before (a
 // version that does not grow an over-share trie is accepted: it changes nothing for
 // the others). Called with mu held.
-func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (map[netip.Addr]shareCount, *FieldError) {
+func (t *podTable) measureShare(key translate.Key, pods []netip.Addr, reject bool) (map[netip.Addr]shareCount, *translate.FieldError) {
 	s := &t.share
-	if s.counter == nil || key.kind != report.KindPolicyEndpoint {
+	if s.counter == nil || key.Kind != report.KindPolicyEndpoint {
 		return nil, nil
 	}
-	use := s.used[key.namespace]
+	use := s.used[key.Namespace]
 	var before [2][2]int
 	if use != nil {
 		before = use.total
@@ -129,11 +130,11 @@ func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (
 		}
 		return use.contents[content] + moved[content]
 	}
-	var objs []*compiledObject
+	var objs []*translate.Compiled
 	for _, pod := range pods {
 		var c shareCount
 		if objs = t.objectsFor(pod, objs[:0]); len(objs) > 0 {
-			slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
+			slices.SortFunc(objs, func(a, b *translate.Compiled) int { return a.Key.Compare(b.Key) })
 			var id strings.Builder
 			for _, o := range objs {
 				fmt.Fprintf(&id, "%p,", o)
@@ -141,7 +142,7 @@ func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (
 			c.content = id.String()
 			var ok bool
 			if c.n, ok = seen[c.content]; !ok {
-				merged := mergePodPolicy(objs)
+				merged := translate.MergePodPolicy(objs)
 				var err error
 				if c.n, err = s.counter.Entries(namespacedPolicy(&merged)); err != nil {
 					// Not a policy the dataplane can take: the commit says so.
@@ -164,9 +165,9 @@ func (t *podTable) measureShare(key objectKey, pods []netip.Addr, reject bool) (
 	for d := range after {
 		for f, fam := range [2]string{"IPv4", "IPv6"} {
 			if after[d][f] > s.max[d][f] && after[d][f] > before[d][f] {
-				return nil, &FieldError{Path: "spec", Field: "spec.namespaceShare", Value: key.String(),
+				return nil, &translate.FieldError{Path: "spec", Field: "spec.namespaceShare", Value: key.String(),
 					Msg: fmt.Sprintf("namespace %s would hold %d of the %s %s trie's %d entries, its share is %d (--namespace-entry-share %g): rejected so that it cannot crowd out other namespaces' pods",
-						key.namespace, after[d][f], fam, bpfmaps.Direction(d), s.limits[d][f], s.max[d][f], s.share)}
+						key.Namespace, after[d][f], fam, bpfmaps.Direction(d), s.limits[d][f], s.max[d][f], s.share)}
 			}
 		}
 	}

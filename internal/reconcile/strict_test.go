@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 	"github.com/npagent/npagent/internal/testenv/skip"
@@ -183,7 +184,7 @@ func TestEBPFStrictMode(t *testing.T) {
 	if got := logs.lines("pod denied by strict mode until a policy selects it", l.podIP); len(got) == 0 {
 		t.Errorf("no log line naming the denied pod %s; logs:\n%s", l.podIP, logs.String())
 	}
-	if ex := a.c.ExplainPod(PodQuery{Namespace: "strict", Name: "web"}); !ex.StrictDenied || ex.IP != l.podIP {
+	if ex := a.c.ExplainPod(explain.PodQuery{Namespace: "strict", Name: "web"}); !ex.StrictDenied || ex.IP != l.podIP {
 		t.Errorf("explain pod strict/web = %+v, want StrictDenied for %s", ex, l.podIP)
 	}
 

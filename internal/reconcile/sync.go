@@ -11,6 +11,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // The per-key state machine. A worker syncs one key at a time (the workqueue
@@ -33,8 +34,8 @@ type syncTimes struct {
 }
 
 // sync brings the dataplane in line with the lister's version of one object.
-func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
-	obj, exists, err := c.informers[key.kind].GetIndexer().GetByKey(key.storeKey())
+func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
+	obj, exists, err := c.informers[key.Kind].GetIndexer().GetByKey(key.StoreKey())
 	if err != nil {
 		c.log.Error("read informer cache", "object", key.String(), "err", err)
 		return outcomeRetry
@@ -44,27 +45,27 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 	}
 	times := syncTimes{workerStart: workerStart, computeStart: time.Now()}
 	var (
-		compiled  *compiledObject
+		compiled  *translate.Compiled
 		m         metav1.Object
 		policyRef string
 	)
 	switch o := obj.(type) {
 	case *v1alpha1.PolicyEndpoint:
 		m, policyRef = o, o.Spec.PolicyRef.Name
-		compiled, err = c.cfg.Compile.policyEndpoint(o, c.cfg.NodeIP)
+		compiled, err = c.cfg.Compile.PolicyEndpoint(o, c.cfg.NodeIP)
 	case *v1alpha1.ClusterPolicyEndpoint:
 		m, policyRef = o, o.Spec.PolicyRef.Name
-		compiled, err = c.cfg.Compile.clusterPolicyEndpoint(o, c.cfg.NodeIP)
+		compiled, err = c.cfg.Compile.ClusterPolicyEndpoint(o, c.cfg.NodeIP)
 	default:
 		c.log.Error("unexpected object in informer cache", "object", key.String(), "type", fmt.Sprintf("%T", obj))
 		return outcomeGiveUp
 	}
 	v := c.versions.checkout(m)
 	if err == nil {
-		err = compiled.buildSets(c.pods.version(key, v.uid))
+		err = compiled.BuildSets(c.pods.version(key, v.uid))
 	}
 	times.computeEnd = time.Now()
-	log := c.log.With("kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", v.uid, "resourceVersion", v.resourceVersion)
+	log := c.log.With("kind", key.Kind.String(), "namespace", key.Namespace, "name", key.Name, "uid", v.uid, "resourceVersion", v.resourceVersion)
 
 	if err != nil {
 		// Not programmed: the last valid version (if any) stays in force for its pods,
@@ -72,20 +73,20 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 		// one, the pods it names are isolated in the directions it names. A retry
 		// cannot heal bad input; the next write of the object brings a new sync. Pods
 		// a recreated object's predecessor left are still re-committed without it.
-		rej := readRejected(obj, c.cfg.NodeIP)
+		rej := translate.ReadRejected(obj, c.cfg.NodeIP)
 		res := c.pods.commitVersion(key, v.uid, nil, &rej)
-		c.explain.synced(v, &res, err)
+		c.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		return c.rejected(key, v, err, &res, log)
 	}
 
-	compiled = c.cfg.Compile.nodeLocal(compiled, obj, c.cfg.NodeIP) // validated in full, kept node-local
-	if compiled.domainRulesDropped > 0 {
-		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.domainRulesDropped)
+	compiled = c.cfg.Compile.NodeLocal(compiled, obj, c.cfg.NodeIP) // validated in full, kept node-local
+	if compiled.DomainRulesDropped > 0 {
+		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.DomainRulesDropped)
 	}
 	res := c.pods.commitVersion(key, v.uid, compiled, nil)
-	compiled.settle()
-	c.explain.synced(v, &res, nil)
+	compiled.Settle()
+	c.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	if res.rejected != nil {
 		return c.rejected(key, v, res.rejected, &res, log)
@@ -102,13 +103,13 @@ func (c *Controller) sync(key objectKey, workerStart time.Time) outcome {
 // written version, its triggers left pending until a later version is committed. Not
 // retried (a retry cannot heal bad input; the next write brings a new sync), unless
 // pods its commit of the last valid version reached are still to be committed.
-func (c *Controller) rejected(key objectKey, v objectVersion, err error, res *commitResult, log *slog.Logger) outcome {
+func (c *Controller) rejected(key translate.Key, v objectVersion, err error, res *commitResult, log *slog.Logger) outcome {
 	if c.pods.noteRejected(key, v.uid, v.resourceVersion) {
 		field := "spec"
-		if fe := (*FieldError)(nil); errors.As(err, &fe) {
+		if fe := (*translate.FieldError)(nil); errors.As(err, &fe) {
 			field = fe.Field
 		}
-		c.stats.invalid(key.kind, field)
+		c.stats.invalid(key.Kind, field)
 		log.Error("policy object rejected, not programmed", "err", err)
 		if res.unisolable > 0 {
 			// Its pods cannot all be found: those of this node among the endpoints
@@ -133,9 +134,9 @@ func (c *Controller) rejected(key objectKey, v objectVersion, err error, res *co
 
 // syncDeleted re-commits the pods a deleted object selected, without it, and forgets
 // the deleted uids in the seen-set.
-func (c *Controller) syncDeleted(key objectKey) outcome {
+func (c *Controller) syncDeleted(key translate.Key) outcome {
 	res, uid := c.pods.commitDeleted(key)
-	log := c.log.With("kind", key.kind.String(), "namespace", key.namespace, "name", key.name, "uid", uid)
+	log := c.log.With("kind", key.Kind.String(), "namespace", key.Namespace, "name", key.Name, "uid", uid)
 	c.recordCommit(key, &res, log)
 	switch {
 	case res.err != nil && res.invalidPolicy():
@@ -153,7 +154,7 @@ func (c *Controller) syncDeleted(key objectKey) outcome {
 // forgetDeleted forgets, in the seen-set and the version table, the uids delete
 // events removed under key, and also (when not "") a uid the key no longer holds.
 // Only workers call it, so the Forget cannot race a commit of the same object.
-func (c *Controller) forgetDeleted(key objectKey, also types.UID) {
+func (c *Controller) forgetDeleted(key translate.Key, also types.UID) {
 	uids := c.deleted.take(key)
 	if also != "" {
 		uids = append(uids, also)
@@ -167,7 +168,7 @@ func (c *Controller) forgetDeleted(key objectKey, also types.UID) {
 
 // recordCommit hands one commit attempt to the Sink and logs a failure. Every commit
 // that called the dataplane passes here once.
-func (c *Controller) recordCommit(key objectKey, res *commitResult, log *slog.Logger) {
+func (c *Controller) recordCommit(key translate.Key, res *commitResult, log *slog.Logger) {
 	if res.calls == 0 {
 		return
 	}
@@ -175,7 +176,7 @@ func (c *Controller) recordCommit(key objectKey, res *commitResult, log *slog.Lo
 	if err == nil && res.rejected != nil {
 		err = res.rejected // the dataplane refused a commit of this attempt
 	}
-	c.cfg.Sink.Committed(key.kind, res.attemptWith(err))
+	c.cfg.Sink.Committed(key.Kind, res.attemptWith(err))
 	if res.err != nil {
 		log.Error("commit failed", "pods", len(res.notDone), "err", res.err)
 	}
@@ -183,7 +184,7 @@ func (c *Controller) recordCommit(key objectKey, res *commitResult, log *slog.Lo
 
 // recordOutcome turns a commit of a valid version into seen-set calls, records and a
 // queue outcome.
-func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef string, res *commitResult, times syncTimes, log *slog.Logger) outcome {
+func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef string, res *commitResult, times syncTimes, log *slog.Logger) outcome {
 	uid := string(v.uid)
 	if res.noLocalWork {
 		// Nothing of this object is (or was) on this node: nothing to commit, and no
@@ -199,7 +200,7 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 		if res.invalidPolicy() {
 			// The merged policy is one the dataplane can never take (too many port
 			// rules for a prefix, say); retrying the same input cannot help.
-			c.stats.invalid(key.kind, "spec")
+			c.stats.invalid(key.Kind, "spec")
 			return outcomeGiveUp
 		}
 		return outcomeRetry
@@ -254,9 +255,9 @@ func (c *Controller) recordOutcome(key objectKey, v objectVersion, policyRef str
 	for i, r := range reports {
 		tv := versions[i]
 		rec := &report.Record{
-			Kind:            key.kind,
-			Namespace:       key.namespace,
-			Name:            key.name,
+			Kind:            key.Kind,
+			Namespace:       key.Namespace,
+			Name:            key.Name,
 			UID:             uid,
 			PolicyRef:       policyRef,
 			ResourceVersion: tv.resourceVersion,

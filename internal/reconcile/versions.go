@@ -11,8 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 // TracingTraceParentAnnotation is the annotation KEP-5915 standardises for a
@@ -69,9 +71,9 @@ func (v objectVersion) removedOnly() bool { return v.localWork && !v.local }
 type versionTable struct {
 	mu       sync.Mutex
 	byUID    map[types.UID]*versionEntry
-	triggerK string      // the trigger annotation's key
-	traceK   string      // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
-	history  *explainLog // each new version is added to it; forget drops the uid's
+	triggerK string           // the trigger annotation's key
+	traceK   string           // the configured traceparent annotation's key, read after TracingTraceParentAnnotation
+	history  *explain.History // each new version is added to it; forget drops the uid's
 	nodeIP   netip.Addr
 	// synced is set once the informers' initial lists are in: a uid first recorded
 	// after it is a new object (no earlier version ever had pods here); one first
@@ -117,7 +119,7 @@ func (t *versionTable) recordKnown(m metav1.Object) (v objectVersion, fresh, red
 	}
 	t.byUID[v.uid] = e
 	t.mu.Unlock()
-	t.history.received(v, time.Now())
+	t.history.Received(string(v.uid), v.resourceVersion, v.trigger, v.localWork, time.Now())
 	return v, true, false
 }
 
@@ -197,7 +199,7 @@ func (t *versionTable) forget(uid types.UID) {
 	t.mu.Lock()
 	delete(t.byUID, uid)
 	t.mu.Unlock()
-	t.history.forget(uid)
+	t.history.Forget(string(uid))
 }
 
 // observed records the seen-set's answer to the first observation of version v's
@@ -329,20 +331,20 @@ func (t *triggerVersions) forget(uid types.UID) {
 // commit of the object cannot race its Forget.
 type deletedUIDs struct {
 	mu    sync.Mutex
-	byKey map[objectKey][]types.UID
+	byKey map[translate.Key][]types.UID
 }
 
-func (d *deletedUIDs) add(key objectKey, uid types.UID) {
+func (d *deletedUIDs) add(key translate.Key, uid types.UID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.byKey == nil {
-		d.byKey = map[objectKey][]types.UID{}
+		d.byKey = map[translate.Key][]types.UID{}
 	}
 	d.byKey[key] = append(d.byKey[key], uid)
 }
 
 // take removes and returns the key's deleted uids.
-func (d *deletedUIDs) take(key objectKey) []types.UID {
+func (d *deletedUIDs) take(key translate.Key) []types.UID {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	uids := d.byKey[key]

@@ -126,3 +126,41 @@ func TestRedeliveryCountedWithoutLookup(t *testing.T) {
 		t.Errorf("re-deliveries of a version older than the consumed trigger: %d stale, %d redelivered; want 2 and 0", stale, redelivered)
 	}
 }
+
+func TestRelistTracker(t *testing.T) {
+	var tr relistTracker
+	var vt versionTable
+	vt.init(v1alpha1.AnnotationLastChangeTriggerTime, v1alpha1.AnnotationTraceParent, testNode)
+	m := &metav1.ObjectMeta{UID: "u1", ResourceVersion: "5"}
+	vt.record(m)
+	tr.begin()
+	if tr.listing() {
+		t.Fatal("the initial list is not a relist")
+	}
+	tr.begin()
+	if !tr.listing() {
+		t.Fatal("a second list is a relist")
+	}
+	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistFirst {
+		t.Fatalf("first re-delivery of the recorded version: %v, want relistFirst", mark)
+	}
+	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistAgain {
+		t.Fatalf("second transform of one relist (WatchList): %v, want relistAgain", mark)
+	}
+	if _, _, mark := vt.markRelist(&metav1.ObjectMeta{UID: "u1", ResourceVersion: "6"}, tr.current()); mark != relistUnknown {
+		t.Fatalf("a version not recorded: %v, want relistUnknown", mark)
+	}
+	if !vt.consumeRelist("u1", "5", tr.current()) || vt.consumeRelist("u1", "5", tr.current()) {
+		t.Fatal("consume must be true once")
+	}
+	if vt.consumeRelist("u2", "5", tr.current()) {
+		t.Fatal("an unmarked object is a resync")
+	}
+	tr.begin()
+	if vt.consumeRelist("u1", "5", tr.current()) {
+		t.Fatal("a new relist starts with no marks")
+	}
+	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistFirst {
+		t.Fatal("a new relist marks again")
+	}
+}

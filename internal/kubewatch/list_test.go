@@ -1,4 +1,4 @@
-package reconcile
+package kubewatch
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func listServer(tb testing.TB, code int, body []byte) rest.Interface {
 		_, _ = w.Write(body)
 	}))
 	tb.Cleanup(srv.Close)
-	rc, err := newRESTClient(&rest.Config{Host: srv.URL, QPS: -1}) // no client-side throttling
+	rc, err := NewRESTClient(&rest.Config{Host: srv.URL, QPS: -1}, testScheme(tb), v1alpha1.SchemeGroupVersion) // no client-side throttling
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestListerDecodesAsClientGo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := listServer(t, tc.code, tc.body)
-			lister, err := newLister(rc, v1alpha1.ResourcePolicyEndpoints, func() runtime.Object { return &v1alpha1.PolicyEndpoint{} })
+			lister, err := NewLister(rc, testScheme(t), v1alpha1.ResourcePolicyEndpoints, func() runtime.Object { return &v1alpha1.PolicyEndpoint{} })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +147,7 @@ func watchListOnce(ctx context.Context, rc rest.Interface) (int, error) {
 func BenchmarkList(b *testing.B) {
 	const objects = 1000
 	rc := listServer(b, http.StatusOK, benchPEListJSON(b, objects))
-	lean, err := newLister(rc, v1alpha1.ResourcePolicyEndpoints, func() runtime.Object { return &v1alpha1.PolicyEndpoint{} })
+	lean, err := NewLister(rc, testScheme(b), v1alpha1.ResourcePolicyEndpoints, func() runtime.Object { return &v1alpha1.PolicyEndpoint{} })
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestWatchListServed(t *testing.T) {
 		pe.Namespace, pe.UID, pe.ResourceVersion = "wl", "", ""
 		create(t, cp, pe)
 	}
-	rc, err := newRESTClient(cp.Config)
+	rc, err := NewRESTClient(cp.Config, testScheme(t), v1alpha1.SchemeGroupVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,4 +212,13 @@ func TestWatchListServed(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("WatchList streamed %d objects (want 3), err %v", n, err)
 	}
+}
+
+// testScheme is the agent's scheme: the networking.k8s.aws/v1alpha1 types.
+func testScheme(t testing.TB) *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

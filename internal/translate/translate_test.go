@@ -1,4 +1,4 @@
-package reconcile
+package translate
 
 import (
 	"errors"
@@ -52,16 +52,16 @@ func TestCompilePolicyEndpointConverts(t *testing.T) {
 			Egress: []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}},
 		},
 	}
-	c, err := CompileOptions{}.policyEndpoint(pe, testNode)
+	c, err := Options{}.PolicyEndpoint(pe, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantPods := []netip.Addr{netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("10.1.0.7")}
-	if !reflect.DeepEqual(c.pods, wantPods) {
-		t.Errorf("local pods = %v, want %v", c.pods, wantPods)
+	if !reflect.DeepEqual(c.Pods, wantPods) {
+		t.Errorf("local pods = %v, want %v", c.Pods, wantPods)
 	}
-	if c.isolated != [2]bool{true, false} {
-		t.Errorf("isolated = %v, want ingress only", c.isolated)
+	if c.Isolated != [2]bool{true, false} {
+		t.Errorf("isolated = %v, want ingress only", c.Isolated)
 	}
 	wantIngress := []bpfmaps.Rule{{
 		CIDR:   netip.MustParsePrefix("10.0.0.0/8"),
@@ -72,14 +72,14 @@ func TestCompilePolicyEndpointConverts(t *testing.T) {
 			{Protocol: bpfmaps.ProtocolSCTP},
 		},
 	}, {CIDR: netip.MustParsePrefix("192.168.1.1/32")}}
-	if !reflect.DeepEqual(c.allow[bpfmaps.Ingress], wantIngress) {
-		t.Errorf("ingress rules:\n got %+v\nwant %+v", c.allow[bpfmaps.Ingress], wantIngress)
+	if !reflect.DeepEqual(c.Allow[bpfmaps.Ingress], wantIngress) {
+		t.Errorf("ingress rules:\n got %+v\nwant %+v", c.Allow[bpfmaps.Ingress], wantIngress)
 	}
-	if len(c.allow[bpfmaps.Egress]) != 0 {
-		t.Errorf("egress rules of a direction the policy does not isolate were kept: %+v", c.allow[bpfmaps.Egress])
+	if len(c.Allow[bpfmaps.Egress]) != 0 {
+		t.Errorf("egress rules of a direction the policy does not isolate were kept: %+v", c.Allow[bpfmaps.Egress])
 	}
-	if c.key != (objectKey{kind: report.KindPolicyEndpoint, namespace: "shop", name: "web"}) || c.uid != "u1" || c.resourceVersion != "7" {
-		t.Errorf("identity = %+v %q %q", c.key, c.uid, c.resourceVersion)
+	if c.Key != (Key{Kind: report.KindPolicyEndpoint, Namespace: "shop", Name: "web"}) || c.UID != "u1" || c.ResourceVersion != "7" {
+		t.Errorf("identity = %+v %q %q", c.Key, c.UID, c.ResourceVersion)
 	}
 }
 
@@ -93,12 +93,12 @@ func TestCompilePolicyEndpointDefaultIsolation(t *testing.T) {
 		{"egress rules", []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8"}}, [2]bool{true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := CompileOptions{}.policyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: tc.egress}}, testNode)
+			c, err := Options{}.PolicyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: tc.egress}}, testNode)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.isolated != tc.want {
-				t.Errorf("isolated = %v, want %v", c.isolated, tc.want)
+			if c.Isolated != tc.want {
+				t.Errorf("isolated = %v, want %v", c.Isolated, tc.want)
 			}
 		})
 	}
@@ -117,19 +117,19 @@ func TestCompileControllerShapes(t *testing.T) {
 		Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.1.0.9"}, {CIDR: "fd00::9"}},
 		Egress:               []v1alpha1.EndpointInfo{{CIDR: "0.0.0.0/0"}, {CIDR: "::/0"}},
 	}}
-	c, err := CompileOptions{}.policyEndpoint(withPods, testNode)
+	c, err := Options{}.PolicyEndpoint(withPods, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantIngress := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.1.0.9/32")}, {CIDR: netip.MustParsePrefix("fd00::9/128")}}
-	if !reflect.DeepEqual(c.allow[bpfmaps.Ingress], wantIngress) {
-		t.Errorf("bare pod IPs: ingress rules %+v, want %+v", c.allow[bpfmaps.Ingress], wantIngress)
+	if !reflect.DeepEqual(c.Allow[bpfmaps.Ingress], wantIngress) {
+		t.Errorf("bare pod IPs: ingress rules %+v, want %+v", c.Allow[bpfmaps.Ingress], wantIngress)
 	}
 	wantEgress := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}}
-	if !reflect.DeepEqual(c.allow[bpfmaps.Egress], wantEgress) {
-		t.Errorf("allow all: egress rules %+v, want %+v", c.allow[bpfmaps.Egress], wantEgress)
+	if !reflect.DeepEqual(c.Allow[bpfmaps.Egress], wantEgress) {
+		t.Errorf("allow all: egress rules %+v, want %+v", c.Allow[bpfmaps.Egress], wantEgress)
 	}
-	p := mergePodPolicy([]*compiledObject{c})
+	p := MergePodPolicy([]*Compiled{c})
 	for _, peer := range []string{"8.8.8.8", "2001:db8::1"} {
 		if !p.Egress.Verdict(netip.MustParseAddr(peer), bpfmaps.ProtocolTCP, 443) {
 			t.Errorf("allow all: egress to %s denied", peer)
@@ -145,12 +145,12 @@ func TestCompileControllerShapes(t *testing.T) {
 		PodIsolation: isolation,
 		Ingress:      []v1alpha1.EndpointInfo{{CIDR: "10.1.0.10"}},
 	}}
-	c, err = CompileOptions{}.policyEndpoint(rulesOnly, testNode)
+	c, err = Options{}.PolicyEndpoint(rulesOnly, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.pods) != 0 || !reflect.DeepEqual(c.allow[bpfmaps.Ingress], []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.1.0.10/32")}}) {
-		t.Errorf("rules-only chunk: pods %v, ingress %+v; want no pods and its rule", c.pods, c.allow[bpfmaps.Ingress])
+	if len(c.Pods) != 0 || !reflect.DeepEqual(c.Allow[bpfmaps.Ingress], []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.1.0.10/32")}}) {
+		t.Errorf("rules-only chunk: pods %v, ingress %+v; want no pods and its rule", c.Pods, c.Allow[bpfmaps.Ingress])
 	}
 
 	// A cluster policy's subject is accepted and not read: podSelectorEndpoints decide.
@@ -163,13 +163,13 @@ func TestCompileControllerShapes(t *testing.T) {
 			PodSelectorEndpoints: []v1alpha1.PodEndpoint{pod("192.0.2.10", "10.1.0.5")},
 			Egress:               []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "169.254.169.254"}},
 		}}
-		c, err := CompileOptions{}.clusterPolicyEndpoint(cpe, testNode)
+		c, err := Options{}.ClusterPolicyEndpoint(cpe, testNode)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(c.pods, []netip.Addr{netip.MustParseAddr("10.1.0.5")}) || len(c.tierRules[bpfmaps.Egress]) != 1 ||
-			c.tierRules[bpfmaps.Egress][0].Rule.CIDR != netip.MustParsePrefix("169.254.169.254/32") {
-			t.Errorf("subject %+v: pods %v, egress %+v", subject, c.pods, c.tierRules[bpfmaps.Egress])
+		if !reflect.DeepEqual(c.Pods, []netip.Addr{netip.MustParseAddr("10.1.0.5")}) || len(c.TierRules[bpfmaps.Egress]) != 1 ||
+			c.TierRules[bpfmaps.Egress][0].Rule.CIDR != netip.MustParsePrefix("169.254.169.254/32") {
+			t.Errorf("subject %+v: pods %v, egress %+v", subject, c.Pods, c.TierRules[bpfmaps.Egress])
 		}
 	}
 }
@@ -197,20 +197,20 @@ func TestCompileDomainNameRules(t *testing.T) {
 	}
 	dns := v1alpha1.EndpointInfo{CIDR: "10.96.0.10", Ports: []v1alpha1.Port{{Protocol: ptr(corev1.ProtocolUDP), Port: ptr[int32](53)}}}
 	fqdn := v1alpha1.EndpointInfo{DomainName: "api.example.com", Ports: []v1alpha1.Port{{Port: ptr[int32](443)}}}
-	strict, drop := CompileOptions{}, CompileOptions{DropDomainAllowRules: true}
-	compile := func(o CompileOptions, obj any) (*compiledObject, error) {
+	strict, drop := Options{}, Options{DropDomainAllowRules: true}
+	compile := func(o Options, obj any) (*Compiled, error) {
 		switch obj := obj.(type) {
 		case *v1alpha1.PolicyEndpoint:
-			return o.policyEndpoint(obj, testNode)
+			return o.PolicyEndpoint(obj, testNode)
 		case *v1alpha1.ClusterPolicyEndpoint:
-			return o.clusterPolicyEndpoint(obj, testNode)
+			return o.ClusterPolicyEndpoint(obj, testNode)
 		}
 		panic(obj)
 	}
 
 	for _, tc := range []struct {
 		name      string
-		opts      CompileOptions
+		opts      Options
 		obj       any
 		path, fld string
 	}{
@@ -235,26 +235,26 @@ func TestCompileDomainNameRules(t *testing.T) {
 	}
 
 	// DropDomainAllowRules: the allow-only rule is left out, counted; the rest stays.
-	c, err := drop.policyEndpoint(pe(dns, fqdn), testNode)
+	c, err := drop.PolicyEndpoint(pe(dns, fqdn), testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []bpfmaps.Rule{{CIDR: netip.MustParsePrefix("10.96.0.10/32"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}}}
-	if !reflect.DeepEqual(c.allow[bpfmaps.Egress], want) || c.domainRulesDropped != 1 || !c.isolated[bpfmaps.Egress] {
+	if !reflect.DeepEqual(c.Allow[bpfmaps.Egress], want) || c.DomainRulesDropped != 1 || !c.Isolated[bpfmaps.Egress] {
 		t.Errorf("drop: egress %+v dropped %d isolated %v; want only the DNS rule, one dropped, still isolated",
-			c.allow[bpfmaps.Egress], c.domainRulesDropped, c.isolated[bpfmaps.Egress])
+			c.Allow[bpfmaps.Egress], c.DomainRulesDropped, c.Isolated[bpfmaps.Egress])
 	}
 	// An object whose only egress rule is an FQDN stays isolated in egress: narrower.
-	c, err = drop.policyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: []v1alpha1.EndpointInfo{fqdn}}}, testNode)
-	if err != nil || !c.isolated[bpfmaps.Egress] || len(c.allow[bpfmaps.Egress]) != 0 {
-		t.Errorf("drop, FQDN-only egress: err %v, isolated %v, rules %+v; want isolated with no rules", err, c.isolated, c.allow[bpfmaps.Egress])
+	c, err = drop.PolicyEndpoint(&v1alpha1.PolicyEndpoint{Spec: v1alpha1.PolicyEndpointSpec{Egress: []v1alpha1.EndpointInfo{fqdn}}}, testNode)
+	if err != nil || !c.Isolated[bpfmaps.Egress] || len(c.Allow[bpfmaps.Egress]) != 0 {
+		t.Errorf("drop, FQDN-only egress: err %v, isolated %v, rules %+v; want isolated with no rules", err, c.Isolated, c.Allow[bpfmaps.Egress])
 	}
-	c, err = drop.clusterPolicyEndpoint(cpe(v1alpha1.ClusterRuleActionAccept), testNode)
+	c, err = drop.ClusterPolicyEndpoint(cpe(v1alpha1.ClusterRuleActionAccept), testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.tierRules[bpfmaps.Egress]) != 1 || c.tierRules[bpfmaps.Egress][0].Action != bpfmaps.ActionDeny || c.domainRulesDropped != 1 {
-		t.Errorf("drop, Accept: egress %+v dropped %d; want the Deny rule only", c.tierRules[bpfmaps.Egress], c.domainRulesDropped)
+	if len(c.TierRules[bpfmaps.Egress]) != 1 || c.TierRules[bpfmaps.Egress][0].Action != bpfmaps.ActionDeny || c.DomainRulesDropped != 1 {
+		t.Errorf("drop, Accept: egress %+v dropped %d; want the Deny rule only", c.TierRules[bpfmaps.Egress], c.DomainRulesDropped)
 	}
 }
 
@@ -265,7 +265,7 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 			Ingress:              []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Ports: []v1alpha1.Port{{Port: ptr[int32](80)}}}},
 		}}
 	}
-	if _, err := (CompileOptions{}).policyEndpoint(good(), testNode); err != nil {
+	if _, err := (Options{}).PolicyEndpoint(good(), testNode); err != nil {
 		t.Fatalf("the base object must be valid: %v", err)
 	}
 	for _, tc := range []struct {
@@ -301,7 +301,7 @@ func TestCompileRejectsBadInputNamingTheField(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pe := good()
 			tc.mutate(pe)
-			_, err := CompileOptions{}.policyEndpoint(pe, testNode)
+			_, err := Options{}.PolicyEndpoint(pe, testNode)
 			var fe *FieldError
 			if !errors.As(err, &fe) {
 				t.Fatalf("err = %v, want a *FieldError", err)
@@ -329,7 +329,7 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 			},
 		},
 	}
-	c, err := CompileOptions{}.clusterPolicyEndpoint(cpe, testNode)
+	c, err := Options{}.ClusterPolicyEndpoint(cpe, testNode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,22 +337,22 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 		{Priority: 10, Action: bpfmaps.ActionDeny, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("169.254.169.254/32")}},
 		{Priority: 10, Action: bpfmaps.ActionPass, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}}},
 	}
-	if !reflect.DeepEqual(c.tierRules[bpfmaps.Egress], want) {
-		t.Errorf("egress tier rules:\n got %+v\nwant %+v", c.tierRules[bpfmaps.Egress], want)
+	if !reflect.DeepEqual(c.TierRules[bpfmaps.Egress], want) {
+		t.Errorf("egress tier rules:\n got %+v\nwant %+v", c.TierRules[bpfmaps.Egress], want)
 	}
-	if c.tier != v1alpha1.TierAdmin || c.key.kind != report.KindClusterPolicyEndpoint {
-		t.Errorf("tier %q kind %v", c.tier, c.key.kind)
+	if c.Tier != v1alpha1.TierAdmin || c.Key.Kind != report.KindClusterPolicyEndpoint {
+		t.Errorf("tier %q kind %v", c.Tier, c.Key.Kind)
 	}
 
 	bad := cpe.DeepCopy()
 	bad.Spec.Egress[1].Action = "Allow"
 	var fe *FieldError
-	if _, err := (CompileOptions{}).clusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.egress[1].action" {
+	if _, err := (Options{}).ClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.egress[1].action" {
 		t.Errorf("bad action: err = %v, want spec.egress[1].action", err)
 	}
 	bad = cpe.DeepCopy()
 	bad.Spec.Tier = "Developer"
-	if _, err := (CompileOptions{}).clusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.tier" {
+	if _, err := (Options{}).ClusterPolicyEndpoint(bad, testNode); !errors.As(err, &fe) || fe.Path != "spec.tier" {
 		t.Errorf("bad tier: err = %v, want spec.tier", err)
 	}
 }
@@ -372,15 +372,15 @@ func TestLocalPodsIPv6AndMappedHost(t *testing.T) {
 
 // TestMergePodPolicy checks the merged policy through bpfmaps' reference Verdict.
 func TestMergePodPolicy(t *testing.T) {
-	compile := func(t *testing.T, obj any) *compiledObject {
+	compile := func(t *testing.T, obj any) *Compiled {
 		t.Helper()
-		var c *compiledObject
+		var c *Compiled
 		var err error
 		switch o := obj.(type) {
 		case *v1alpha1.PolicyEndpoint:
-			c, err = CompileOptions{}.policyEndpoint(o, testNode)
+			c, err = Options{}.PolicyEndpoint(o, testNode)
 		case *v1alpha1.ClusterPolicyEndpoint:
-			c, err = CompileOptions{}.clusterPolicyEndpoint(o, testNode)
+			c, err = Options{}.ClusterPolicyEndpoint(o, testNode)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -410,7 +410,7 @@ func TestMergePodPolicy(t *testing.T) {
 		Egress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "0.0.0.0/0"}},
 	}})
 
-	p := mergePodPolicy([]*compiledObject{denyMeta, baseline, web, allowOps, metrics})
+	p := MergePodPolicy([]*Compiled{denyMeta, baseline, web, allowOps, metrics})
 	in, out := p.Ingress, p.Egress
 	addr := netip.MustParseAddr
 	for _, tc := range []struct {
@@ -443,63 +443,18 @@ func TestMergePodPolicy(t *testing.T) {
 	}
 
 	// Deterministic whatever the input order: the dataplane's hash skip depends on it.
-	again := mergePodPolicy([]*compiledObject{metrics, allowOps, web, baseline, denyMeta})
+	again := MergePodPolicy([]*Compiled{metrics, allowOps, web, baseline, denyMeta})
 	if !reflect.DeepEqual(p, again) {
 		t.Errorf("merge depends on input order")
 	}
 
 	// Without namespaced policy the baseline tier decides egress.
-	p = mergePodPolicy([]*compiledObject{baseline})
+	p = MergePodPolicy([]*Compiled{baseline})
 	if p.Egress.Isolated || p.Egress.Verdict(addr("8.8.8.8"), bpfmaps.ProtocolUDP, 53) {
 		t.Errorf("baseline deny-all egress not in force: %+v", p.Egress)
 	}
 	if !p.Ingress.Verdict(addr("8.8.8.8"), bpfmaps.ProtocolTCP, 80) {
 		t.Errorf("ingress without any policy must allow")
-	}
-}
-
-func TestRelistTracker(t *testing.T) {
-	var tr relistTracker
-	var vt versionTable
-	vt.init(v1alpha1.AnnotationLastChangeTriggerTime, v1alpha1.AnnotationTraceParent, testNode)
-	m := &metav1.ObjectMeta{UID: "u1", ResourceVersion: "5"}
-	vt.record(m)
-	tr.begin()
-	if tr.listing() {
-		t.Fatal("the initial list is not a relist")
-	}
-	tr.begin()
-	if !tr.listing() {
-		t.Fatal("a second list is a relist")
-	}
-	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistFirst {
-		t.Fatalf("first re-delivery of the recorded version: %v, want relistFirst", mark)
-	}
-	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistAgain {
-		t.Fatalf("second transform of one relist (WatchList): %v, want relistAgain", mark)
-	}
-	if _, _, mark := vt.markRelist(&metav1.ObjectMeta{UID: "u1", ResourceVersion: "6"}, tr.current()); mark != relistUnknown {
-		t.Fatalf("a version not recorded: %v, want relistUnknown", mark)
-	}
-	if !vt.consumeRelist("u1", "5", tr.current()) || vt.consumeRelist("u1", "5", tr.current()) {
-		t.Fatal("consume must be true once")
-	}
-	if vt.consumeRelist("u2", "5", tr.current()) {
-		t.Fatal("an unmarked object is a resync")
-	}
-	tr.begin()
-	if vt.consumeRelist("u1", "5", tr.current()) {
-		t.Fatal("a new relist starts with no marks")
-	}
-	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistFirst {
-		t.Fatal("a new relist marks again")
-	}
-}
-
-func TestUnion(t *testing.T) {
-	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
-	if got := union([]netip.Addr{c, a}, nil, []netip.Addr{b, a}); !reflect.DeepEqual(got, []netip.Addr{a, b, c}) {
-		t.Errorf("union = %v", got)
 	}
 }
 
@@ -513,18 +468,18 @@ func TestCompileEnforcesEntryBudget(t *testing.T) {
 		Ingress:      []v1alpha1.EndpointInfo{{CIDR: "10.0.0.0/8", Except: []v1alpha1.NetworkAddress{"10.1.0.0/16", "10.2.0.0/16"}}}, // 3
 		Egress:       []v1alpha1.EndpointInfo{{CIDR: "192.0.2.0/24"}, {CIDR: "fd00::/64"}},                                           // 2
 	}}
-	five := CompileOptions{MaxEntriesPerObject: 5}
-	if _, err := five.policyEndpoint(pe, testNode); err != nil {
+	five := Options{MaxEntriesPerObject: 5}
+	if _, err := five.PolicyEndpoint(pe, testNode); err != nil {
 		t.Fatalf("5 entries with a budget of 5: %v", err)
 	}
-	_, err := CompileOptions{MaxEntriesPerObject: 4}.policyEndpoint(pe, testNode)
+	_, err := Options{MaxEntriesPerObject: 4}.PolicyEndpoint(pe, testNode)
 	var fe *FieldError
 	if !errors.As(err, &fe) || fe.Path != "spec" || fe.Field != "spec" || fe.Value != "5" || !strings.Contains(fe.Msg, "4") {
 		t.Fatalf("5 entries with a budget of 4: err %v, want a FieldError at spec naming 5 and 4", err)
 	}
 	ingressOnly := pe.DeepCopy()
 	ingressOnly.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
-	if _, err := (CompileOptions{MaxEntriesPerObject: 3}).policyEndpoint(ingressOnly, testNode); err != nil {
+	if _, err := (Options{MaxEntriesPerObject: 3}).PolicyEndpoint(ingressOnly, testNode); err != nil {
 		t.Errorf("egress rules of an object not isolating egress counted: %v", err)
 	}
 	cpe := &v1alpha1.ClusterPolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "deny"}, Spec: v1alpha1.ClusterPolicyEndpointSpec{
@@ -532,7 +487,7 @@ func TestCompileEnforcesEntryBudget(t *testing.T) {
 		Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.0.0.0/8"},
 			{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.1.0.0/16"}},
 	}}
-	if _, err := (CompileOptions{MaxEntriesPerObject: 1}).clusterPolicyEndpoint(cpe, testNode); !errors.As(err, &fe) || fe.Value != "2" {
+	if _, err := (Options{MaxEntriesPerObject: 1}).ClusterPolicyEndpoint(cpe, testNode); !errors.As(err, &fe) || fe.Value != "2" {
 		t.Errorf("CPE with 2 entries, budget 1: err %v, want a FieldError naming 2", err)
 	}
 	// The zero value takes the default.
@@ -540,11 +495,11 @@ func TestCompileEnforcesEntryBudget(t *testing.T) {
 	for i := range DefaultMaxEntriesPerObject + 1 {
 		big.Spec.Ingress = append(big.Spec.Ingress, v1alpha1.EndpointInfo{CIDR: v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.0/24", i/256, i%256))})
 	}
-	if _, err := (CompileOptions{}).policyEndpoint(big, testNode); !errors.As(err, &fe) || fe.Value != strconv.Itoa(DefaultMaxEntriesPerObject+1) {
+	if _, err := (Options{}).PolicyEndpoint(big, testNode); !errors.As(err, &fe) || fe.Value != strconv.Itoa(DefaultMaxEntriesPerObject+1) {
 		t.Errorf("default budget: err %v, want a FieldError naming %d", err, DefaultMaxEntriesPerObject+1)
 	}
 	big.Spec.Ingress = big.Spec.Ingress[:DefaultMaxEntriesPerObject]
-	if _, err := (CompileOptions{}).policyEndpoint(big, testNode); err != nil {
+	if _, err := (Options{}).PolicyEndpoint(big, testNode); err != nil {
 		t.Errorf("default budget, exactly %d entries: %v", DefaultMaxEntriesPerObject, err)
 	}
 }
@@ -567,18 +522,18 @@ func TestCompileEntriesFitHalfATrie(t *testing.T) {
 			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, Ingress: in, Egress: eg}}
 	}
 	half := bpfmaps.DefaultEntriesV6 / 2
-	if _, err := (CompileOptions{}).policyEndpoint(pe(v6(half), nil), testNode); err != nil {
+	if _, err := (Options{}).PolicyEndpoint(pe(v6(half), nil), testNode); err != nil {
 		t.Fatalf("%d IPv6 entries in one direction: %v", half, err)
 	}
-	_, err := CompileOptions{}.policyEndpoint(pe(v6(half+1), nil), testNode)
+	_, err := Options{}.PolicyEndpoint(pe(v6(half+1), nil), testNode)
 	var fe *FieldError
 	if !errors.As(err, &fe) || fe.Path != "spec.ingress" || fe.Value != strconv.Itoa(half+1) || !strings.Contains(fe.Msg, "--max-entries-ipv6") {
 		t.Fatalf("%d IPv6 entries in one direction: err %v, want a FieldError at spec.ingress naming the count and --max-entries-ipv6", half+1, err)
 	}
-	if _, err := (CompileOptions{}).policyEndpoint(pe(v6(half), v6(half)), testNode); err != nil {
+	if _, err := (Options{}).PolicyEndpoint(pe(v6(half), v6(half)), testNode); err != nil {
 		t.Errorf("%d IPv6 entries in each direction: %v", half, err)
 	}
-	if _, err := (CompileOptions{MapEntriesV6: 4 * bpfmaps.DefaultEntriesV6}).policyEndpoint(pe(v6(half+1), nil), testNode); err != nil {
+	if _, err := (Options{MapEntriesV6: 4 * bpfmaps.DefaultEntriesV6}).PolicyEndpoint(pe(v6(half+1), nil), testNode); err != nil {
 		t.Errorf("%d IPv6 entries with a larger trie: %v", half+1, err)
 	}
 }

@@ -1,4 +1,4 @@
-package reconcile
+package translate
 
 import (
 	"cmp"
@@ -47,64 +47,64 @@ func (p fieldPath) errorf(value, format string, args ...any) *FieldError {
 	return &FieldError{Path: p.path, Field: p.field, Value: value, Msg: fmt.Sprintf(format, args...)}
 }
 
-// compiledObject is one valid PolicyEndpoint or ClusterPolicyEndpoint version turned
-// into dataplane rules, plus the local pods it selects. It is immutable once built:
-// workers share it between merges (a version kept without its rules, see nodeLocal,
-// fills them in once, behind its own lock).
-type compiledObject struct {
-	key             objectKey
-	uid             types.UID
-	resourceVersion string
-	pods            []netip.Addr // local pods (hostIP == node IP), sorted, no duplicates
-	// policy is the policy the object is a chunk of (spec.policyRef): the controller
+// Compiled is one valid PolicyEndpoint or ClusterPolicyEndpoint version turned into
+// dataplane rules, plus the local pods it selects. It is immutable once built (but
+// for BuildSets, before it is shared): callers share it between merges (a version
+// kept without its rules, see NodeLocal, fills them in once, behind its own lock).
+type Compiled struct {
+	Key             Key
+	UID             types.UID
+	ResourceVersion string
+	Pods            []netip.Addr // local pods (hostIP == node IP), sorted, no duplicates
+	// Policy is the policy the object is a chunk of (spec.policyRef): the controller
 	// splits one policy into several objects, and a pod any of them selects gets the
 	// rules of all of them. Zero when policyRef has no name: the object stands alone.
-	policy policyKey
+	Policy PolicyKey
 
 	// PolicyEndpoint: the directions it isolates and its allow rules for them.
-	isolated [2]bool
-	allow    [2][]bpfmaps.Rule
-	// sets are allow as dataplane rule sets (buildSets), validated and hashed before
+	Isolated [2]bool
+	Allow    [2][]bpfmaps.Rule
+	// sets are allow as dataplane rule sets (BuildSets), validated and hashed before
 	// the table's lock is taken; nil: merged as plain rules.
-	sets [2]*bpfmaps.RuleSet
+	Sets [2]*bpfmaps.RuleSet
 
 	// ClusterPolicyEndpoint: its tier and rules, in spec order, priority applied.
-	tier      v1alpha1.ClusterPolicyTier
-	tierRules [2][]bpfmaps.TierRule
+	Tier      v1alpha1.ClusterPolicyTier
+	TierRules [2][]bpfmaps.TierRule
 
-	// domainRulesDropped counts the domainName rules left out under
-	// CompileOptions.DropDomainAllowRules, for the caller to log and count.
-	domainRulesDropped int
+	// DomainRulesDropped counts the domainName rules left out under
+	// Options.DropDomainAllowRules, for the caller to log and count.
+	DomainRulesDropped int
 
 	// deferred is set on a version kept without its rules (no local pods, see
-	// nodeLocal); merges read them through rules().
+	// NodeLocal); merges read them through Rules.
 	deferred *deferredRules
 }
 
-// policyKey names the policy an object is a chunk of: a NetworkPolicy (namespaced, for
+// PolicyKey names the policy an object is a chunk of: a NetworkPolicy (namespaced, for
 // PolicyEndpoints: a PolicyEndpoint serves a policy of its own namespace) or a cluster
 // policy.
-type policyKey struct {
-	kind            report.Kind
-	namespace, name string
+type PolicyKey struct {
+	Kind            report.Kind
+	Namespace, Name string
 }
 
-// policyOf is the policyKey of an object's policyRef; zero when the name is empty.
-func policyOf(kind report.Kind, namespace, name string) policyKey {
+// PolicyOf is the PolicyKey of an object's policyRef; zero when the name is empty.
+func PolicyOf(kind report.Kind, namespace, name string) PolicyKey {
 	if name == "" {
-		return policyKey{}
+		return PolicyKey{}
 	}
-	return policyKey{kind: kind, namespace: namespace, name: name}
+	return PolicyKey{Kind: kind, Namespace: namespace, Name: name}
 }
 
-// CompileOptions changes how objects compile. The zero value is the default: strict.
+// Options changes how objects compile. The zero value is the default: strict.
 //
 // A rule with a domainName (an FQDN peer; the controller writes it with no cidr) cannot
 // be enforced from the object alone: the addresses behind the name are not in it. By
 // default such a rule rejects its object like any invalid input (a FieldError at
 // spec.<direction>.domainName, counted by field), so a policy is never programmed with
 // part of it silently missing.
-type CompileOptions struct {
+type Options struct {
 	// DropDomainAllowRules leaves out, instead of rejecting the object, the domainName
 	// rules whose absence can only narrow what the policy allows: PolicyEndpoint rules
 	// (they only allow) and ClusterPolicyEndpoint Accept rules. Traffic to those names
@@ -126,23 +126,23 @@ type CompileOptions struct {
 	MapEntriesV4, MapEntriesV6 int
 }
 
-// DefaultMaxEntriesPerObject is CompileOptions.MaxEntriesPerObject's default: a
+// DefaultMaxEntriesPerObject is Options.MaxEntriesPerObject's default: a
 // quarter of a default IPv4 trie (65,536 entries per direction, shared by all pods).
 const DefaultMaxEntriesPerObject = 16384
 
 // checkEntries rejects c when it needs more map entries than the budget.
-func (o CompileOptions) checkEntries(c *compiledObject) error {
+func (o Options) checkEntries(c *Compiled) error {
 	limit := o.MaxEntriesPerObject
 	if limit <= 0 {
 		limit = DefaultMaxEntriesPerObject
 	}
 	n := 0
-	for d := range c.allow {
-		for i := range c.allow[d] {
-			n += 1 + len(c.allow[d][i].Except)
+	for d := range c.Allow {
+		for i := range c.Allow[d] {
+			n += 1 + len(c.Allow[d][i].Except)
 		}
-		for i := range c.tierRules[d] {
-			n += 1 + len(c.tierRules[d][i].Rule.Except)
+		for i := range c.TierRules[d] {
+			n += 1 + len(c.TierRules[d][i].Rule.Except)
 		}
 	}
 	if n > limit {
@@ -152,7 +152,7 @@ func (o CompileOptions) checkEntries(c *compiledObject) error {
 		size int
 		name string
 	}{{cmp.Or(o.MapEntriesV4, bpfmaps.DefaultEntriesV4), "ipv4"}, {cmp.Or(o.MapEntriesV6, bpfmaps.DefaultEntriesV6), "ipv6"}}
-	for d := range c.allow {
+	for d := range c.Allow {
 		var perFamily [2]int // ipv4, ipv6
 		count := func(r *bpfmaps.Rule) {
 			f := 0
@@ -161,11 +161,11 @@ func (o CompileOptions) checkEntries(c *compiledObject) error {
 			}
 			perFamily[f] += 1 + len(r.Except)
 		}
-		for i := range c.allow[d] {
-			count(&c.allow[d][i])
+		for i := range c.Allow[d] {
+			count(&c.Allow[d][i])
 		}
-		for i := range c.tierRules[d] {
-			count(&c.tierRules[d][i].Rule)
+		for i := range c.TierRules[d] {
+			count(&c.TierRules[d][i].Rule)
 		}
 		for f, tr := range tries {
 			if half := tr.size / 2; perFamily[f] > half {
@@ -178,7 +178,7 @@ func (o CompileOptions) checkEntries(c *compiledObject) error {
 	return nil
 }
 
-// policyEndpoint validates pe and converts it. Defaults follow NetworkPolicy: a port
+// PolicyEndpoint validates pe and converts it. Defaults follow NetworkPolicy: a port
 // without protocol is TCP, a rule without ports allows every port, and an empty
 // podIsolation means Ingress (plus Egress when there are egress rules), which is what
 // policyTypes defaults to.
@@ -187,16 +187,16 @@ func (o CompileOptions) checkEntries(c *compiledObject) error {
 // the two rules 0.0.0.0/0 and ::/0. It splits a large policy into several objects:
 // one with rules and no podSelectorEndpoints compiles to an object with no local pods,
 // which by itself programs nothing.
-func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+func (o Options) PolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) (*Compiled, error) {
 	spec := root("spec")
-	c := &compiledObject{
-		key:             objectKey{kind: report.KindPolicyEndpoint, namespace: pe.Namespace, name: pe.Name},
-		uid:             pe.UID,
-		resourceVersion: pe.ResourceVersion,
-		policy:          policyOf(report.KindPolicyEndpoint, pe.Namespace, pe.Spec.PolicyRef.Name),
+	c := &Compiled{
+		Key:             Key{Kind: report.KindPolicyEndpoint, Namespace: pe.Namespace, Name: pe.Name},
+		UID:             pe.UID,
+		ResourceVersion: pe.ResourceVersion,
+		Policy:          PolicyOf(report.KindPolicyEndpoint, pe.Namespace, pe.Spec.PolicyRef.Name),
 	}
 	var err error
-	if c.pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+	if c.Pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
 		return nil, err
 	}
 	// A namespaced policy selects pods of its own namespace only: an endpoint of
@@ -208,15 +208,15 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 		}
 	}
 	if len(pe.Spec.PodIsolation) == 0 {
-		c.isolated[bpfmaps.Ingress] = true
-		c.isolated[bpfmaps.Egress] = len(pe.Spec.Egress) > 0
+		c.Isolated[bpfmaps.Ingress] = true
+		c.Isolated[bpfmaps.Egress] = len(pe.Spec.Egress) > 0
 	}
 	for i, t := range pe.Spec.PodIsolation {
 		switch t {
 		case networkingv1.PolicyTypeIngress:
-			c.isolated[bpfmaps.Ingress] = true
+			c.Isolated[bpfmaps.Ingress] = true
 		case networkingv1.PolicyTypeEgress:
-			c.isolated[bpfmaps.Egress] = true
+			c.Isolated[bpfmaps.Egress] = true
 		default:
 			return nil, spec.child("podIsolation").index(i).errorf(string(t), "want Ingress or Egress")
 		}
@@ -228,7 +228,7 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 				if err := o.domainRule(rules[i].CIDR, rules[i].DomainName, true, p.index(i)); err != nil {
 					return nil, err
 				}
-				c.domainRulesDropped++
+				c.DomainRulesDropped++
 				continue
 			}
 			r, err := convertRule(rules[i].CIDR, rules[i].Except, rules[i].Ports, p.index(i))
@@ -237,8 +237,8 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 			}
 			// Rules of a direction the object does not isolate are not part of the policy,
 			// as NetworkPolicy ignores egress rules without the Egress policy type.
-			if c.isolated[d] {
-				c.allow[d] = append(c.allow[d], r)
+			if c.Isolated[d] {
+				c.Allow[d] = append(c.Allow[d], r)
 			}
 		}
 	}
@@ -250,23 +250,23 @@ func (o CompileOptions) policyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip
 
 var directionField = [2]string{bpfmaps.Ingress: "ingress", bpfmaps.Egress: "egress"}
 
-// clusterPolicyEndpoint validates cpe and converts it: every rule becomes a TierRule
+// ClusterPolicyEndpoint validates cpe and converts it: every rule becomes a TierRule
 // with the object's priority, in spec order. The subject is not read: the controller
 // resolves it into podSelectorEndpoints, and those decide the local pods.
-func (o CompileOptions) clusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*compiledObject, error) {
+func (o Options) ClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, nodeIP netip.Addr) (*Compiled, error) {
 	spec := root("spec")
-	c := &compiledObject{
-		key:             objectKey{kind: report.KindClusterPolicyEndpoint, name: cpe.Name},
-		uid:             cpe.UID,
-		resourceVersion: cpe.ResourceVersion,
-		policy:          policyOf(report.KindClusterPolicyEndpoint, "", cpe.Spec.PolicyRef.Name),
-		tier:            cpe.Spec.Tier,
+	c := &Compiled{
+		Key:             Key{Kind: report.KindClusterPolicyEndpoint, Name: cpe.Name},
+		UID:             cpe.UID,
+		ResourceVersion: cpe.ResourceVersion,
+		Policy:          PolicyOf(report.KindClusterPolicyEndpoint, "", cpe.Spec.PolicyRef.Name),
+		Tier:            cpe.Spec.Tier,
 	}
-	if c.tier != v1alpha1.TierAdmin && c.tier != v1alpha1.TierBaseline {
-		return nil, spec.child("tier").errorf(string(c.tier), "want Admin or Baseline")
+	if c.Tier != v1alpha1.TierAdmin && c.Tier != v1alpha1.TierBaseline {
+		return nil, spec.child("tier").errorf(string(c.Tier), "want Admin or Baseline")
 	}
 	var err error
-	if c.pods, err = localPods(cpe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+	if c.Pods, err = localPods(cpe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
 		return nil, err
 	}
 	for d, rules := range [2][]v1alpha1.ClusterEndpointInfo{cpe.Spec.Ingress, cpe.Spec.Egress} {
@@ -280,14 +280,14 @@ func (o CompileOptions) clusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoin
 				if err := o.domainRule(rules[i].CIDR, rules[i].DomainName, action == bpfmaps.ActionAccept, p.index(i)); err != nil {
 					return nil, err
 				}
-				c.domainRulesDropped++
+				c.DomainRulesDropped++
 				continue
 			}
 			r, err := convertRule(rules[i].CIDR, nil, rules[i].Ports, p.index(i))
 			if err != nil {
 				return nil, err
 			}
-			c.tierRules[d] = append(c.tierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
+			c.TierRules[d] = append(c.TierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
 		}
 	}
 	if err := o.checkEntries(c); err != nil {
@@ -305,7 +305,7 @@ var actions = map[v1alpha1.ClusterRuleAction]bpfmaps.Action{
 // domainRule decides about a rule with a domainName: an error rejecting the object, or
 // nil when the rule is to be left out (DropDomainAllowRules, and leaving it out can only
 // narrow: allowOnly).
-func (o CompileOptions) domainRule(cidr v1alpha1.NetworkAddress, name v1alpha1.DomainName, allowOnly bool, p fieldPath) error {
+func (o Options) domainRule(cidr v1alpha1.NetworkAddress, name v1alpha1.DomainName, allowOnly bool, p fieldPath) error {
 	switch {
 	case cidr != "":
 		return p.child("domainName").errorf(string(name), "set together with cidr %q: want one of them", cidr)
@@ -339,38 +339,38 @@ func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]ne
 	return slices.Compact(pods), nil
 }
 
-// rejectedVersion is what can be read of a version that did not compile, for its
-// pods: they keep the enforcement they had (see podTable.commitVersion), and when the
-// object has no valid version, those of a PolicyEndpoint are isolated.
-type rejectedVersion struct {
+// Rejected is what can be read of a version that did not compile, for its pods: they
+// keep the enforcement they had (internal/reconcile: podTable.commitVersion), and when
+// the object has no valid version, those of a PolicyEndpoint are isolated.
+type Rejected struct {
 	// named are the local pods it names, read best-effort (endpoints whose
 	// addresses do not parse are skipped).
-	named []netip.Addr
+	Named []netip.Addr
 	// isolation is, for a PolicyEndpoint, the local pods of its own namespace it
 	// names and the directions its podIsolation isolates; zero for a
 	// ClusterPolicyEndpoint (the admin and baseline tiers isolate nothing).
-	isolation isolation
+	Isolation Isolation
 	// unreadable counts the endpoints a PolicyEndpoint names whose hostIP or podIP
 	// does not parse: a pod of this node among them cannot be found, nor isolated.
-	unreadable int
+	Unreadable int
 }
 
-// isolation is what a PolicyEndpoint with no valid version adds to its pods' policy:
+// Isolation is what a PolicyEndpoint with no valid version adds to its pods' policy:
 // the directions it names isolated, and no allow rule (its rules could not be read).
-type isolation struct {
-	pods []netip.Addr // sorted, no duplicates
-	dirs [2]bool      // ingress, egress
+type Isolation struct {
+	Pods []netip.Addr // sorted, no duplicates
+	Dirs [2]bool      // ingress, egress
 }
 
-// readRejected reads what it can of a version that did not compile: the local pods it
+// ReadRejected reads what it can of a version that did not compile: the local pods it
 // names and, for a PolicyEndpoint, the directions it isolates. A PolicyEndpoint's
 // pods of another namespace are named (their pinned state is kept) but never isolated:
 // that would let a namespace isolate another's pods with an invalid object. Its
-// directions follow podIsolation as policyEndpoint reads it; a value that is neither
+// directions follow podIsolation as PolicyEndpoint reads it; a value that is neither
 // Ingress nor Egress isolates both (what it meant cannot be known).
-func readRejected(obj any, nodeIP netip.Addr) rejectedVersion {
+func ReadRejected(obj any, nodeIP netip.Addr) Rejected {
 	var (
-		r         rejectedVersion
+		r         Rejected
 		eps       []v1alpha1.PodEndpoint
 		namespace string
 		pe        *v1alpha1.PolicyEndpoint
@@ -384,7 +384,7 @@ func readRejected(obj any, nodeIP netip.Addr) rejectedVersion {
 	for i := range eps {
 		host, err := netip.ParseAddr(string(eps[i].HostIP))
 		if err != nil {
-			r.unreadable++
+			r.Unreadable++
 			continue
 		}
 		if host.Unmap() != nodeIP {
@@ -392,33 +392,33 @@ func readRejected(obj any, nodeIP netip.Addr) rejectedVersion {
 		}
 		pod, err := netip.ParseAddr(string(eps[i].PodIP))
 		if err != nil || pod.Zone() != "" {
-			r.unreadable++
+			r.Unreadable++
 			continue
 		}
-		r.named = append(r.named, pod.Unmap())
+		r.Named = append(r.Named, pod.Unmap())
 		if pe != nil && eps[i].Namespace == namespace {
-			r.isolation.pods = append(r.isolation.pods, pod.Unmap())
+			r.Isolation.Pods = append(r.Isolation.Pods, pod.Unmap())
 		}
 	}
-	slices.SortFunc(r.named, netip.Addr.Compare)
-	r.named = slices.Compact(r.named)
+	slices.SortFunc(r.Named, netip.Addr.Compare)
+	r.Named = slices.Compact(r.Named)
 	if pe == nil {
-		r.unreadable = 0 // nothing would be isolated anyway
+		r.Unreadable = 0 // nothing would be isolated anyway
 		return r
 	}
-	slices.SortFunc(r.isolation.pods, netip.Addr.Compare)
-	r.isolation.pods = slices.Compact(r.isolation.pods)
+	slices.SortFunc(r.Isolation.Pods, netip.Addr.Compare)
+	r.Isolation.Pods = slices.Compact(r.Isolation.Pods)
 	if len(pe.Spec.PodIsolation) == 0 {
-		r.isolation.dirs = [2]bool{bpfmaps.Ingress: true, bpfmaps.Egress: len(pe.Spec.Egress) > 0}
+		r.Isolation.Dirs = [2]bool{bpfmaps.Ingress: true, bpfmaps.Egress: len(pe.Spec.Egress) > 0}
 	}
 	for _, t := range pe.Spec.PodIsolation {
 		switch t {
 		case networkingv1.PolicyTypeIngress:
-			r.isolation.dirs[bpfmaps.Ingress] = true
+			r.Isolation.Dirs[bpfmaps.Ingress] = true
 		case networkingv1.PolicyTypeEgress:
-			r.isolation.dirs[bpfmaps.Egress] = true
+			r.Isolation.Dirs[bpfmaps.Egress] = true
 		default:
-			r.isolation.dirs = [2]bool{true, true}
+			r.Isolation.Dirs = [2]bool{true, true}
 		}
 	}
 	return r
@@ -502,62 +502,62 @@ func convertPort(port *v1alpha1.Port, p fieldPath) (bpfmaps.PortRule, error) {
 	return pr, nil
 }
 
-// buildSets builds c's allow rules into rule sets, each from prev's set of the same
+// BuildSets builds c's allow rules into rule sets, each from prev's set of the same
 // direction (the key's version before, nil if none): a commit then validates and
-// hashes nothing of them under the lock and, when only pod peers changed, compiles
-// only those. Before commitVersion, outside the table's lock.
-func (c *compiledObject) buildSets(prev *compiledObject) error {
-	if len(c.pods) == 0 {
-		// No pod here: the version is kept without its rules (nodeLocal), and a merge
+// hashes nothing of them under the caller's lock and, when only pod peers changed,
+// compiles only those. Called once, before c is shared.
+func (c *Compiled) BuildSets(prev *Compiled) error {
+	if len(c.Pods) == 0 {
+		// No pod here: the version is kept without its rules (NodeLocal), and a merge
 		// that still needs them (a sibling chunk's pod) takes them as plain rules.
 		return nil
 	}
-	for d := range c.allow {
-		if !c.isolated[d] {
+	for d := range c.Allow {
+		if !c.Isolated[d] {
 			continue // its rules are not part of the policy
 		}
 		var from *bpfmaps.RuleSet
 		if prev != nil {
-			from = prev.sets[d]
+			from = prev.Sets[d]
 		}
-		s, err := bpfmaps.NewRuleSet(c.key.String(), bpfmaps.Direction(d), c.allow[d], from)
+		s, err := bpfmaps.NewRuleSet(c.Key.String(), bpfmaps.Direction(d), c.Allow[d], from)
 		if err != nil {
 			return root("spec").child(directionField[d]).errorf("", "%v", err)
 		}
-		c.sets[d] = s
+		c.Sets[d] = s
 	}
 	return nil
 }
 
-// mergePodPolicy is the policy of one pod: every object selecting it, merged.
+// MergePodPolicy is the policy of one pod: every object selecting it, merged.
 // Namespaced policy: a direction is isolated if any object isolates it, and its allow
 // rules are the union of theirs. Cluster policy: each object's rules go to its tier,
 // ordered by priority, then by object key, then by spec order — a total order, so the
 // same objects always give the same policy (and the dataplane's content hash skips an
 // unchanged re-commit).
-func mergePodPolicy(objs []*compiledObject) bpfmaps.PodPolicy {
+func MergePodPolicy(objs []*Compiled) bpfmaps.PodPolicy {
 	objs = slices.Clone(objs)
-	slices.SortFunc(objs, func(a, b *compiledObject) int { return a.key.compare(b.key) })
+	slices.SortFunc(objs, func(a, b *Compiled) int { return a.Key.Compare(b.Key) })
 	var dirs [2]bpfmaps.DirectionPolicy
 	for _, o := range objs {
-		o = o.rules()
+		o = o.Rules()
 		for d := range dirs {
-			switch o.key.kind {
+			switch o.Key.Kind {
 			case report.KindPolicyEndpoint:
 				switch {
-				case !o.isolated[d]:
-				case o.sets[d] != nil:
+				case !o.Isolated[d]:
+				case o.Sets[d] != nil:
 					dirs[d].Isolated = true
-					dirs[d].AllowSets = append(dirs[d].AllowSets, o.sets[d])
+					dirs[d].AllowSets = append(dirs[d].AllowSets, o.Sets[d])
 				default:
 					dirs[d].Isolated = true
-					dirs[d].Allow = append(dirs[d].Allow, o.allow[d]...)
+					dirs[d].Allow = append(dirs[d].Allow, o.Allow[d]...)
 				}
 			case report.KindClusterPolicyEndpoint:
-				if o.tier == v1alpha1.TierAdmin {
-					dirs[d].Admin = append(dirs[d].Admin, o.tierRules[d]...)
+				if o.Tier == v1alpha1.TierAdmin {
+					dirs[d].Admin = append(dirs[d].Admin, o.TierRules[d]...)
 				} else {
-					dirs[d].Baseline = append(dirs[d].Baseline, o.tierRules[d]...)
+					dirs[d].Baseline = append(dirs[d].Baseline, o.TierRules[d]...)
 				}
 			}
 		}

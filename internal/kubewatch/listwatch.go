@@ -1,4 +1,4 @@
-package reconcile
+package kubewatch
 
 import (
 	"context"
@@ -22,20 +22,16 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
 )
 
-// newRESTClient returns a REST client for networking.k8s.aws/v1alpha1. No generated
-// clientset exists for these types; list and watch are all the agent needs, and
-// client-go's ListWatch builds both on a plain REST client.
-func newRESTClient(restConfig *rest.Config) (*rest.RESTClient, error) {
-	scheme, err := newScheme()
-	if err != nil {
-		return nil, err
-	}
+// NewRESTClient returns a REST client for the group version gv of scheme
+// (networking.k8s.aws/v1alpha1 for the agent). No generated clientset exists for
+// those types; list and watch are all the agent needs, and client-go's ListWatch
+// builds both on a plain REST client.
+func NewRESTClient(restConfig *rest.Config, scheme *runtime.Scheme, gv schema.GroupVersion) (*rest.RESTClient, error) {
 	cfg := rest.CopyConfig(restConfig)
-	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
+	cfg.GroupVersion = &gv
 	cfg.APIPath = "/apis"
 	cfg.ContentType = runtime.ContentTypeJSON // custom resources are served as JSON only
 	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
@@ -49,15 +45,8 @@ func newRESTClient(restConfig *rest.Config) (*rest.RESTClient, error) {
 	return rc, nil
 }
 
-func newScheme() (*runtime.Scheme, error) {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("reconcile: scheme: %w", err)
-	}
-	return scheme, nil
-}
-
-// newLister returns a list request for resource that decodes the answer in one pass.
+// NewLister returns a list request for resource, whose types scheme holds, that
+// decodes the answer in one pass.
 // client-go's ListWatch decodes a list with the REST client's JSON serializer, which
 // parses the whole body twice: once (encoding/json) only to find its apiVersion and
 // kind, then again into the type they name — a fifth of a relist's CPU for 10,000
@@ -67,11 +56,7 @@ func newScheme() (*runtime.Scheme, error) {
 // list's; anything else (an error, another kind) is decoded by the REST client as
 // before. No conversion or defaulting is lost: the REST client's codec does neither
 // for these types.
-func newLister(rc rest.Interface, resource string, newObject func() runtime.Object) (cache.ListWithContextFunc, error) {
-	scheme, err := newScheme()
-	if err != nil {
-		return nil, err
-	}
+func NewLister(rc rest.Interface, scheme *runtime.Scheme, resource string, newObject func() runtime.Object) (cache.ListWithContextFunc, error) {
 	kinds, _, err := scheme.ObjectKinds(newObject())
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: list of %s: %w", resource, err)
@@ -93,11 +78,11 @@ func newLister(rc rest.Interface, resource string, newObject func() runtime.Obje
 	}, nil
 }
 
-// newListWatch lists and watches one resource in all namespaces. It calls beginList
+// NewListWatch lists and watches one resource in all namespaces. It calls beginList
 // before every request that (re)lists: a List, or a watch that streams the initial
 // state (sendInitialEvents, client-go's WatchList mode), and before a relist it makes
 // itself (see below). That is how the loop tells a relist's re-deliveries from new
-// writes (see transform in events.go).
+// writes (internal/reconcile: transform in events.go).
 //
 // It also keeps the informer delivering across apiserver restarts. client-go's
 // reflector (v0.37) waits before each retry with one backoff per reflector: 0.8 s
@@ -124,9 +109,9 @@ func newLister(rc rest.Interface, resource string, newObject func() runtime.Obje
 //
 // Errors the apiserver's readiness does not cure (403, 404, a bad request) go to the
 // reflector as before, with its backoff. Everything it sees is recorded in health.
-func newListWatch(rc rest.Interface, resource string, newObject func() runtime.Object, beginList func(), health *watchHealth, log *slog.Logger) *cache.ListWatch {
+func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, newObject func() runtime.Object, beginList func(), health *Health, log *slog.Logger) *cache.ListWatch {
 	base := cache.NewListWatchFromClient(rc, resource, metav1.NamespaceAll, fields.Everything())
-	if lister, err := newLister(rc, resource, newObject); err == nil {
+	if lister, err := NewLister(rc, scheme, resource, newObject); err == nil {
 		base.ListWithContextFunc = lister
 	} else { // a type missing from the scheme: client-go's list still works
 		log.Error("lean list decoding unavailable", "err", err)
@@ -156,7 +141,7 @@ type listWatch struct {
 	ready     func(context.Context) error // nil when the apiserver's /readyz answers 200
 	newObject func() runtime.Object
 	beginList func()
-	health    *watchHealth
+	health    *Health
 	log       *slog.Logger
 
 	mu        sync.Mutex
@@ -542,7 +527,7 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 		if ok && prev.uid == m.GetUID() && prev.rv == m.GetResourceVersion() {
 			// Unchanged: re-deliver the object the reflector holds, not the new
 			// decode. The informer's cache then keeps its object (node-local
-			// versions in the pod table refer to it, see nodeLocal), and the new
+			// versions in the pod table refer to it, see translate.Options.NodeLocal), and the new
 			// list, which every listed item points into, is not kept alive by it.
 			events = append(events, watch.Event{Type: watch.Modified, Object: prev.obj})
 			l.delivered[key] = prev

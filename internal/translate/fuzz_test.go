@@ -1,4 +1,4 @@
-package reconcile
+package translate
 
 import (
 	"errors"
@@ -52,12 +52,12 @@ func FuzzCompilePolicyEndpoint(f *testing.F) {
 			dir, isolation = bpfmaps.Egress, networkingv1.PolicyTypeEgress
 		}
 		// A second object of another policy selecting the same pod, with one rule
-		// (cidrB): the pod's policy is the union, merged by mergePodPolicy.
+		// (cidrB): the pod's policy is the union, merged by MergePodPolicy.
 		var rulesB []v1alpha1.EndpointInfo
 		if cidrB != "" {
 			rulesB = []v1alpha1.EndpointInfo{{CIDR: v1alpha1.NetworkAddress(cidrB)}}
 		}
-		var objs []*compiledObject
+		var objs []*Compiled
 		for i, rs := range [][]v1alpha1.EndpointInfo{rules, rulesB} {
 			if i == 1 && rs == nil {
 				break
@@ -75,7 +75,7 @@ func FuzzCompilePolicyEndpoint(f *testing.F) {
 			} else {
 				pe.Spec.Ingress = rs
 			}
-			obj, err := CompileOptions{}.policyEndpoint(pe, netip.MustParseAddr("192.0.2.1"))
+			obj, err := Options{}.PolicyEndpoint(pe, netip.MustParseAddr("192.0.2.1"))
 			if err != nil {
 				checkFieldError(t, err)
 				return
@@ -84,7 +84,7 @@ func FuzzCompilePolicyEndpoint(f *testing.F) {
 		}
 		rules = append(rules, rulesB...) // the merged policy's rules, as the object fields say
 
-		policy := mergePodPolicy(objs)
+		policy := MergePodPolicy(objs)
 		mem := bpfmaps.NewMemory()
 		if _, err := mem.Commit(1, policy); err != nil {
 			t.Fatalf("commit of a compiled object: %v", err)

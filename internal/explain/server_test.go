@@ -1,0 +1,72 @@
+package explain
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/npagent/npagent/internal/report"
+)
+
+type fakeSource struct{}
+
+func (fakeSource) ExplainObject(kind report.Kind, namespace, name string) ObjectExplain {
+	return ObjectExplain{Kind: kind.String(), Namespace: namespace, Name: name, State: StateProgrammed}
+}
+
+func (fakeSource) ExplainPod(q PodQuery) PodExplain {
+	out := PodExplain{Namespace: q.Namespace, Name: q.Name}
+	if q.IP.IsValid() {
+		out.IP = q.IP.String()
+	}
+	return out
+}
+
+// TestServerAndClient: through a unix socket, the client reads what the server
+// answers: 503 with the reason until the source is set, then each path's answer,
+// 400 for a bad IP; a socket nobody listens on is ErrUnreachable.
+func TestServerAndClient(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Server
+	srv := &http.Server{Handler: s.Handler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	c := NewClient(sock)
+
+	var ex ObjectExplain
+	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "not running yet") || errors.Is(err, ErrUnreachable) {
+		t.Errorf("before the source is set: %v; want 503 with the reason", err)
+	}
+	s.SetSource(fakeSource{})
+	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); err != nil || ex.Kind != "PolicyEndpoint" || ex.Namespace != "shop" || ex.Name != "web" {
+		t.Errorf("pe: %+v, %v", ex, err)
+	}
+	var cpe ObjectExplain
+	if err := c.Get(ctx, "/v1/object/cpe/deny", &cpe); err != nil || cpe.Kind != "ClusterPolicyEndpoint" || cpe.Namespace != "" || cpe.Name != "deny" {
+		t.Errorf("cpe: %+v, %v", cpe, err)
+	}
+	var pod PodExplain
+	if err := c.Get(ctx, "/v1/pod/shop/web-1", &pod); err != nil || pod.Namespace != "shop" || pod.Name != "web-1" {
+		t.Errorf("pod: %+v, %v", pod, err)
+	}
+	var byIP PodExplain
+	if err := c.Get(ctx, "/v1/podip/10.1.0.1", &byIP); err != nil || byIP.IP != netip.MustParseAddr("10.1.0.1").String() {
+		t.Errorf("podip: %+v, %v", byIP, err)
+	}
+	if err := c.Get(ctx, "/v1/podip/nope", &pod); err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "not an IP address") {
+		t.Errorf("bad IP: %v; want 400 naming it", err)
+	}
+	if err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Get(ctx, "/v1/object/cpe/x", &ex); !errors.Is(err, ErrUnreachable) {
+		t.Errorf("no agent: %v; want ErrUnreachable", err)
+	}
+}
