@@ -480,7 +480,31 @@ func (e *EBPF) adopt() error {
 		e.pods[ifindex] = &podRecord{state: st}
 	}
 
-	// Entries, by direction, group and set.
+	sets, err := e.readEntrySets()
+	if err != nil {
+		return err
+	}
+	if err := e.adoptLinks(); err != nil {
+		return err
+	}
+	if err := e.checkInterfaces(); err != nil {
+		return err
+	}
+	e.adoptGroups(sets)
+	e.collectGarbage()
+	if err := e.adoptAddrs(); err != nil {
+		return fmt.Errorf("pod addresses: %w", err)
+	}
+	if err := e.adoptConntrack(); err != nil {
+		return fmt.Errorf("connection tables: %w", err)
+	}
+	return nil
+}
+
+// readEntrySets reads every trie entry, by direction, group and set, counting them
+// as used. Entries without an entry-set mark (an unreleased layout) refuse the
+// adoption.
+func (e *EBPF) readEntrySets() (map[groupSetKey]*readEntries, error) {
 	sets := map[groupSetKey]*readEntries{}
 	unmarked := 0
 	for d, tries := range [2][2]*ebpf.Map{{e.objs.NpaInV4, e.objs.NpaInV6}, {e.objs.NpaEgV4, e.objs.NpaEgV6}} {
@@ -507,7 +531,7 @@ func (e *EBPF) adopt() error {
 			}
 		}
 		if err := it.Err(); err != nil {
-			return fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
+			return nil, fmt.Errorf("iterate %s IPv4 trie: %w", Direction(d), err)
 		}
 		var k6 policyLpmKey6
 		it = tries[1].Iterate()
@@ -520,15 +544,20 @@ func (e *EBPF) adopt() error {
 			}
 		}
 		if err := it.Err(); err != nil {
-			return fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
+			return nil, fmt.Errorf("iterate %s IPv6 trie: %w", Direction(d), err)
 		}
 	}
 	if unmarked > 0 {
-		return fmt.Errorf("%w: %d entries under %s have no entry-set mark (an unreleased layout with one generation per commit); remove the directory and restart: the pods' enforcement lapses until they are committed again",
+		return nil, fmt.Errorf("%w: %d entries under %s have no entry-set mark (an unreleased layout with one generation per commit); remove the directory and restart: the pods' enforcement lapses until they are committed again",
 			ErrIncompatiblePins, unmarked, e.pinPath)
 	}
 
-	// Links: switch each to this process's programs.
+	return sets, nil
+}
+
+// adoptLinks switches each pinned link of a pod with state to this process's
+// programs; links of pods without state, and defunct ones, are dropped.
+func (e *EBPF) adoptLinks() error {
 	ents, err := os.ReadDir(filepath.Join(e.pinPath, "links"))
 	if err != nil {
 		return err
@@ -573,6 +602,13 @@ func (e *EBPF) adopt() error {
 			pl.toPod = l
 		}
 	}
+	return nil
+}
+
+// checkInterfaces drops the state of pods whose interface is gone or names another
+// interface now, and re-attaches the programs of pods whose interface is there but
+// whose link is not.
+func (e *EBPF) checkInterfaces() error {
 	// Pods whose interface is gone, or whose index names another interface now, lose
 	// their state; pods whose interface is there but a link is not (its pin removed,
 	// or the link detached, while no agent ran) get their programs attached again, so
@@ -626,19 +662,9 @@ func (e *EBPF) adopt() error {
 	if err := e.idents.prune(func(idx uint32) bool { return e.pods[idx] != nil }); err != nil {
 		return err
 	}
-
-	e.adoptGroups(sets)
-	e.collectGarbage()
-	if err := e.adoptAddrs(); err != nil {
-		return fmt.Errorf("pod addresses: %w", err)
-	}
-	if err := e.adoptConntrack(); err != nil {
-		return fmt.Errorf("connection tables: %w", err)
-	}
 	return nil
 }
 
-// readEntries are entries read from a trie, tagged keys and their values.
 // groupSetKey names an entry set of a direction's group, as read from the tries.
 type groupSetKey struct{ dir, group, set uint32 }
 
@@ -710,6 +736,7 @@ func (e *EBPF) adoptGroups(sets map[groupSetKey]*readEntries) {
 	}
 }
 
+// readEntries are entries read from a trie, tagged keys and their values.
 type readEntries struct {
 	k4 []policyLpmKey4
 	v4 []policyRuleValue
