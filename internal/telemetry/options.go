@@ -27,6 +27,7 @@ type config struct {
 	traceExporters []sdktrace.SpanExporter
 	metricReaders  []sdkmetric.Reader
 	logger         *slog.Logger
+	sdkLogs        bool // WithLogger was given: the SDK's own errors go to logger too
 	parenting      Parenting
 }
 
@@ -169,11 +170,14 @@ func WithMetricReader(r sdkmetric.Reader) Option {
 }
 
 // WithLogger sets where export trouble is reported (once per transition from
-// healthy to failing, and back). Default: discarded.
+// healthy to failing, and back), and routes the OpenTelemetry SDK's own error
+// handler and internal log there (process-wide: otel.SetErrorHandler and
+// otel.SetLogger). Default: export trouble discarded, the SDK's globals left as
+// they are (the standard logger, on stderr).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l != nil {
-			c.logger = l
+			c.logger, c.sdkLogs = l, true
 		}
 	}
 }

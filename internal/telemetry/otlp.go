@@ -3,10 +3,13 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
 
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -113,4 +116,18 @@ func newMetricExporter(ctx context.Context) (sdkmetric.Exporter, error) {
 	}
 	return otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithTemporalitySelector(sdkmetric.DefaultTemporalitySelector),
 		otlpmetricgrpc.WithDialOption(collectorReconnect))
+}
+
+// routeSDKLogs sends what the OpenTelemetry SDK reports on its own — errors it
+// handles (otel.Handle) and its internal log (bad OTEL_* values it ignores, such
+// as malformed headers) — to l instead of the standard logger on stderr, so they
+// are in the agent's format and stream. Both are process-wide: the last New with
+// a logger wins, which in the agent is the only one. The SDK's internal log keeps
+// its verbosity mapping (its warnings and info are logr V(1) and above, below
+// slog's Info, hidden as the SDK's default logger hides them).
+func routeSDKLogs(l *slog.Logger) {
+	otel.SetLogger(logr.FromSlogHandler(l.Handler()))
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		l.Error("opentelemetry sdk error", "err", err)
+	}))
 }

@@ -2,10 +2,17 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/otlptest"
@@ -15,7 +22,7 @@ import (
 var otlpEnv = []string{
 	"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
 	"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-	"OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER",
+	"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER",
 }
 
 func setOTLPEnv(t *testing.T, env map[string]string) {
@@ -218,5 +225,57 @@ func TestOTLPHTTPEndpointPaths(t *testing.T) {
 				t.Errorf("Dropped() = %d spans, %d metric exports: an endpoint path was wrong", dropped, failed)
 			}
 		})
+	}
+}
+
+// failingExporter fails every export, as an exporter whose collector is gone.
+type failingExporter struct{}
+
+func (failingExporter) Temporality(k sdkmetric.InstrumentKind) metricdata.Temporality {
+	return sdkmetric.DefaultTemporalitySelector(k)
+}
+
+func (failingExporter) Aggregation(k sdkmetric.InstrumentKind) sdkmetric.Aggregation {
+	return sdkmetric.DefaultAggregationSelector(k)
+}
+
+func (failingExporter) Export(context.Context, *metricdata.ResourceMetrics) error {
+	return errors.New("collector unreachable: test export failure")
+}
+
+func (failingExporter) ForceFlush(context.Context) error { return nil }
+func (failingExporter) Shutdown(context.Context) error   { return nil }
+
+// The SDK's own reports go to the logger given to New, not to the standard
+// logger on stderr: errors it handles (here a metric reader whose export
+// fails, which the SDK passes to otel.Handle), and its internal log (here a
+// malformed OTEL_EXPORTER_OTLP_HEADERS, which the exporter ignores with a line).
+func TestSDKErrorsThroughLogger(t *testing.T) {
+	prev := otel.GetErrorHandler()
+	t.Cleanup(func() {
+		otel.SetErrorHandler(prev)
+		otel.SetLogger(logr.FromSlogHandler(slog.Default().Handler()))
+	})
+	sink := newOTLPSink(t)
+	setOTLPEnv(t, map[string]string{
+		"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": sink.URL,
+		"OTEL_EXPORTER_OTLP_HEADERS":  "no-equals-sign",
+	})
+	logs := &testenv.LogBuffer{}
+	failing := sdkmetric.NewPeriodicReader(failingExporter{}, sdkmetric.WithInterval(50*time.Millisecond))
+	_, err := newShutdown(t, WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithMetricReader(failing))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the SDK's export error in the agent's log", func() bool {
+		return strings.Contains(logs.String(), "test export failure")
+	})
+	out := logs.String()
+	if !strings.Contains(out, `level=ERROR msg="opentelemetry sdk error" err="collector unreachable: test export failure"`) {
+		t.Errorf("the handled export error is not an ERROR line of the logger:\n%s", out)
+	}
+	if !strings.Contains(out, "parse headers") || !strings.Contains(out, "no-equals-sign") {
+		t.Errorf("the SDK's line about the malformed OTEL_EXPORTER_OTLP_HEADERS is not in the logger:\n%s", out)
 	}
 }

@@ -83,6 +83,10 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.sdkLogs {
+		// Before the exporters: they report bad OTEL_* values while being built.
+		routeSDKLogs(cfg.logger)
+	}
 	res, err := buildResource(ctx, &cfg)
 	if err != nil {
 		return nil, err
