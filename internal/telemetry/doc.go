@@ -99,11 +99,21 @@
 //     field names are capped (beyond the cap they fold into "other"), so
 //     cardinality stays bounded.
 //
-// Export: OTLP gRPC for traces and metrics, configured by the standard
-// OTEL_EXPORTER_OTLP_* variables (endpoint, TLS, headers, timeout, compression), and
-// a Prometheus registry served by MetricsHandler. The exponential histogram appears
-// there as a Prometheus native histogram, which only the protobuf exposition
-// carries: a scraping Prometheus needs scrape_protocols with PrometheusProto first.
+// Export: OTLP for traces and metrics, configured by the standard
+// OTEL_EXPORTER_OTLP_* variables (endpoint, protocol, TLS, headers, timeout,
+// compression), and a Prometheus registry served by MetricsHandler. The protocol
+// (OTEL_EXPORTER_OTLP_{TRACES_,METRICS_,}PROTOCOL, the signal's own first) is grpc
+// or http/protobuf; grpc is the default, deliberately unlike the specification,
+// because the chart and the demo use the collector's 4317. Over http/protobuf the
+// exporters append /v1/traces and /v1/metrics to OTEL_EXPORTER_OTLP_ENDPOINT and use
+// a signal's own endpoint as given. New refuses, naming the variable, another
+// protocol and an endpoint that is not an http:// or https:// URL (a scheme-less
+// host:port, which the exporters would misread or replace by localhost). With
+// WithLogger, the SDK's error handler and internal log write to that logger
+// (otel.SetErrorHandler, otel.SetLogger: process-wide). The exponential
+// histogram appears in the registry as a Prometheus native histogram, which only
+// the protobuf exposition carries: a scraping Prometheus needs scrape_protocols
+// with PrometheusProto first.
 //
 // Nothing of Kubernetes is imported here: the reconcile loop hands over a plain
 // Record.

@@ -27,6 +27,7 @@ type config struct {
 	traceExporters []sdktrace.SpanExporter
 	metricReaders  []sdkmetric.Reader
 	logger         *slog.Logger
+	sdkLogs        bool // WithLogger was given: the SDK's own errors go to logger too
 	parenting      Parenting
 }
 
@@ -61,12 +62,14 @@ func WithServiceVersion(v string) Option { return func(c *config) { c.serviceVer
 // one, else a random UUID per process.
 func WithInstanceID(id string) Option { return func(c *config) { c.instanceID = id } }
 
-// WithOTLP turns the OTLP gRPC exporters for traces and metrics on or off.
+// WithOTLP turns the OTLP exporters for traces and metrics on or off.
 // Default: traces are exported iff OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, metrics iff OTEL_EXPORTER_OTLP_ENDPOINT
 // or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; OTEL_TRACES_EXPORTER=none or
 // OTEL_METRICS_EXPORTER=none turns a signal off. WithOTLP(true) exports both
-// (to localhost:4317 when no endpoint is set).
+// (to localhost:4317, or localhost:4318 for http/protobuf, when no endpoint is
+// set). The transport is OTEL_EXPORTER_OTLP_{TRACES_,METRICS_,}PROTOCOL: grpc
+// (the default, see defaultProtocol) or http/protobuf.
 func WithOTLP(enabled bool) Option {
 	return func(c *config) { c.otlpSet, c.otlpEnabled = true, enabled }
 }
@@ -167,11 +170,14 @@ func WithMetricReader(r sdkmetric.Reader) Option {
 }
 
 // WithLogger sets where export trouble is reported (once per transition from
-// healthy to failing, and back). Default: discarded.
+// healthy to failing, and back), and routes the OpenTelemetry SDK's own error
+// handler and internal log there (process-wide: otel.SetErrorHandler and
+// otel.SetLogger). Default: export trouble discarded, the SDK's globals left as
+// they are (the standard logger, on stderr).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l != nil {
-			c.logger = l
+			c.logger, c.sdkLogs = l, true
 		}
 	}
 }

@@ -15,8 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -73,15 +71,21 @@ type Telemetry struct {
 	metricExportsFailed atomic.Uint64
 }
 
-// New builds providers, exporters (OTLP gRPC for traces and metrics, honouring the
-// standard OTEL_EXPORTER_OTLP_* variables incl. TLS, headers and insecure; plus a
-// Prometheus registry for MetricsHandler) and instruments. Nothing is dialled
-// here: gRPC connects lazily, so a collector that is not up yet costs nothing but
-// counted drops.
+// New builds providers, exporters (OTLP for traces and metrics, over gRPC or
+// http/protobuf, honouring the standard OTEL_EXPORTER_OTLP_* variables incl.
+// protocol, TLS, headers and insecure; plus a Prometheus registry for
+// MetricsHandler) and instruments. An unsupported protocol or an endpoint that is
+// not an http:// or https:// URL is an error naming the variable. Nothing is
+// dialled here: the exporters connect lazily, so a collector that is not up yet
+// costs nothing but counted drops.
 func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.sdkLogs {
+		// Before the exporters: they report bad OTEL_* values while being built.
+		routeSDKLogs(cfg.logger)
 	}
 	res, err := buildResource(ctx, &cfg)
 	if err != nil {
@@ -146,7 +150,7 @@ func buildResource(ctx context.Context, cfg *config) (*resource.Resource, error)
 	return res, nil
 }
 
-// collectorReconnect bounds how long the OTLP exporters wait between attempts to
+// collectorReconnect bounds how long the OTLP gRPC exporters wait between attempts to
 // reconnect to a collector that went away. gRPC's default backoff grows to two
 // minutes: after a 30 s outage the first spans reached the returned collector
 // 15–20 s late, dropped meanwhile. Capped at 5 s, a node's agent retries a few
@@ -159,7 +163,7 @@ var collectorReconnect = grpc.WithConnectParams(grpc.ConnectParams{
 func (t *Telemetry) buildTracing(ctx context.Context, res *resource.Resource) error {
 	exporters := t.cfg.traceExporters
 	if t.cfg.otlpTraces() {
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithDialOption(collectorReconnect))
+		exp, err := newTraceExporter(ctx)
 		if err != nil {
 			return fmt.Errorf("telemetry: otlp trace exporter: %w", err)
 		}
@@ -217,11 +221,7 @@ func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) er
 	t.prom = reg
 	mpOpts = append(mpOpts, sdkmetric.WithReader(promExporter))
 	if t.cfg.otlpMetrics() {
-		// Cumulative whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
-		// says: Prometheus's OTLP endpoint rejects delta, and cumulative makes a
-		// failed export round lose nothing.
-		exp, err := otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithTemporalitySelector(sdkmetric.DefaultTemporalitySelector),
-			otlpmetricgrpc.WithDialOption(collectorReconnect))
+		exp, err := newMetricExporter(ctx)
 		if err != nil {
 			return fmt.Errorf("telemetry: otlp metric exporter: %w", err)
 		}

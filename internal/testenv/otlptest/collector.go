@@ -17,6 +17,9 @@ import (
 type Collector struct {
 	// GRPCAddr is where its OTLP/gRPC receiver listens (host:port).
 	GRPCAddr string
+	// HTTPAddr is where its OTLP/HTTP receiver listens (host:port; paths
+	// /v1/traces and /v1/metrics), or "" when its config has none.
+	HTTPAddr string
 
 	tb     testing.TB
 	bin    string
@@ -29,15 +32,18 @@ type Collector struct {
 }
 
 // StartCollector runs a collector that forwards traces and metrics from an
-// OTLP/gRPC receiver on a free loopback port to sinkURL (otlp_http, sending
-// queue off), and waits until it listens. It is killed at cleanup.
+// OTLP receiver, gRPC and HTTP each on a free loopback port, to sinkURL
+// (otlp_http, sending queue off), and waits until both listen. It is killed at
+// cleanup.
 func StartCollector(tb testing.TB, sinkURL string) *Collector {
 	tb.Helper()
-	addr := FreeLoopbackAddr(tb)
+	addr, httpAddr := FreeLoopbackAddr(tb), FreeLoopbackAddr(tb)
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
       grpc:
+        endpoint: %s
+      http:
         endpoint: %s
 exporters:
   otlp_http:
@@ -57,12 +63,12 @@ service:
       level: none
     logs:
       level: warn
-`, addr, sinkURL)
+`, addr, httpAddr, sinkURL)
 	path := filepath.Join(tb.TempDir(), "otelcol.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	return RunCollector(tb, path, addr)
+	return runCollector(tb, path, addr, httpAddr)
 }
 
 // RunCollector runs a collector with the config file at path, whose OTLP/gRPC
@@ -70,13 +76,19 @@ service:
 // and waits until it listens. It is killed at cleanup.
 func RunCollector(tb testing.TB, path, grpcAddr string, env ...string) *Collector {
 	tb.Helper()
-	c := &Collector{GRPCAddr: grpcAddr, tb: tb, bin: testenv.ToolPath(tb, "otelcol"), config: path, env: env}
+	return runCollector(tb, path, grpcAddr, "", env...)
+}
+
+func runCollector(tb testing.TB, path, grpcAddr, httpAddr string, env ...string) *Collector {
+	tb.Helper()
+	c := &Collector{GRPCAddr: grpcAddr, HTTPAddr: httpAddr, tb: tb, bin: testenv.ToolPath(tb, "otelcol"), config: path, env: env}
 	c.Start()
 	tb.Cleanup(c.Kill)
 	return c
 }
 
-// Start starts the collector again after Kill and waits until it listens.
+// Start starts the collector again after Kill and waits until its receivers
+// listen.
 func (c *Collector) Start() {
 	c.tb.Helper()
 	c.mu.Lock()
@@ -90,18 +102,20 @@ func (c *Collector) Start() {
 		c.tb.Fatalf("start collector: %v", err)
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		conn, err := net.DialTimeout("tcp", c.GRPCAddr, 200*time.Millisecond)
-		if err == nil {
-			conn.Close()
-			return
+	for _, addr := range []string{c.GRPCAddr, c.HTTPAddr} {
+		for addr != "" {
+			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				logs := c.Logs()
+				c.Kill()
+				c.tb.Fatalf("collector did not listen on %s within 60s; its output:\n%s", addr, logs)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			logs := c.Logs()
-			c.Kill()
-			c.tb.Fatalf("collector did not listen on %s within 60s; its output:\n%s", c.GRPCAddr, logs)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
