@@ -172,6 +172,8 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
 		// A misspelled key would otherwise be ignored, its default kept silently.
 		{"misspelled key", map[string]any{"enforcingmode": "strict"}, "enforcingmode"},
+		// The agent refuses an endpoint without a scheme; the chart says so at install.
+		{"endpoint without scheme", map[string]any{"otlp": map[string]any{"endpoint": "otel-collector:4317"}}, "/otlp/endpoint"},
 		{"misspelled nested key", map[string]any{"otlp": map[string]any{"endpont": "https://c:4317"}}, "endpont"},
 		{"node egress", map[string]any{"nodeEgress": "deny"}, "nodeEgress"},
 		{"probes on the metrics port", map[string]any{"health": map[string]any{"port": 9437}}, "health.port"},
