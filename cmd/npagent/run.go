@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +34,16 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// loggedError is an error run already wrote to the agent's log, in its format
+// (--log-format=json: a JSON line too): main exits with code and prints nothing.
+type loggedError struct {
+	code int
+	err  error
+}
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
+
 // run is the whole agent: it parses args (falling back to getenv), starts every
 // part, blocks until ctx is done, then shuts down in order — stop taking work,
 // finish the commit in flight, persist the seen-set, flush telemetry — and returns
@@ -55,16 +66,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
 		}
 	}
-	cfg, err := parseConfig(args, getenv, stderr)
+	cfg, err := parseConfig(args, getenv, stdout)
 	if errors.Is(err, errHelp) {
 		return err
 	}
 	if err != nil {
+		if cfg.LogFormat == "json" { // as far as parsing got: a log pipeline reads it
+			newLogger(cfg, stderr).Error("invalid configuration; run npagent --help for the flags", "err", err)
+			return loggedError{exitUsage, usageError{err}}
+		}
 		return usageError{err}
 	}
 	log := newLogger(cfg, stderr)
 	routeClientGoLogs(log)
-	return runAgent(ctx, cfg, log)
+	if err := runAgent(ctx, cfg, log); err != nil {
+		log.Error("npagent failed", "err", err)
+		return loggedError{1, err}
+	}
+	return nil
 }
 
 // runAgent is run once the configuration is valid: each phase of the start in the
@@ -370,19 +389,33 @@ func stopResult(ctx context.Context, runErr error, httpFailed <-chan error) erro
 }
 
 // loadRESTConfig reads kubeconfig (a path, or a list as in $KUBECONFIG), or the
-// in-cluster configuration when it is empty.
+// in-cluster configuration when it is empty. Its errors say what is missing and
+// the three ways to give it, not client-go's "try setting KUBERNETES_MASTER".
 func loadRESTConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig == "" {
 		rc, err := rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("in-cluster configuration: %w (outside a pod, pass --kubeconfig or set $KUBECONFIG)", err)
+			return nil, fmt.Errorf("no kubeconfig given and no in-cluster configuration (%v): pass a kubeconfig file with --kubeconfig or $KUBECONFIG, or run the agent in a pod with its service account token mounted", err)
 		}
 		return rc, nil
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(kubeconfig)}
+	var missing []string
+	paths := filepath.SplitList(kubeconfig)
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, err.Error())
+		}
+	}
+	if len(missing) == len(paths) {
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: no kubeconfig file there (%s): give the path of a readable kubeconfig file, or leave both empty in a pod to use its service account (in-cluster configuration)", kubeconfig, strings.Join(missing, "; "))
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{Precedence: paths}
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: no cluster, user or context in it: give a kubeconfig with a current-context (kubectl config view shows it), or leave both empty in a pod to use its service account (in-cluster configuration)", kubeconfig)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: %w", kubeconfig, err)
 	}
 	return rc, nil
 }
