@@ -8,12 +8,20 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/npagent/npagent/internal/testenv"
 )
 
 // runBinary runs the agent binary with args and env only (no KUBECONFIG,
@@ -187,5 +195,58 @@ func TestHelpGroupsEveryFlag(t *testing.T) {
 	})
 	if len(grouped) != n {
 		t.Errorf("%d flags grouped, %d defined", len(grouped), n)
+	}
+}
+
+// TestAgentWithoutRBACNamesWhatIsForbidden: an agent whose user has no
+// ClusterRole is not ready, and /readyz and the log name the resource and the
+// verbs it lacks (not "retrying until the apiserver is back" and "caches not
+// synced"); once the ClusterRole is bound it becomes ready without a restart.
+func TestAgentWithoutRBACNamesWhatIsForbidden(t *testing.T) {
+	cp, _, stateFile := startControlPlane(t)
+	const user = "npagent-without-rbac"
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
+	raw, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.AuthInfos[raw.Contexts[raw.CurrentContext].AuthInfo].Impersonate = user
+	if err := clientcmd.WriteToFile(*raw, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+
+	a := startAgent(t, kubeconfig, stateFile, "--apiserver-timeout=2s")
+	want := "forbidden: cannot list and watch policyendpoints.networking.k8s.aws: the ClusterRole bound to the agent's service account (or --kubeconfig's user) lacks list and watch"
+	testenv.Eventually(t, 30*time.Second, "/readyz to name the forbidden verbs", func() bool {
+		code, body := a.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, want)
+	})
+	testenv.Eventually(t, 10*time.Second, "the log to name them", func() bool {
+		return strings.Contains(a.logs(), "the agent lacks RBAC permissions") && strings.Contains(a.logs(), want)
+	})
+	if strings.Contains(a.logs(), "retrying until the apiserver is back") {
+		t.Errorf("missing RBAC logged as an apiserver outage:\n%s", a.logs())
+	}
+
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	for _, o := range []client.Object{role, binding} {
+		if err := cp.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The probe backs off up to 30s between attempts.
+	testenv.Eventually(t, 60*time.Second, "/readyz 200 once the ClusterRole is bound", func() bool {
+		code, _ := a.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d", code)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -141,7 +142,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer stopNodeAddrs() // before the dataplane closes
 	health.addCheck(nodes.Health)
-	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
+	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode), health, log); err != nil {
 		return interruptedStart(httpFailed, log)
 	}
 	// The Node's own addresses (status.addresses) before the first commit.
@@ -426,28 +427,31 @@ const (
 	apiserverRetryMax   = 30 * time.Second
 )
 
-// waitForAPIServer probes the apiserver (probeAPIServer) until it answers and serves
-// networking.k8s.aws/v1alpha1, waiting apiserverRetryFirst, doubling up to
+// waitForAPIServer probes the apiserver (probeAPIServer) until it answers, serves
+// networking.k8s.aws/v1alpha1 and grants the agent need, waiting apiserverRetryFirst, doubling up to
 // apiserverRetryMax, between attempts. An apiserver that is down or slow at start,
-// or CRDs not installed yet, is not a reason to exit: the DaemonSet would crash-loop
+// CRDs not installed yet or RBAC not granted yet, is not a reason to exit: the DaemonSet would crash-loop
 // and back off for minutes after the apiserver is back. Meanwhile each failure is
 // logged and is what /readyz answers; /livez stays 200. It returns nil once the
 // probe passes, or ctx's error when ctx ends first.
-func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, health *agentHealth, log *slog.Logger) error {
+func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, need []access, health *agentHealth, log *slog.Logger) error {
 	health.setWaiting(fmt.Errorf("apiserver %s: not probed yet", rc.Host))
 	delay := apiserverRetryFirst
 	for attempt := 1; ; attempt++ {
-		err := probeAPIServer(ctx, rc, timeout)
+		err := probeAPIServer(ctx, rc, timeout, need)
 		if err == nil {
-			log.Info("apiserver reachable, CRDs served", "apiserver", rc.Host, "attempts", attempt)
+			log.Info("apiserver reachable, CRDs served, access granted", "apiserver", rc.Host, "attempts", attempt)
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		health.setWaiting(err)
-		log.Warn("apiserver probe failed; retrying (not ready meanwhile)", "apiserver", rc.Host,
-			"attempt", attempt, "retry_in", delay, "err", err)
+		msg := "apiserver probe failed; retrying (not ready meanwhile)"
+		if errors.Is(err, errForbidden) { // not the apiserver's fault: RBAC
+			msg = "apiserver probe failed: the agent lacks RBAC permissions; retrying until they are granted (not ready meanwhile)"
+		}
+		log.Warn(msg, "apiserver", rc.Host, "attempt", attempt, "retry_in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -459,11 +463,12 @@ func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duratio
 	}
 }
 
-// probeAPIServer asks the apiserver for its version and for the
-// networking.k8s.aws/v1alpha1 group, within timeout, so that an unreachable address
-// or missing CRDs are named (in the log and /readyz) before any informer starts
+// probeAPIServer asks the apiserver for its version, for the
+// networking.k8s.aws/v1alpha1 group and whether the agent may do need
+// (checkAccess), within timeout, so that an unreachable address, missing CRDs or
+// missing RBAC are named (in the log and /readyz) before any informer starts
 // retrying silently.
-func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration) error {
+func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, need []access) error {
 	probeConfig := rest.CopyConfig(rc)
 	probeConfig.Timeout = timeout
 	dc, err := discovery.NewDiscoveryClientForConfig(probeConfig)
@@ -479,7 +484,11 @@ func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration)
 	if err := dc.RESTClient().Get().AbsPath(group).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("CRDs not served: apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? The AWS Network Policy Controller installs them; config/crd holds compatible copies for a local control plane)", rc.Host, group, err)
 	}
-	return nil
+	cs, err := kubernetes.NewForConfig(probeConfig)
+	if err != nil {
+		return fmt.Errorf("apiserver %s: client: %w", rc.Host, err)
+	}
+	return checkAccess(ctx, cs, need)
 }
 
 // openDataplane opens the backend --dataplane names. The in-memory backend polices
