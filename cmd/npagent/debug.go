@@ -29,8 +29,9 @@ import (
 //	GET /v1/pod/{namespace}/{name}         reconcile.PodExplain
 //	GET /v1/podip/{ip}                     reconcile.PodExplain
 //
-// Until the reconcile loop exists (the agent waits for the apiserver) every
-// request is answered 503 with {"error": "..."}; a bad path segment is 400.
+// Until the reconcile loop exists (the agent waits for the apiserver) and its
+// caches synced, every request is answered 503 with {"error": "agent starting:
+// ..."}; a bad path segment is 400.
 
 // defaultDebugSocket is --debug-socket's default.
 const defaultDebugSocket = "/run/npagent/debug.sock"
@@ -41,6 +42,7 @@ const maxDebugSocketPath = 90
 
 // explainer is what the debug endpoint reads: the reconcile loop.
 type explainer interface {
+	HasSynced() bool
 	ExplainObject(kind report.Kind, namespace, name string) reconcile.ObjectExplain
 	ExplainPod(q reconcile.PodQuery) reconcile.PodExplain
 }
@@ -63,6 +65,11 @@ func (d *debugAPI) handler() http.Handler {
 			if e == nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				json.NewEncoder(w).Encode(debugError{"agent starting: the reconcile loop is not running yet (waiting for the apiserver)"})
+				return
+			}
+			if !(*e).HasSynced() { // else every object would be "unknown"
+				w.WriteHeader(http.StatusServiceUnavailable)
+				json.NewEncoder(w).Encode(debugError{"agent starting: informer caches not synced yet (it has not read every object)"})
 				return
 			}
 			v, err := f(*e, r)

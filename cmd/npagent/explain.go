@@ -24,7 +24,7 @@ import (
 const (
 	exitNotProgrammed = 1 // wait: timed out; explain: the object or pod is unknown
 	exitUsage         = 2
-	exitUnreachable   = 3 // no answer from the agent's debug socket
+	exitUnreachable   = 3 // no answer from the agent's debug socket, or it is still starting
 )
 
 // exitError ends a subcommand with code; main prints err when it is not nil.
@@ -60,6 +60,11 @@ func newDebugClient(socket string) *debugClient {
 // errUnreachable wraps every failure to reach the agent.
 var errUnreachable = errors.New("agent unreachable")
 
+// startingError is the agent's 503: it answers, but knows nothing yet.
+type startingError struct{ msg string }
+
+func (e startingError) Error() string { return e.msg + "; ask again once its /readyz passes" }
+
 // get fetches path into v. A transport failure wraps errUnreachable; an answer
 // other than 200 is an error with the agent's message.
 func (c *debugClient) get(ctx context.Context, path string, v any) error {
@@ -79,6 +84,9 @@ func (c *debugClient) get(ctx context.Context, path string, v any) error {
 	if resp.StatusCode != http.StatusOK {
 		var e debugError
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				return startingError{e.Error}
+			}
 			return fmt.Errorf("agent answered %d: %s", resp.StatusCode, e.Error)
 		}
 		return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
@@ -151,7 +159,7 @@ Asks the npagent on this node (over its debug socket) what it knows: an object's
 versions seen here, pending triggers and their age, failed attempts, the last
 reports with their phases, the writer's trace id; a pod's objects and whether each is
 programmed here. Exit: 0 shown, 1 object or pod unknown to the agent, 2 usage,
-3 agent unreachable.
+3 agent unreachable or still starting (caches not synced).
 
 Flags:
 `)
@@ -175,7 +183,7 @@ Flags:
 	c := newDebugClient(*socket)
 	var raw json.RawMessage
 	if err := c.get(ctx, target.path, &raw); err != nil {
-		if errors.Is(err, errUnreachable) {
+		if errors.Is(err, errUnreachable) || errors.As(err, new(startingError)) { // nothing to explain from yet
 			return exitError{exitUnreachable, err}
 		}
 		return exitError{exitNotProgrammed, err}

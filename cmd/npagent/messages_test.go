@@ -9,6 +9,9 @@ import (
 	"encoding/json"
 	"flag"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +21,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -195,6 +199,58 @@ func TestHelpGroupsEveryFlag(t *testing.T) {
 	})
 	if len(grouped) != n {
 		t.Errorf("%d flags grouped, %d defined", len(grouped), n)
+	}
+}
+
+// holdingAPIServer forwards to a real apiserver with its credentials, as kubectl
+// proxy does, but answers 503 to every request for ClusterPolicyEndpoints: the
+// agent's probe passes, its informers never sync.
+func holdingAPIServer(t *testing.T, rc *rest.Config) string {
+	t.Helper()
+	host := rc.Host
+	if !strings.Contains(host, "://") {
+		host = "https://" + host
+	}
+	target, err := url.Parse(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := rest.TransportFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(target) }, Transport: rt, FlushInterval: -1}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/clusterpolicyendpoints") {
+			http.Error(w, "held by the test", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	testenv.WriteKubeconfig(t, &rest.Config{Host: srv.URL}, kubeconfig)
+	return kubeconfig
+}
+
+// TestExplainWhileCachesSync: while the agent's informers have not synced,
+// explain does not call an object unknown (exit 1): it says the agent is still
+// starting and exits 3, as for an agent not reachable yet.
+func TestExplainWhileCachesSync(t *testing.T) {
+	cp, _, stateFile := startControlPlane(t)
+	kubeconfig := holdingAPIServer(t, cp.Config)
+	sock := filepath.Join(shortTempDir(t), "debug.sock")
+	a := startAgent(t, kubeconfig, stateFile, "--debug-socket="+sock)
+	testenv.Eventually(t, 30*time.Second, "/readyz: caches not synced", func() bool {
+		code, body := a.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "informer caches not synced")
+	})
+	code, stdout, stderr := runSubcommand(t, 20*time.Second, "explain", "--debug-socket="+sock, "pe/default/web")
+	if code != exitUnreachable || !strings.Contains(stderr, "agent starting: informer caches not synced") || strings.Contains(stdout, "unknown") {
+		t.Errorf("explain while the caches sync: exit %d\nstdout: %s\nstderr: %s\nwant exit 3, saying the agent is starting", code, stdout, stderr)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d", code)
 	}
 }
 
