@@ -121,13 +121,16 @@ var flagEnv = map[string]string{
 var errHelp = flag.ErrHelp
 
 // parseConfig parses args (without the program name) with getenv as the fallback
-// for flags not given. Usage goes to usage on -h or a parse error. Every error names
+// for flags not given. Usage goes to usage on -h or --help only. Every error names
 // the flag (and the variable, when the value came from it).
 func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
 	var c config
 	var raw rawFlags
-	fs := newFlagSet(&c, &raw, usage)
+	fs := newFlagSet(&c, &raw)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			printUsage(usage, fs)
+		}
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -147,10 +150,9 @@ type rawFlags struct {
 }
 
 // newFlagSet defines the agent's flags on c (and raw, for those converted after
-// parsing), with the usage text printed on -h or a parse error.
-func newFlagSet(c *config, raw *rawFlags, usage io.Writer) *flag.FlagSet {
+// parsing); printUsage is their --help.
+func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs := flag.NewFlagSet("npagent", flag.ContinueOnError)
-	fs.SetOutput(usage)
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name (k8s.node.name); empty: the host name")
 	fs.StringVar(&raw.nodeIP, "node-ip", "", "this node's IP: pods whose hostIP equals it are programmed here (required)")
@@ -186,18 +188,77 @@ func newFlagSet(c *config, raw *rawFlags, usage io.Writer) *flag.FlagSet {
 	fs.Float64Var(&c.NamespaceEntryShare, "namespace-entry-share", 100*reconcile.DefaultNamespaceEntryShare, "percent of each policy map (direction and family) the pods of one namespace on this node may hold with their NetworkPolicy rules: a policy object that would take its namespace over it is rejected as bad input (counted in invalid objects; its last valid version stays in force), so that one tenant cannot crowd others out of the node's maps (README: How capacity is divided). 0 or 100: no bound")
 	fs.StringVar(&raw.enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
 	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
-	fs.Usage = func() {
-		fmt.Fprintf(usage, "Usage: npagent [flags]\n       npagent version\n       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>\n       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]\n       npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)\n\nFlags (each falls back to the environment variable in brackets):\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			def := ""
-			if f.DefValue != "" {
-				def = fmt.Sprintf(" (default %q)", f.DefValue)
-			}
-			fmt.Fprintf(usage, "  --%s [%s]\n    \t%s%s\n", f.Name, flagEnv[f.Name], f.Usage, def)
-		})
-		fmt.Fprintf(usage, "\nOTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...) configure OTLP export.\n")
-	}
+	// Parse prints nothing: a bad flag is reported once, by exitCode, with a
+	// one-line hint; the usage is printed only when asked for (-h, --help).
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
+}
+
+// flagGroups orders --help: every flag in exactly one group (TestHelpGroupsEveryFlag).
+var flagGroups = []struct {
+	title string
+	flags []string
+}{
+	{"Node and cluster", []string{"kubeconfig", "node-name", "node-ip", "node-cidrs", "node-address-interfaces",
+		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
+	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
+		"namespace-entry-share", "max-entries-per-object"}},
+	{"Enforcement", []string{"enforcing-mode", "node-egress", "drop-fqdn-allow-rules", "workers"}},
+	{"Telemetry", []string{"metrics-addr", "trigger-annotation", "traceparent-annotation", "trace-parenting",
+		"slow-trace-threshold", "fast-trace-fraction", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
+	{"Health and debug", []string{"health-addr", "stall-timeout", "watch-stall-timeout", "debug-socket"}},
+	{"State", []string{"state-file", "watermark-max-age"}},
+}
+
+// helpWidth bounds --help's lines: descriptions are wrapped to it.
+const helpWidth = 100
+
+// printUsage writes --help: the commands, then the flags by group, each with its
+// variable, its description wrapped to helpWidth columns and its default.
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `Usage: npagent [flags]
+       npagent version
+       npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>
+       npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]
+       npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)
+
+Flags (each falls back to the environment variable in brackets):
+`)
+	for _, g := range flagGroups {
+		fmt.Fprintf(w, "\n%s:\n", g.title)
+		for _, name := range g.flags {
+			f := fs.Lookup(name)
+			desc := f.Usage
+			if f.DefValue != "" {
+				desc += fmt.Sprintf(" (default %q)", f.DefValue)
+			}
+			fmt.Fprintf(w, "  --%s [%s]\n", f.Name, flagEnv[f.Name])
+			for _, line := range wrap(desc, helpWidth-6) {
+				fmt.Fprintf(w, "      %s\n", line)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\nOTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...) configure OTLP export.\n")
+}
+
+// wrap splits text into lines of at most width columns at spaces (a longer
+// word stays whole on a line of its own).
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	return append(lines, line)
 }
 
 // setFromEnv sets each flag not given on the command line from its variable

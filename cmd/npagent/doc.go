@@ -13,18 +13,24 @@
 //
 // Every flag falls back to an environment variable when absent (--node-ip to
 // $NODE_IP, --node-name to $NODE_NAME, --kubeconfig to $KUBECONFIG, the others to
-// $NPAGENT_<FLAG>); `npagent --help` lists them. OTEL_* variables configure OTLP
+// $NPAGENT_<FLAG>); `npagent --help` lists them by group (flagGroups), wrapped to
+// 100 columns. OTEL_* variables configure OTLP
 // export (see internal/telemetry).
 //
 // What it promises:
 //
-//   - A bad flag names the flag and exits 2 at once. Local, certain failures at
-//     start exit 1 naming the cause (eBPF without privileges names CAP_BPF and
-//     CAP_NET_ADMIN; --metrics-addr in use).
+//   - A bad flag names the flag and exits 2 at once: the error once and a one-line
+//     hint, no usage dump. Local, certain failures at start exit 1 naming the cause
+//     and the fix (eBPF without privileges names CAP_BPF and CAP_NET_ADMIN;
+//     --metrics-addr in use; no kubeconfig outside a pod names --kubeconfig,
+//     $KUBECONFIG and the service account). With --log-format=json the line saying
+//     why the agent stopped is JSON too (loggedError).
 //   - What may heal by itself does not stop the agent, since a crash loop backs off
 //     for minutes after the cause is gone: an apiserver that is unreachable at start
-//     or does not serve the CRDs yet is probed again (GET /version and the group,
-//     each bounded by --apiserver-timeout; 1s doubling to 30s between attempts)
+//     or does not serve the CRDs yet, or forbids what the informers need (RBAC,
+//     asked by SelfSubjectAccessReview: access.go, named with the verbs missing),
+//     is probed again (GET /version, the group and the reviews, each bounded by
+//     --apiserver-timeout; 1s doubling to 30s between attempts)
 //     while HTTP already answers; a malformed OTEL_* setting is logged once and
 //     telemetry degrades (without OTEL_RESOURCE_ATTRIBUTES, else without OTLP
 //     export, else off), listed by /readyz.
@@ -44,7 +50,8 @@
 //     either way).
 //   - A read-only JSON debug API on the unix socket --debug-socket (default
 //     /run/npagent/debug.sock, mode 0600, never TCP; debug.go), 503 until the
-//     reconcile loop exists. A socket that cannot be made degrades (listed by
+//     reconcile loop exists and its caches synced (explain then exits 3, "agent
+//     starting", not 1 for an object it has not read yet). A socket that cannot be made degrades (listed by
 //     /readyz), it does not stop the agent. explain prints what it answers for an
 //     object or a pod; wait polls it until a pod's objects are programmed (exit 0),
 //     the timeout (1) or, when the agent never answers, 3; a bad command line is 2.

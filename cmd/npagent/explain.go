@@ -22,7 +22,7 @@ import (
 const (
 	exitNotProgrammed = 1 // wait: timed out; explain: the object or pod is unknown
 	exitUsage         = 2
-	exitUnreachable   = 3 // no answer from the agent's debug socket
+	exitUnreachable   = 3 // no answer from the agent's debug socket, or it is still starting
 )
 
 // exitError ends a subcommand with code; main prints err when it is not nil.
@@ -104,7 +104,7 @@ Asks the npagent on this node (over its debug socket) what it knows: an object's
 versions seen here, pending triggers and their age, failed attempts, the last
 reports with their phases, the writer's trace id; a pod's objects and whether each is
 programmed here. Exit: 0 shown, 1 object or pod unknown to the agent, 2 usage,
-3 agent unreachable.
+3 agent unreachable or still starting (caches not synced).
 
 Flags:
 `)
@@ -128,7 +128,7 @@ Flags:
 	c := explain.NewClient(*socket)
 	var raw json.RawMessage
 	if err := c.Get(ctx, target.path, &raw); err != nil {
-		if errors.Is(err, explain.ErrUnreachable) {
+		if errors.Is(err, explain.ErrUnreachable) || errors.As(err, new(explain.StartingError)) { // nothing to explain from yet
 			return exitError{exitUnreachable, err}
 		}
 		return exitError{exitNotProgrammed, err}

@@ -18,13 +18,16 @@ func main() {
 
 // exitCode maps run's result to the process status: 0 for success and --help,
 // 2 for a bad command line, the subcommand's code for an exitError, 1 for
-// everything else. The error is printed here.
+// everything else. The error is printed here, unless run logged it.
 func exitCode(err error) int {
 	var usage usageError
 	var exit exitError
+	var logged loggedError
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return 0
+	case errors.As(err, &logged): // in the agent's log format
+		return logged.code
 	case errors.As(err, &exit): // the explain and wait subcommands
 		if exit.err != nil {
 			fmt.Fprintf(os.Stderr, "npagent: %v\n", exit.err)

@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -34,6 +36,16 @@ type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
+
+// loggedError is an error run already wrote to the agent's log, in its format
+// (--log-format=json: a JSON line too): main exits with code and prints nothing.
+type loggedError struct {
+	code int
+	err  error
+}
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
 
 // run is the whole agent: it parses args (falling back to getenv), starts every
 // part, blocks until ctx is done, then shuts down in order — stop taking work,
@@ -57,16 +69,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
 		}
 	}
-	cfg, err := parseConfig(args, getenv, stderr)
+	cfg, err := parseConfig(args, getenv, stdout)
 	if errors.Is(err, errHelp) {
 		return err
 	}
 	if err != nil {
+		if cfg.LogFormat == "json" { // as far as parsing got: a log pipeline reads it
+			newLogger(cfg, stderr).Error("invalid configuration; run npagent --help for the flags", "err", err)
+			return loggedError{exitUsage, usageError{err}}
+		}
 		return usageError{err}
 	}
 	log := newLogger(cfg, stderr)
 	routeClientGoLogs(log)
-	return runAgent(ctx, cfg, log)
+	if err := runAgent(ctx, cfg, log); err != nil {
+		log.Error("npagent failed", "err", err)
+		return loggedError{1, err}
+	}
+	return nil
 }
 
 // runAgent is run once the configuration is valid: each phase of the start in the
@@ -124,7 +144,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer stopNodeAddrs() // before the dataplane closes
 	health.addCheck(nodes.Health)
-	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, health, log); err != nil {
+	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode), health, log); err != nil {
 		return interruptedStart(httpFailed, log)
 	}
 	// The Node's own addresses (status.addresses) before the first commit.
@@ -373,19 +393,33 @@ func stopResult(ctx context.Context, runErr error, httpFailed <-chan error) erro
 }
 
 // loadRESTConfig reads kubeconfig (a path, or a list as in $KUBECONFIG), or the
-// in-cluster configuration when it is empty.
+// in-cluster configuration when it is empty. Its errors say what is missing and
+// the three ways to give it, not client-go's "try setting KUBERNETES_MASTER".
 func loadRESTConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig == "" {
 		rc, err := rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("in-cluster configuration: %w (outside a pod, pass --kubeconfig or set $KUBECONFIG)", err)
+			return nil, fmt.Errorf("no kubeconfig given and no in-cluster configuration (%v): pass a kubeconfig file with --kubeconfig or $KUBECONFIG, or run the agent in a pod with its service account token mounted", err)
 		}
 		return rc, nil
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(kubeconfig)}
+	var missing []string
+	paths := filepath.SplitList(kubeconfig)
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, err.Error())
+		}
+	}
+	if len(missing) == len(paths) {
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: no kubeconfig file there (%s): give the path of a readable kubeconfig file, or leave both empty in a pod to use its service account (in-cluster configuration)", kubeconfig, strings.Join(missing, "; "))
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{Precedence: paths}
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: no cluster, user or context in it: give a kubeconfig with a current-context (kubectl config view shows it), or leave both empty in a pod to use its service account (in-cluster configuration)", kubeconfig)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("--kubeconfig (or $KUBECONFIG) %s: %w", kubeconfig, err)
 	}
 	return rc, nil
 }
@@ -396,28 +430,31 @@ const (
 	apiserverRetryMax   = 30 * time.Second
 )
 
-// waitForAPIServer probes the apiserver (probeAPIServer) until it answers and serves
-// networking.k8s.aws/v1alpha1, waiting apiserverRetryFirst, doubling up to
+// waitForAPIServer probes the apiserver (probeAPIServer) until it answers, serves
+// networking.k8s.aws/v1alpha1 and grants the agent need, waiting apiserverRetryFirst, doubling up to
 // apiserverRetryMax, between attempts. An apiserver that is down or slow at start,
-// or CRDs not installed yet, is not a reason to exit: the DaemonSet would crash-loop
+// CRDs not installed yet or RBAC not granted yet, is not a reason to exit: the DaemonSet would crash-loop
 // and back off for minutes after the apiserver is back. Meanwhile each failure is
 // logged and is what /readyz answers; /livez stays 200. It returns nil once the
 // probe passes, or ctx's error when ctx ends first.
-func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, health *agentHealth, log *slog.Logger) error {
+func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, need []access, health *agentHealth, log *slog.Logger) error {
 	health.setWaiting(fmt.Errorf("apiserver %s: not probed yet", rc.Host))
 	delay := apiserverRetryFirst
 	for attempt := 1; ; attempt++ {
-		err := probeAPIServer(ctx, rc, timeout)
+		err := probeAPIServer(ctx, rc, timeout, need)
 		if err == nil {
-			log.Info("apiserver reachable, CRDs served", "apiserver", rc.Host, "attempts", attempt)
+			log.Info("apiserver reachable, CRDs served, access granted", "apiserver", rc.Host, "attempts", attempt)
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		health.setWaiting(err)
-		log.Warn("apiserver probe failed; retrying (not ready meanwhile)", "apiserver", rc.Host,
-			"attempt", attempt, "retry_in", delay, "err", err)
+		msg := "apiserver probe failed; retrying (not ready meanwhile)"
+		if errors.Is(err, errForbidden) { // not the apiserver's fault: RBAC
+			msg = "apiserver probe failed: the agent lacks RBAC permissions; retrying until they are granted (not ready meanwhile)"
+		}
+		log.Warn(msg, "apiserver", rc.Host, "attempt", attempt, "retry_in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -429,11 +466,12 @@ func waitForAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duratio
 	}
 }
 
-// probeAPIServer asks the apiserver for its version and for the
-// networking.k8s.aws/v1alpha1 group, within timeout, so that an unreachable address
-// or missing CRDs are named (in the log and /readyz) before any informer starts
+// probeAPIServer asks the apiserver for its version, for the
+// networking.k8s.aws/v1alpha1 group and whether the agent may do need
+// (checkAccess), within timeout, so that an unreachable address, missing CRDs or
+// missing RBAC are named (in the log and /readyz) before any informer starts
 // retrying silently.
-func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration) error {
+func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration, need []access) error {
 	probeConfig := rest.CopyConfig(rc)
 	probeConfig.Timeout = timeout
 	dc, err := discovery.NewDiscoveryClientForConfig(probeConfig)
@@ -449,7 +487,11 @@ func probeAPIServer(ctx context.Context, rc *rest.Config, timeout time.Duration)
 	if err := dc.RESTClient().Get().AbsPath(group).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("CRDs not served: apiserver %s: GET %s: %w (are the PolicyEndpoint and ClusterPolicyEndpoint CRDs installed? The AWS Network Policy Controller installs them; config/crd holds compatible copies for a local control plane)", rc.Host, group, err)
 	}
-	return nil
+	cs, err := kubernetes.NewForConfig(probeConfig)
+	if err != nil {
+		return fmt.Errorf("apiserver %s: client: %w", rc.Host, err)
+	}
+	return checkAccess(ctx, cs, need)
 }
 
 // openDataplane opens the backend --dataplane names. The in-memory backend polices

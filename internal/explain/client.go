@@ -33,6 +33,12 @@ func NewClient(socket string) *Client {
 // ErrUnreachable wraps every failure to reach the agent.
 var ErrUnreachable = errors.New("agent unreachable")
 
+// StartingError is the agent's 503: it answers, but knows nothing yet (its loop is
+// not running or its caches have not synced).
+type StartingError struct{ Msg string }
+
+func (e StartingError) Error() string { return e.Msg + "; ask again once its /readyz passes" }
+
 // Get fetches path (see server.go) into v. A transport failure wraps
 // ErrUnreachable; an answer other than 200 is an error with the agent's message.
 func (c *Client) Get(ctx context.Context, path string, v any) error {
@@ -52,6 +58,9 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 	if resp.StatusCode != http.StatusOK {
 		var e ErrorBody
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				return StartingError{e.Error}
+			}
 			return fmt.Errorf("agent answered %d: %s", resp.StatusCode, e.Error)
 		}
 		return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))

@@ -17,11 +17,13 @@ import (
 //	GET /v1/pod/{namespace}/{name}         PodExplain
 //	GET /v1/podip/{ip}                     PodExplain
 //
-// Until the reconcile loop exists (the agent waits for the apiserver) every
-// request is answered 503 with an ErrorBody; a bad path segment is 400.
+// Until the reconcile loop exists (the agent waits for the apiserver) and its caches
+// synced, every request is answered 503 with an ErrorBody saying the agent is
+// starting (else every object would read as unknown); a bad path segment is 400.
 
 // Source is what the debug API reads: the reconcile loop.
 type Source interface {
+	HasSynced() bool
 	ExplainObject(kind report.Kind, namespace, name string) ObjectExplain
 	ExplainPod(q PodQuery) PodExplain
 }
@@ -50,6 +52,11 @@ func (s *Server) Handler() http.Handler {
 			if e == nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				json.NewEncoder(w).Encode(ErrorBody{"agent starting: the reconcile loop is not running yet (waiting for the apiserver)"})
+				return
+			}
+			if !(*e).HasSynced() { // else every object would be "unknown"
+				w.WriteHeader(http.StatusServiceUnavailable)
+				json.NewEncoder(w).Encode(ErrorBody{"agent starting: informer caches not synced yet (it has not read every object)"})
 				return
 			}
 			v, err := f(*e, r)

@@ -13,7 +13,9 @@ import (
 	"github.com/npagent/npagent/internal/report"
 )
 
-type fakeSource struct{}
+type fakeSource struct{ unsynced bool }
+
+func (f fakeSource) HasSynced() bool { return !f.unsynced }
 
 func (fakeSource) ExplainObject(kind report.Kind, namespace, name string) ObjectExplain {
 	return ObjectExplain{Kind: kind.String(), Namespace: namespace, Name: name, State: StateProgrammed}
@@ -44,8 +46,13 @@ func TestServerAndClient(t *testing.T) {
 	c := NewClient(sock)
 
 	var ex ObjectExplain
-	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "not running yet") || errors.Is(err, ErrUnreachable) {
-		t.Errorf("before the source is set: %v; want 503 with the reason", err)
+	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); !errors.As(err, new(StartingError)) || !strings.Contains(err.Error(), "not running yet") || errors.Is(err, ErrUnreachable) {
+		t.Errorf("before the source is set: %v; want 503 (StartingError) with the reason", err)
+	}
+	// Before the caches synced every object would read as unknown: still starting.
+	s.SetSource(fakeSource{unsynced: true})
+	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); !errors.As(err, new(StartingError)) || !strings.Contains(err.Error(), "caches not synced") {
+		t.Errorf("before the caches synced: %v; want 503 (StartingError) saying so", err)
 	}
 	s.SetSource(fakeSource{})
 	if err := c.Get(ctx, "/v1/object/pe/shop/web", &ex); err != nil || ex.Kind != "PolicyEndpoint" || ex.Namespace != "shop" || ex.Name != "web" {
