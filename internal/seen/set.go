@@ -534,15 +534,6 @@ func (s *Set) ObserveInvalid(uid string) {
 // consumed without a report and counted no_local_pods: its own version changed
 // nothing on this node, whatever the committed one did.
 func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]Report, error) {
-	return s.CommittedWhere(uid, programmed, a, nil)
-}
-
-// CommittedWhere is Committed, except that each pending trigger the commit covers
-// for which local returns false is consumed without a report and counted as
-// no_local_pods, like one whose recorded version had no local work. A nil local
-// leaves that to the recorded versions. local is called with the set's shard lock
-// held: it must not call the set.
-func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt, local func(trigger time.Time) bool) ([]Report, error) {
 	pt, ok := unixNano(programmed)
 	if !ok || s.future(pt) {
 		return nil, nil // a future trigger is never observed: nothing to report or remember
@@ -566,7 +557,7 @@ func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt,
 			attempts := append(p.failed[:len(p.failed):len(p.failed)], a)
 			reports = make([]Report, 0, n)
 			for _, q := range p.triggers[:n] {
-				if (q.version != nil && !q.version.LocalWork) || (local != nil && !local(timeOf(q.trigger))) {
+				if q.version != nil && !q.version.LocalWork {
 					sh.stats.Suppressed[report.NoLocalPods]++
 					continue
 				}
