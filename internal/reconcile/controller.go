@@ -97,8 +97,6 @@ type Controller struct {
 	// versions holds each object version's parsed annotations, recorded at event
 	// time and checked out by the worker (see versions.go).
 	versions versionTable
-	// triggers holds each accepted trigger's version until it is reported.
-	triggers triggerVersions
 	// deleted holds the uids delete events removed, until the worker forgets them
 	// in the seen-set (see sync.go).
 	deleted deletedUIDs

@@ -7,7 +7,8 @@
 // What it promises:
 //
 //   - Event handlers do O(1) work: record the version (its trigger annotation parsed
-//     once per version), seen.Observe, count the delivery by cause (add, update,
+//     once per version), seen.ObserveVersion (the seen-set keeps an accepted
+//     trigger's version until it is reported), count the delivery by cause (add, update,
 //     resync, relist, delete; requeue from workers), enqueue when something may need
 //     programming. Resyncs and relists of unchanged objects are counted and dropped;
 //     they commit nothing (see events.go for how a relist is told from a resync). A

@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/translate"
 )
 
@@ -133,13 +134,16 @@ func (c *Controller) observeVersion(kind report.Kind, m metav1.Object, cause rep
 		c.cfg.Seen.CountRedelivered()
 		return false
 	}
-	answer := c.cfg.Seen.Observe(string(v.uid), v.trigger, time.Now())
+	// The seen-set keeps an accepted trigger's version with it until it is reported:
+	// a commit may serve several triggers, each reported with its own version.
+	answer := c.cfg.Seen.ObserveVersion(string(v.uid), v.trigger, time.Now(), seen.Version{
+		ResourceVersion: v.resourceVersion,
+		TraceParent:     v.traceParent,
+		LocalWork:       v.localWork,
+		RemovedOnly:     v.removedOnly(),
+	})
 	c.versions.observed(v, answer)
-	if answer != report.Accepted {
-		return false
-	}
-	c.triggers.add(v)
-	return true
+	return answer == report.Accepted
 }
 
 // transform runs on every object a list, WatchList stream or watch event brings, before

@@ -11,6 +11,7 @@ import (
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/translate"
 )
 
@@ -162,7 +163,6 @@ func (c *Controller) forgetDeleted(key translate.Key, also types.UID) {
 	for _, uid := range uids {
 		c.cfg.Seen.Forget(string(uid))
 		c.versions.forget(uid)
-		c.triggers.forget(uid)
 	}
 }
 
@@ -190,7 +190,6 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 		// Nothing of this object is (or was) on this node: nothing to commit, and no
 		// latency to report — a near-zero one would drag the percentiles down.
 		c.cfg.Seen.NoLocalWork(uid, v.trigger)
-		c.triggers.dropThrough(v.uid, v.trigger)
 		c.stats.noLocalWork.Add(1)
 		return outcomeDone
 	}
@@ -222,34 +221,31 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 		// object left before their interface ever appeared): nothing of this node's
 		// dataplane was touched, so there is no latency to report.
 		c.cfg.Seen.NoLocalWork(uid, v.trigger)
-		c.triggers.dropThrough(v.uid, v.trigger)
 		c.stats.noLocalWork.Add(1)
 		return outcomeDone
 	}
 
-	// Each trigger is reported with its own version (recorded when it was accepted),
-	// and only if that version changed this node: the commit may serve triggers of
-	// versions coalesced while the key waited, or a recreated object whose
-	// predecessor's pods it removes here — a change no trigger of the new uid caused.
-	// A trigger restored from the state file has no record in this process: the
-	// committed version stands in, as before.
-	reports, err := c.cfg.Seen.CommittedWhere(uid, v.trigger, res.attempt, func(trigger time.Time) bool {
-		tv, known := c.triggers.lookup(v.uid, trigger)
-		return !known || tv.localWork
-	})
+	// Each trigger is reported with its own version (the seen-set keeps it from the
+	// event that brought the trigger), and only if that version changed this node:
+	// the commit may serve triggers of versions coalesced while the key waited, or a
+	// recreated object whose predecessor's pods it removes here — a change no trigger
+	// of the new uid caused; the seen-set consumes those as no_local_pods. A trigger
+	// restored from the state file has no record in this process: the committed
+	// version stands in, as before.
+	reports, err := c.cfg.Seen.Committed(uid, v.trigger, res.attempt)
 	if err != nil {
 		log.Warn("seen-set state not persisted: these reports may repeat after a restart", "err", err)
 	}
-	versions := make([]triggerVersion, len(reports))
+	versions := make([]seen.Version, len(reports))
 	var served []string // every reported trigger's traceparent, when a commit served several
 	for i, r := range reports {
-		tv, known := c.triggers.lookup(v.uid, r.Trigger)
-		if !known {
-			tv = triggerVersion{resourceVersion: v.resourceVersion, traceParent: v.traceParent, removedOnly: v.removedOnly()}
+		tv := seen.Version{ResourceVersion: v.resourceVersion, TraceParent: v.traceParent, RemovedOnly: v.removedOnly()}
+		if r.Version != nil {
+			tv = *r.Version
 		}
 		versions[i] = tv
-		if len(reports) > 1 && tv.traceParent != "" {
-			served = append(served, tv.traceParent)
+		if len(reports) > 1 && tv.TraceParent != "" {
+			served = append(served, tv.TraceParent)
 		}
 	}
 	for i, r := range reports {
@@ -260,7 +256,7 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 			Name:            key.Name,
 			UID:             uid,
 			PolicyRef:       policyRef,
-			ResourceVersion: tv.resourceVersion,
+			ResourceVersion: tv.ResourceVersion,
 			Trigger:         r.Trigger,
 			Received:        r.ReceivedAt,
 			WorkerStart:     times.workerStart,
@@ -269,9 +265,9 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 			Attempts:        r.Attempts,
 			Pods:            res.pods,
 			Entries:         res.entries,
-			TraceParent:     tv.traceParent,
-			RemovedOnly:     tv.removedOnly,
-			Served:          othersThan(served, tv.traceParent),
+			TraceParent:     tv.TraceParent,
+			RemovedOnly:     tv.RemovedOnly,
+			Served:          othersThan(served, tv.TraceParent),
 		}
 		if r.Ahead {
 			// An earlier commit already held this version (the lister ran ahead of the
@@ -280,7 +276,6 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 		}
 		c.cfg.Sink.Report(rec)
 	}
-	c.triggers.dropThrough(v.uid, v.trigger)
 	c.stats.reports.Add(uint64(len(reports)))
 	return outcomeDone
 }

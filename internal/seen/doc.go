@@ -16,11 +16,16 @@
 //     each with the local time it was first received and its failed commits;
 //     bounded per object (WithMaxPending), overflow keeps the oldest and the
 //     newest and counts the dropped one;
+//   - per pending trigger, the version that carried it (ObserveVersion, recorded
+//     at event time: resourceVersion, traceparent, local work), kept under the
+//     same bound and dropped with the trigger; not persisted;
 //   - a guarded flag: nothing was restored or accepted for the uid yet, so the
 //     start guard decides its old triggers.
 //
 // Observe answers Accepted or a Reason. Committed returns the pending
-// triggers the dataplane now holds, each once; Failed keeps them pending and
+// triggers the dataplane now holds, each once and with its recorded version,
+// consuming without a report (no_local_pods) those whose own version had no
+// work on this node; Failed keeps them pending and
 // counts an attempt; NoLocalWork consumes them without a report; Forget drops
 // them when the object is deleted. Every accepted trigger ends reported or
 // counted under exactly one of no_local_pods, deleted and overflow (see

@@ -104,6 +104,24 @@ type pendingTrigger struct {
 	programmedAt int64           // Unix ns of an earlier commit that already held it; noTime if none
 	programmedBy *report.Attempt // that commit, when this process made it
 	failures     uint32          // failed commits since it was accepted
+	version      *Version        // the version that carried it (ObserveVersion); nil if none recorded
+}
+
+// Version is what the caller records, at event time, of the object version that
+// carried a trigger: a commit may serve several pending triggers (versions coalesced
+// while the object waited), and each is reported with its own version. The set keeps
+// it with the pending trigger, under the same bound, until the trigger is reported,
+// consumed or dropped; it is not persisted (a restored trigger has none).
+type Version struct {
+	ResourceVersion string
+	TraceParent     string
+	// LocalWork: the version changes this node's dataplane. A trigger whose version
+	// has none is consumed by the commit that covers it without a report, counted
+	// no_local_pods.
+	LocalWork bool
+	// RemovedOnly: the version's only change here removes pods an earlier version
+	// selected.
+	RemovedOnly bool
 }
 
 func newPendingState() *pendingState {
@@ -145,6 +163,9 @@ type Report struct {
 	// is then that commit alone, the true end of the trigger's latency, and it
 	// may end before ReceivedAt.
 	Ahead bool
+	// Version is the version ObserveVersion recorded with the trigger, nil when none
+	// was (Observe, or a trigger restored from the state file). Read, don't modify.
+	Version *Version
 }
 
 // ProgrammedAt is when this node's dataplane first held the trigger: its last
@@ -358,6 +379,18 @@ func (s *Set) nanoOrNow(t time.Time) int64 {
 // triggers, one in the middle (possibly this one) is dropped and counted
 // overflow; the answer is still Accepted, as the trigger was.
 func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
+	return s.observe(uid, trigger, receivedAt, nil)
+}
+
+// ObserveVersion is Observe that also records, if the trigger is accepted, the
+// version that carried it (see Version): the commit that covers the trigger
+// reports it with that version, or consumes it without a report when the version
+// had no local work. Only an accepted trigger allocates the record.
+func (s *Set) ObserveVersion(uid string, trigger, receivedAt time.Time, v Version) report.Reason {
+	return s.observe(uid, trigger, receivedAt, &v)
+}
+
+func (s *Set) observe(uid string, trigger, receivedAt time.Time, v *Version) report.Reason {
 	t, valid := unixNano(trigger)
 	k := makeKey(uid)
 	sh := s.shardOf(&k)
@@ -412,6 +445,10 @@ func (s *Set) Observe(uid string, trigger, receivedAt time.Time) report.Reason {
 	}
 	p := e.pend
 	pt := pendingTrigger{trigger: t, receivedAt: s.nanoOrNow(receivedAt), programmedAt: noTime}
+	if v != nil {
+		rec := *v // escapes only here: the re-delivery paths above do not allocate
+		pt.version = &rec
+	}
 	if t <= p.aheadThrough {
 		pt.programmedAt, pt.programmedBy = p.aheadAt, p.aheadAttempt
 	}
@@ -492,16 +529,11 @@ func (s *Set) ObserveInvalid(uid string) {
 // still returned with the error (the caller logs it: at-most-once across a
 // restart is then not guaranteed for them), and Stats.PersistErrors counts it.
 // A zero programmed time (an object without the annotation) changes nothing.
+//
+// A pending trigger whose recorded Version (ObserveVersion) has no local work is
+// consumed without a report and counted no_local_pods: its own version changed
+// nothing on this node, whatever the committed one did.
 func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]Report, error) {
-	return s.CommittedWhere(uid, programmed, a, nil)
-}
-
-// CommittedWhere is Committed, except that each pending trigger the commit covers
-// for which local returns false is consumed without a report and counted as
-// no_local_pods: the version that carried it changed nothing on this node (the
-// caller recorded each trigger's version). A nil local reports every trigger. local
-// is called with the set's shard lock held: it must not call the set.
-func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt, local func(trigger time.Time) bool) ([]Report, error) {
 	pt, ok := unixNano(programmed)
 	if !ok || s.future(pt) {
 		return nil, nil // a future trigger is never observed: nothing to report or remember
@@ -525,7 +557,7 @@ func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt,
 			attempts := append(p.failed[:len(p.failed):len(p.failed)], a)
 			reports = make([]Report, 0, n)
 			for _, q := range p.triggers[:n] {
-				if local != nil && !local(timeOf(q.trigger)) {
+				if q.version != nil && !q.version.LocalWork {
 					sh.stats.Suppressed[report.NoLocalPods]++
 					continue
 				}
@@ -534,6 +566,7 @@ func (s *Set) CommittedWhere(uid string, programmed time.Time, a report.Attempt,
 					Trigger:      timeOf(q.trigger),
 					ReceivedAt:   timeOf(q.receivedAt),
 					AttemptCount: int(q.failures) + 1,
+					Version:      q.version,
 				}
 				if q.programmedAt != noTime {
 					r.Ahead = true
