@@ -36,7 +36,8 @@ type ControlPlane struct {
 	// Scheme knows the built-in types and networking.k8s.aws/v1alpha1.
 	Scheme *runtime.Scheme
 
-	env *envtest.Environment
+	env     *envtest.Environment
+	certDir string
 }
 
 // Option changes how Start runs the control plane.
@@ -124,7 +125,14 @@ func Start(tb testing.TB, opts ...Option) *ControlPlane {
 	if err != nil {
 		tb.Fatalf("testenv: client: %v", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}
+	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env, certDir: certDir}
+}
+
+// ServiceAccountKeyFile is the private key the apiserver verifies service-account
+// tokens with (envtest writes it into the serving CertDir): a kube-controller-manager
+// signs the tokens it mints with it (--service-account-private-key-file).
+func (c *ControlPlane) ServiceAccountKeyFile() string {
+	return filepath.Join(c.certDir, "sa-signer.key")
 }
 
 // RestartAPIServer stops and starts kube-apiserver (etcd keeps running). Informers
