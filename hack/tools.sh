@@ -13,6 +13,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${NPAGENT_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/npagent/tools}"
 
 KUBE_VERSION=v1.37.2
+# The Kubernetes binaries' version, stamped at link time as Kubernetes' own build does:
+# without it they report v0.0.0-master, which Helm's kubeVersion check (the chart
+# wants >=1.30) and the Node's kubeletVersion show. Cached under this key (bump its
+# suffix when the recipe changes): a warm build cache makes that a link step.
+KUBE_BUILD_KEY="$KUBE_VERSION-v"
+KUBE_MINOR="${KUBE_VERSION#v1.}"
+KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBE_MINOR%%.*} -X k8s.io/component-base/version.gitTreeState=clean"
 ETCD_VERSION=v3.7.3
 OTELCOL_VERSION=v0.165.0
 # The tiers' collector (otel-collector/gateway): contrib's tail sampling and load
@@ -59,7 +66,7 @@ ensure() {
 }
 
 build_kube_apiserver() {
-	(cd "$ROOT/tools/kube-apiserver" && go build -trimpath -o "$OUT" k8s.io/kubernetes/cmd/kube-apiserver)
+	(cd "$ROOT/tools/kube-apiserver" && go build -trimpath -ldflags "$KUBE_LDFLAGS" -o "$OUT" k8s.io/kubernetes/cmd/kube-apiserver)
 }
 
 build_etcd() {
@@ -107,7 +114,7 @@ build_jaeger() {
 # The node's Kubernetes components share tools/kube-node (the same k8s.io/kubernetes
 # as kube-apiserver, so the build cache is shared too).
 build_kube_node() {
-	(cd "$ROOT/tools/kube-node" && go build -trimpath -o "$OUT" "k8s.io/kubernetes/cmd/$1")
+	(cd "$ROOT/tools/kube-node" && go build -trimpath -ldflags "$KUBE_LDFLAGS" -o "$OUT" "k8s.io/kubernetes/cmd/$1")
 }
 
 # containerd, its shim and ctr into one folder: containerd finds the shim on its PATH.
@@ -153,14 +160,14 @@ names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=(kube-apiserver etcd otelcol)
 for n in "${names[@]}"; do
 	case $n in
-	kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" kube-apiserver build_kube_apiserver ;;
+	kube-apiserver) ensure kube-apiserver "$KUBE_BUILD_KEY" kube-apiserver build_kube_apiserver ;;
 	etcd) ensure etcd "$ETCD_VERSION" etcd build_etcd ;;
 	otelcol) ensure otelcol "$OTELCOL_VERSION" otelcol-npagent build_collector "$OTELCOL_VERSION" . otelcol-npagent ;;
 	otelcol-gateway) ensure otelcol-gateway "$OTELCOL_GATEWAY_KEY" otelcol-gateway build_collector "$OTELCOL_GATEWAY_VERSION" gateway otelcol-gateway ;;
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
 	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
-	kubelet | kube-scheduler | kube-controller-manager) ensure "$n" "$KUBE_VERSION" "$n" build_kube_node "$n" ;;
+	kubelet | kube-scheduler | kube-controller-manager) ensure "$n" "$KUBE_BUILD_KEY" "$n" build_kube_node "$n" ;;
 	containerd) ensure containerd "$CONTAINERD_VERSION" containerd build_containerd ;;
 	runc) ensure runc "$RUNC_VERSION" runc build_runc ;;
 	cni-plugins) ensure cni-plugins "$CNI_PLUGINS_VERSION" ptp build_cni_plugins ;;
