@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 25m
 # again under the race detector.
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/telemetry/ ./internal/bpfmaps/ ./cmd/npagent/
 
-.PHONY: all build image chart test unit e2e fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image chart test unit e2e e2e-node fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -58,6 +58,17 @@ E2E_TESTS := ^(TestFault|TestProber)
 e2e: tools ## full profiles: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s, packet prober (16 flips)
 	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profiles: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s, packet prober 16 flips; root for the pods and eBPF)"
 	NPAGENT_E2E=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) -run '$(E2E_TESTS)' ./cmd/npagent/
+
+# A real node (test/e2enode): kubelet, scheduler, controller-manager, containerd, runc,
+# CNI plugins and the pause image are built here first (cached), then the tests boot
+# the node and install the chart with the image built by make image. Root only.
+E2E_NODE_TOOLS := kube-apiserver etcd kubelet kube-scheduler kube-controller-manager containerd runc cni-plugins pause
+
+e2e-node: image ## a real single-node cluster: npagent from its chart on a kubelet + containerd (root; see test/e2enode/README.md)
+	@echo "==> tools: $(E2E_NODE_TOOLS) (cached after the first build)"
+	@hack/tools.sh $(E2E_NODE_TOOLS) >/dev/null
+	@echo "==> NPAGENT_E2E_NODE=1 go test ./test/e2enode/ (boots the node, installs the chart, checks pods, probes and policy)"
+	NPAGENT_E2E_NODE=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) ./test/e2enode/
 
 unit: ## fast tests only (no control plane, no root)
 	$(GO) test -count=1 -short $(PKGS)
