@@ -35,7 +35,8 @@ func (n *Node) helmConfig(t *testing.T, ns string) *action.Configuration {
 }
 
 // AgentValues are the chart values a user of this node would set: the image make
-// image built and imported (never pulled), the CNI's host-side interface prefix, no
+// image built and imported (never pulled), the CNI's host-side interface prefix and
+// its gateway addresses as the node's (--node-address-interfaces), no
 // OTLP collector unless given, and the apiserver's address — this node runs no
 // kube-proxy, so the kubernetes Service's ClusterIP leads nowhere and the agent's
 // in-cluster config is pointed at the apiserver itself, as on any cluster without a
@@ -49,7 +50,10 @@ func (n *Node) AgentValues(imageTag string) map[string]any {
 			"pullPolicy": "Never",
 		},
 		"podInterfacePrefixes": []any{"veth"},
-		"otlp":                 map[string]any{"endpoint": ""},
+		// ptp puts the pod's gateway on each host-side veth and the kubelet's probes
+		// come from it (README): the agent's documented setting for such a CNI.
+		"extraArgs": []any{"--node-address-interfaces=veth*"},
+		"otlp":      map[string]any{"endpoint": ""},
 		"extraEnv": []any{
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": u.Hostname()},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": u.Port()},

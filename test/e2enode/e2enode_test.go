@@ -44,7 +44,15 @@ func TestNode(t *testing.T) {
 		if link.Type() != "veth" {
 			t.Fatalf("host route to %s goes through %s (%s), want a veth", ip, link.Attrs().Name, link.Type())
 		}
-		t.Logf("pod %s: IP %s, host route %s dev %s (veth)", pod.Name, ip, route.Dst, link.Attrs().Name)
+		// The source address the node's own traffic (the kubelet's probes) carries to
+		// the pod, and the addresses on the host-side veth (ptp puts the pod's gateway
+		// there): what the agent must recognise as the node's.
+		src := "?"
+		if rs, err := netlink.RouteGet(ip); err == nil && len(rs) > 0 && rs[0].Src != nil {
+			src = rs[0].Src.String()
+		}
+		addrs, _ := netlink.AddrList(link, netlink.FAMILY_V4)
+		t.Logf("pod %s: IP %s, host route %s dev %s (veth, addresses %v); the node reaches it from %s", pod.Name, ip, route.Dst, link.Attrs().Name, addrs, src)
 	})
 	if t.Failed() {
 		return
