@@ -161,3 +161,35 @@ func (n *Node) lastLogs(p *corev1.Pod) string {
 	}
 	return fmt.Sprintf("\nlogs (previous=%v):\n%s", opts.Previous, b)
 }
+
+// UpgradeAgent upgrades release name in ns to values (helm upgrade, Go) and waits for
+// the DaemonSet's rollout: its one pod updated, Running and Ready.
+func (n *Node) UpgradeAgent(t *testing.T, ns, name string, values map[string]any) *corev1.Pod {
+	t.Helper()
+	ch, err := loader.Load(charts.Dir("npagent"))
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	up := action.NewUpgrade(n.helmConfig(t, ns))
+	up.Namespace = ns
+	up.Timeout = 2 * time.Minute
+	rel, err := up.RunWithContext(context.Background(), name, ch, values)
+	if err != nil {
+		t.Fatalf("helm upgrade %s/%s: %v", ns, name, err)
+	}
+	t.Logf("helm upgrade %s: revision %d %s", name, rel.Version, rel.Info.Status)
+	n.waitFor(t, "the agent's rollout", 3*time.Minute, func() error {
+		dss, err := n.Kube.AppsV1().DaemonSets(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(dss.Items) != 1 {
+			return fmt.Errorf("daemonsets: %v (%d)", err, len(dss.Items))
+		}
+		ds := dss.Items[0]
+		st := ds.Status
+		if st.ObservedGeneration != ds.Generation || st.UpdatedNumberScheduled != 1 || st.NumberReady != 1 || st.NumberUnavailable != 0 {
+			return fmt.Errorf("daemonset %s: generation %d observed %d, updated %d, ready %d, unavailable %d",
+				ds.Name, ds.Generation, st.ObservedGeneration, st.UpdatedNumberScheduled, st.NumberReady, st.NumberUnavailable)
+		}
+		return nil
+	})
+	return n.AgentPod(t, ns, time.Minute)
+}

@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -94,6 +96,47 @@ func TestNode(t *testing.T) {
 			t.Fatalf("delete PolicyEndpoint: %v", err)
 		}
 		n.matrix(t, server, clients, map[string]bool{"allowed": true, "denied": true}, 30*time.Second)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// Strict mode (helm upgrade): a pod no policy selects is denied both ways, the
+	// node's traffic excepted — so the kubelet's probes must still pass, for the
+	// isolated server and for the unselected clients alike.
+	t.Run("StrictModeProbesPass", func(t *testing.T) {
+		ctx := context.Background()
+		values := n.AgentValues(version)
+		values["enforcingMode"] = "strict"
+		agent := n.UpgradeAgent(t, "npagent", "npagent", values)
+		if !slices.Contains(agent.Spec.Containers[0].Args, "--enforcing-mode=strict") {
+			t.Fatalf("agent args %v: no --enforcing-mode=strict", agent.Spec.Containers[0].Args)
+		}
+		get := func(name string) *corev1.Pod {
+			p, err := n.Kube.CoreV1().Pods("pe").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		server, allowed, denied := get("server"), get("allowed"), get("denied")
+		pe := ingressPE("server-ingress-strict", server, []*corev1.Pod{allowed})
+		if err := n.CP.Client.Create(ctx, pe); err != nil {
+			t.Fatalf("create PolicyEndpoint: %v", err)
+		}
+		// allowed is selected by no policy: in strict mode it is denied both ways,
+		// so it no longer reaches the server either.
+		n.matrix(t, server, []*corev1.Pod{allowed, denied}, map[string]bool{"allowed": false, "denied": false}, 30*time.Second)
+		// A policy selecting allowed, egress to the server: now it reaches it again.
+		egress := ingressPE("allowed-egress-strict", allowed, nil)
+		egress.Spec.PodIsolation = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		egress.Spec.Egress = ingressPE("", server, []*corev1.Pod{server}).Spec.Ingress
+		if err := n.CP.Client.Create(ctx, egress); err != nil {
+			t.Fatalf("create PolicyEndpoint: %v", err)
+		}
+		n.matrix(t, server, []*corev1.Pod{allowed, denied}, map[string]bool{"allowed": true, "denied": false}, 30*time.Second)
+		n.steadyReady(t, server, 3*probePeriod*time.Second+2*time.Second)
+		n.steadyReady(t, denied, 2*time.Second)
 	})
 }
 
