@@ -14,11 +14,11 @@ TEST_TIMEOUT ?= 25m
 # skips); make test runs every package once, in its tier.
 UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
 	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/ \
-	./internal/translate/ ./internal/explain/ ./internal/lastvalid/
+	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./test/e2enode/images/...
 INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
-E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/
+E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/ ./test/e2enode/
 # Packages whose code runs goroutines or is called from several: their tier runs them
 # under the race detector (only: not a second time without it).
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
@@ -40,7 +40,7 @@ define gotest
 		echo "$(GO) test $(TESTFLAGS) -run '$$re' $$pkg"; $(GO) test $(TESTFLAGS) -run "$$re" $$pkg || exit 1;; esac; done
 endef
 
-.PHONY: all build image chart test unit integration kernel e2e e2e-full check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image chart test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -122,6 +122,18 @@ check-tiers:
 	listed="$$(printf '%s\n' $(FUZZ_TARGETS) | sort)"; \
 	if [ "$$found" != "$$listed" ]; then echo "FUZZ_TARGETS (Makefile) differs from the tree's func Fuzz:"; \
 		printf '%s\n%s\n' "$$found" "$$listed" | sort | uniq -u; exit 1; fi
+
+# A real node (test/e2enode): kubelet, scheduler, controller-manager, containerd, runc,
+# CNI plugins and the pause image are built here first (cached), then the tests boot
+# the node and install the chart with the image built by make image. Root only.
+E2E_NODE_TOOLS := kube-apiserver etcd kubelet kube-scheduler kube-controller-manager containerd runc cni-plugins pause
+
+e2e-node: image ## a real single-node cluster: npagent from its chart on a kubelet + containerd (root; see test/e2enode/README.md)
+	@echo "==> tools: $(E2E_NODE_TOOLS) (cached after the first build)"
+	@hack/tools.sh $(E2E_NODE_TOOLS) >/dev/null
+	@echo "==> NPAGENT_E2E_NODE=1 go test ./test/e2enode/ (boots the node, installs the chart, checks pods, probes and policy)"
+	NPAGENT_E2E_NODE=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) ./test/e2enode/
+
 
 # Fuzz targets as package:function. `go test` (make test, CI) runs each one's seed
 # corpus and the inputs it once failed on (testdata/fuzz); `make fuzz` explores.

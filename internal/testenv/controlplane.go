@@ -36,8 +36,9 @@ type ControlPlane struct {
 	// Scheme knows the built-in types and networking.k8s.aws/v1alpha1.
 	Scheme *runtime.Scheme
 
-	env    *envtest.Environment
-	shared bool // Shared's: no test may stop or restart it
+	env     *envtest.Environment
+	shared  bool // Shared's: no test may stop or restart it
+	certDir string
 }
 
 // Option changes how Start runs the control plane.
@@ -138,7 +139,14 @@ func start(tb testing.TB, opts ...Option) (cp *ControlPlane, stop func() error) 
 		_ = stop()
 		tb.Fatalf("testenv: client: %v", err)
 	}
-	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env}, stop
+	return &ControlPlane{Config: cfg, Client: c, Scheme: scheme, env: env, certDir: certDir}, stop
+}
+
+// ServiceAccountKeyFile is the private key the apiserver verifies service-account
+// tokens with (envtest writes it into the serving CertDir): a kube-controller-manager
+// signs the tokens it mints with it (--service-account-private-key-file).
+func (c *ControlPlane) ServiceAccountKeyFile() string {
+	return filepath.Join(c.certDir, "sa-signer.key")
 }
 
 // RestartAPIServer stops and starts kube-apiserver (etcd keeps running). Informers
