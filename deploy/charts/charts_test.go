@@ -44,20 +44,21 @@ type testCase struct {
 var cases = []testCase{
 	{"defaults", Release{"npagent", "npagent"}, nil},
 	{"custom", Release{"custom", "custom-ns"}, map[string]any{
-		"image":                map[string]any{"repository": "registry.example.com/npagent", "digest": testDigest},
-		"otlp":                 map[string]any{"endpoint": "https://collector.example.com:4317", "insecure": false, "caCert": map[string]any{"secretName": "otlp-ca", "key": "bundle.pem"}, "clusterName": "prod"},
-		"resources":            map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "512Mi"}},
-		"goMemLimitPercent":    90,
-		"extraArgs":            []any{"--workers=4", "--resync-period=5m"},
-		"extraEnv":             []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
-		"dropFQDNAllowRules":   true,
-		"podInterfacePrefixes": []any{"eni", "vlan"},
-		"enforcingMode":        "strict",
-		"nodeEgress":           "policy",
-		"conntrackEntries":     8192,
-		"metrics":              map[string]any{"port": 9555},
-		"health":               map[string]any{"port": 9556},
-		"serviceAccount":       map[string]any{"name": "agent"},
+		"image":                 map[string]any{"repository": "registry.example.com/npagent", "digest": testDigest},
+		"otlp":                  map[string]any{"endpoint": "https://collector.example.com:4317", "insecure": false, "caCert": map[string]any{"secretName": "otlp-ca", "key": "bundle.pem"}, "clusterName": "prod"},
+		"resources":             map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "128Mi"}, "limits": map[string]any{"memory": "512Mi"}},
+		"goMemLimitPercent":     90,
+		"extraArgs":             []any{"--workers=4", "--resync-period=5m"},
+		"extraEnv":              []any{map[string]any{"name": "OTEL_SERVICE_NAME", "value": "npagent-prod"}},
+		"dropFQDNAllowRules":    true,
+		"podInterfacePrefixes":  []any{"eni", "vlan"},
+		"nodeAddressInterfaces": []any{"veth*", "cilium_host"},
+		"enforcingMode":         "strict",
+		"nodeEgress":            "policy",
+		"conntrackEntries":      8192,
+		"metrics":               map[string]any{"port": 9555},
+		"health":                map[string]any{"port": 9556},
+		"serviceAccount":        map[string]any{"name": "agent"},
 	}},
 	{"configmap-ca-namespace", Release{"np", "np-system"}, map[string]any{
 		"namespace":         map[string]any{"create": true},
@@ -169,6 +170,7 @@ func TestBadValuesFailTheRender(t *testing.T) {
 		{"pod security", map[string]any{"namespace": map[string]any{"podSecurity": map[string]any{"enforce": "baseline"}}}, "privileged"},
 		{"log level", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"interface prefix list", map[string]any{"podInterfacePrefixes": []any{"eni,vlan"}}, "podInterfacePrefixes"},
+		{"node interface list", map[string]any{"nodeAddressInterfaces": []any{"veth*,eth1"}}, "nodeAddressInterfaces"},
 		{"enforcing mode", map[string]any{"enforcingMode": "Strict"}, "enforcingMode"},
 		// A misspelled key would otherwise be ignored, its default kept silently.
 		{"misspelled key", map[string]any{"enforcingmode": "strict"}, "enforcingmode"},
@@ -364,7 +366,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}

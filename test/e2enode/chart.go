@@ -51,9 +51,9 @@ func (n *Node) AgentValues(imageTag string) map[string]any {
 		},
 		"podInterfacePrefixes": []any{"veth"},
 		// ptp puts the pod's gateway on each host-side veth and the kubelet's probes
-		// come from it (README): the agent's documented setting for such a CNI.
-		"extraArgs": []any{"--node-address-interfaces=veth*"},
-		"otlp":      map[string]any{"endpoint": ""},
+		// come from it (README): the chart's setting for such a CNI.
+		"nodeAddressInterfaces": []any{"veth*"},
+		"otlp":                  map[string]any{"endpoint": ""},
 		"extraEnv": []any{
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": u.Hostname()},
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": u.Port()},
