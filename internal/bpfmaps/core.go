@@ -478,11 +478,8 @@ func (c *core) writeTarget(d Direction, pl *dirPlan, res *CommitResult) error {
 		return nil
 	}
 	gs := &c.groups[d]
-	held := pl.target.held()
 	// While written the set holds neither content: no commit may find it.
-	entries := held.entries
-	gs.emptied(pl.target)
-	held.entries = entries
+	gs.changing(pl.target)
 	if err := c.apply(d, pl.target.g.id, pl.target.set, &pl.pre, res); err != nil {
 		return err
 	}
@@ -566,8 +563,7 @@ func (c *core) level(d Direction, r groupRef, res *CommitResult) bool {
 	gs := &c.groups[d]
 	usedMid := c.used[d]
 	entries := set.entries
-	gs.emptied(r)
-	set.entries = entries
+	gs.changing(r)
 	if err := c.apply(d, r.g.id, r.set, &post, res); err != nil {
 		// The set is in between: what it may hold is either content.
 		c.used[d] = usedMid

@@ -101,8 +101,9 @@ func (gs *groups) filled(r groupRef, s *sharedDirection) {
 	gs.byHash[s.hash] = r
 }
 
-// emptied records that r holds nothing (any more, or in a known state).
-func (gs *groups) emptied(r groupRef) {
+// changing records that r is being written: it holds no content a commit may find,
+// while its entries still say what it held (the difference is taken from them).
+func (gs *groups) changing(r groupRef) {
 	set := r.held()
 	if cur, ok := gs.byHash[set.hash]; ok && cur == r {
 		delete(gs.byHash, set.hash)
@@ -110,5 +111,11 @@ func (gs *groups) emptied(r groupRef) {
 			gs.byHash[o.hash] = r.other()
 		}
 	}
-	set.entries, set.hash, set.shared = dirEntries{}, unknownHash, nil
+	set.hash, set.shared = unknownHash, nil
+}
+
+// emptied records that r holds nothing (any more, or in a known state).
+func (gs *groups) emptied(r groupRef) {
+	gs.changing(r)
+	r.held().entries = dirEntries{}
 }
