@@ -60,9 +60,9 @@ func TestListWatchDiff(t *testing.T) {
 	}
 	l := &listWatch{}
 	first := []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "2"), pe("recreated", "u3", "3"), pe("gone", "u4", "4")}
-	l.remember(true, first)
+	l.listed(first, true)
 	relisted := []runtime.Object{pe("same", "u1", "1"), pe("changed", "u2", "7"), pe("recreated", "u9", "8"), pe("new", "u5", "9")}
-	events := l.diff(relisted)
+	events, unchanged := l.diff(relisted)
 	// The unchanged object is re-delivered as the object delivered before (the
 	// informer's cache keeps it; node-local versions refer to it); the others as
 	// copies of their own, so that nothing keeps the new list alive.
@@ -99,6 +99,10 @@ func TestListWatchDiff(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("event %d = %v, want %v (all: %v)", i, got[i], want[i], got)
 		}
+	}
+	// The observer hears of the unchanged object only, as delivered before.
+	if len(unchanged) != 1 || unchanged[0] != first[0] {
+		t.Errorf("unchanged = %v, want only the object delivered before as \"same\"", unchanged)
 	}
 	// What was delivered is now the list.
 	if n := len(l.delivered); n != 4 {

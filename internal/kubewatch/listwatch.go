@@ -78,11 +78,25 @@ func NewLister(rc rest.Interface, scheme *runtime.Scheme, resource string, newOb
 	}, nil
 }
 
-// NewListWatch lists and watches one resource in all namespaces. It calls beginList
-// before every request that (re)lists: a List, or a watch that streams the initial
-// state (sendInitialEvents, client-go's WatchList mode), and before a relist it makes
-// itself (see below). That is how the loop tells a relist's re-deliveries from new
-// writes (internal/reconcile: transform in events.go).
+// ListObserver is told how the lists a ListWatch makes relate to what it delivered
+// before. Both calls run on the reflector's goroutine, before the reflector (and so the
+// informer's transform and handlers) gets what the list brought.
+type ListObserver interface {
+	// BeginList is called before every request that (re)lists: a List (its first
+	// page), a watch that streams the initial state (sendInitialEvents, client-go's WatchList mode), and
+	// the ListWatch's own list after a 410.
+	BeginList()
+	// Unchanged is called for each object a relist brings that is the version this
+	// ListWatch delivered before (same uid and resourceVersion), once per relist. A
+	// shared informer passes such an object on to no handler unless its resync is
+	// due, so this is the only place a relist of unchanged objects can be seen.
+	Unchanged(obj runtime.Object)
+}
+
+// NewListWatch lists and watches one resource in all namespaces, telling observer of
+// each list and of what a relist re-delivers unchanged (ListObserver). That is how the
+// loop tells a relist's re-deliveries from new writes (internal/reconcile:
+// relistObserver in events.go), without work in the informer's transform.
 //
 // It also keeps the informer delivering across apiserver restarts. client-go's
 // reflector (v0.37) waits before each retry with one backoff per reflector: 0.8 s
@@ -109,7 +123,7 @@ func NewLister(rc rest.Interface, scheme *runtime.Scheme, resource string, newOb
 //
 // Errors the apiserver's readiness does not cure (403, 404, a bad request) go to the
 // reflector as before, with its backoff. Everything it sees is recorded in health.
-func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, newObject func() runtime.Object, beginList func(), health *Health, log *slog.Logger) *cache.ListWatch {
+func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, newObject func() runtime.Object, observer ListObserver, health *Health, log *slog.Logger) *cache.ListWatch {
 	base := cache.NewListWatchFromClient(rc, resource, metav1.NamespaceAll, fields.Everything())
 	if lister, err := NewLister(rc, scheme, resource, newObject); err == nil {
 		base.ListWithContextFunc = lister
@@ -120,7 +134,7 @@ func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, ne
 		base:      base,
 		ready:     func(ctx context.Context) error { return rc.Get().AbsPath("/readyz").Do(ctx).Error() },
 		newObject: newObject,
-		beginList: beginList,
+		observer:  observer,
 		health:    health,
 		log:       log,
 	}
@@ -140,13 +154,17 @@ type listWatch struct {
 	base      *cache.ListWatch
 	ready     func(context.Context) error // nil when the apiserver's /readyz answers 200
 	newObject func() runtime.Object
-	beginList func()
+	observer  ListObserver
 	health    *Health
 	log       *slog.Logger
 
 	mu        sync.Mutex
 	lists     int                      // lists the reflector began (pages not counted)
 	delivered map[string]deliveredItem // by namespace/name: what the reflector holds
+	// listing collects what a list in progress (its pages, or a WatchList stream's
+	// initial events) brings; it replaces delivered when the list is complete, as the
+	// reflector replaces its store only then. nil when no list is in progress.
+	listing map[string]deliveredItem
 }
 
 // deliveredItem is an object as last delivered to the reflector.
@@ -158,15 +176,15 @@ type deliveredItem struct {
 
 // list is the reflector's List: retried until the apiserver answers it.
 func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	first := opts.Continue == ""
-	if first {
+	if opts.Continue == "" {
 		l.mu.Lock()
 		if l.lists++; l.lists > 1 {
 			l.health.relists[report.RelistRestart].Add(1)
 		}
+		l.listing = map[string]deliveredItem{}
 		l.mu.Unlock()
+		l.observer.BeginList() // once per list: its pages are one list
 	}
-	l.beginList()
 	delay := retryInitial
 	for {
 		obj, err := l.base.ListWithContextFunc(ctx, opts)
@@ -174,7 +192,11 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 			l.recovered("list", delay)
 			l.health.event(time.Now())
 			if items, err := meta.ExtractList(obj); err == nil {
-				l.remember(first, items)
+				last := true
+				if lm, err := meta.ListAccessor(obj); err == nil {
+					last = lm.GetContinue() == ""
+				}
+				l.listed(items, last)
 			}
 			return obj, nil
 		}
@@ -185,31 +207,58 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 	}
 }
 
-// remember records listed items as delivered; reset drops what was delivered before.
-func (l *listWatch) remember(reset bool, items []runtime.Object) {
+// listed records a page of the list in progress, tells the observer which of its
+// items are unchanged from what was delivered, and, on the last page, makes the list
+// what was delivered.
+func (l *listWatch) listed(items []runtime.Object, last bool) {
+	var unchanged []runtime.Object
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if reset || l.delivered == nil {
-		l.delivered = make(map[string]deliveredItem, len(items))
-	}
 	for _, obj := range items {
-		l.track(watch.Added, obj)
+		if l.track(watch.Added, obj) {
+			unchanged = append(unchanged, obj)
+		}
+	}
+	if last {
+		l.endList()
+	}
+	l.mu.Unlock()
+	for _, obj := range unchanged {
+		l.observer.Unchanged(obj)
 	}
 }
 
-// track records one delivered event; l.mu held.
-func (l *listWatch) track(t watch.EventType, obj runtime.Object) {
+// endList makes the list in progress what was delivered; l.mu held.
+func (l *listWatch) endList() {
+	if l.listing != nil {
+		l.delivered, l.listing = l.listing, nil
+	}
+}
+
+// track records one delivered event, into the list in progress if there is one, and
+// reports whether it brings an object unchanged from what was delivered before (the
+// same uid and resourceVersion under its name); l.mu held.
+func (l *listWatch) track(t watch.EventType, obj runtime.Object) (unchanged bool) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
-		return
+		return false
 	}
 	key := m.GetNamespace() + "/" + m.GetName()
+	into := l.listing
+	if into == nil {
+		if l.delivered == nil {
+			l.delivered = map[string]deliveredItem{}
+		}
+		into = l.delivered
+	}
 	switch t {
 	case watch.Added, watch.Modified:
-		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
+		prev, ok := l.delivered[key]
+		into[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
+		return ok && prev.uid == m.GetUID() && prev.rv == m.GetResourceVersion()
 	case watch.Deleted:
-		delete(l.delivered, key)
+		delete(into, key)
 	}
+	return false
 }
 
 // retry reports whether a failed request should be sent again, after waiting. It
@@ -282,9 +331,9 @@ func (l *listWatch) watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 		if l.lists++; l.lists > 1 {
 			l.health.relists[report.RelistRestart].Add(1)
 		}
-		l.delivered = map[string]deliveredItem{}
+		l.listing = map[string]deliveredItem{}
 		l.mu.Unlock()
-		l.beginList()
+		l.observer.BeginList()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := l.open(ctx, opts)
@@ -439,18 +488,25 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err er
 			return false, events, err
 		}
 		rw.l.health.event(time.Now())
+		initialEnd := false
 		if m, err := meta.Accessor(ev.Object); err == nil {
 			switch {
 			case ev.Type == watch.Bookmark && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true":
-				rw.pastInitial = true
+				rw.pastInitial, initialEnd = true, true
 				rw.rv = m.GetResourceVersion()
 			case rw.pastInitial:
 				rw.rv = m.GetResourceVersion()
 			}
 		}
 		rw.l.mu.Lock()
-		rw.l.track(ev.Type, ev.Object)
+		unchanged := ev.Type != watch.Bookmark && rw.l.track(ev.Type, ev.Object) && !rw.pastInitial
+		if initialEnd {
+			rw.l.endList() // the initial state is complete: it is what the reflector holds
+		}
 		rw.l.mu.Unlock()
+		if unchanged {
+			rw.l.observer.Unchanged(ev.Object) // a WatchList relist's initial event
+		}
 		if !rw.send(ev) {
 			return false, events, nil
 		}
@@ -490,8 +546,12 @@ func (rw *resilientWatch) relist() bool {
 	if err != nil {
 		return false
 	}
-	l.beginList()
-	for _, ev := range l.diff(items) {
+	l.observer.BeginList()
+	events, unchanged := l.diff(items)
+	for _, obj := range unchanged {
+		l.observer.Unchanged(obj)
+	}
+	for _, ev := range events {
 		if !rw.send(ev) {
 			return false
 		}
@@ -509,13 +569,13 @@ func (rw *resilientWatch) relist() bool {
 // items as delivered: each item added, or modified (unchanged ones too, as the
 // reflector's relist re-delivers them, as the object delivered before; a new uid
 // under the same name is a delete and an add), and every delivered object missing
-// from items deleted.
-func (l *listWatch) diff(items []runtime.Object) []watch.Event {
+// from items deleted. It also returns the unchanged objects, for the observer.
+func (l *listWatch) diff(items []runtime.Object) (events []watch.Event, unchanged []runtime.Object) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	old := l.delivered
 	l.delivered = make(map[string]deliveredItem, len(items))
-	events := make([]watch.Event, 0, len(items))
+	events = make([]watch.Event, 0, len(items))
 	for _, obj := range items {
 		m, err := meta.Accessor(obj)
 		if err != nil {
@@ -530,6 +590,7 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 			// versions in the pod table refer to it, see translate.Options.NodeLocal), and the new
 			// list, which every listed item points into, is not kept alive by it.
 			events = append(events, watch.Event{Type: watch.Modified, Object: prev.obj})
+			unchanged = append(unchanged, prev.obj)
 			l.delivered[key] = prev
 			continue
 		}
@@ -548,7 +609,7 @@ func (l *listWatch) diff(items []runtime.Object) []watch.Event {
 	for _, prev := range old {
 		events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj})
 	}
-	return events
+	return events, unchanged
 }
 
 // send forwards ev to the reflector; false when stopped.

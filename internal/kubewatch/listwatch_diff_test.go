@@ -23,11 +23,11 @@ func TestListWatchDiffKeepsDeliveredObject(t *testing.T) {
 	}
 	same, changed := pe("same", "1", "5"), pe("changed", "2", "5")
 	var l listWatch
-	l.remember(true, []runtime.Object{same, changed})
+	l.listed([]runtime.Object{same, changed}, true)
 
 	// The list after the 410: every item a new decode.
 	relisted := []runtime.Object{pe("same", "1", "5"), pe("changed", "2", "6")}
-	events := l.diff(relisted)
+	events, _ := l.diff(relisted)
 	if len(events) != 2 {
 		t.Fatalf("events = %v, want two modifications", events)
 	}

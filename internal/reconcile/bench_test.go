@@ -17,11 +17,9 @@ import (
 	"testing"
 	"time"
 
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/npagent/npagent/api/v1alpha1"
@@ -30,44 +28,14 @@ import (
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/fixture"
 	"github.com/npagent/npagent/internal/testenv/netlab"
 )
 
-const benchNode = "192.0.2.30"
+const benchNode = fixture.BenchNode
 
-// benchPE is a PolicyEndpoint shaped like the AWS controller's: a few pods, of which
-// the first is local, and a handful of ingress and egress rules.
-func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint {
-	pe := &v1alpha1.PolicyEndpoint{
-		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "PolicyEndpoint"},
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "bench", Name: fmt.Sprintf("pe-%05d", i),
-			UID:             types.UID(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)),
-			ResourceVersion: strconv.Itoa(1000 + i),
-			Annotations:     map[string]string{v1alpha1.AnnotationLastChangeTriggerTime: time.Now().UTC().Format(time.RFC3339Nano)},
-		},
-		Spec: v1alpha1.PolicyEndpointSpec{
-			PolicyRef:    v1alpha1.PolicyReference{Name: fmt.Sprintf("np-%d", i), Namespace: "bench"},
-			PodSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i%50)}},
-			PodIsolation: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-		},
-	}
-	pe.Spec.PodSelectorEndpoints = append(pe.Spec.PodSelectorEndpoints, pod(benchNode, fmt.Sprintf("10.60.%d.%d", (i%localPods)/250, (i%localPods)%250+1)))
-	for j := range 3 {
-		pe.Spec.PodSelectorEndpoints = append(pe.Spec.PodSelectorEndpoints, pod("192.0.2.99", fmt.Sprintf("10.61.%d.%d", i%250, j+1)))
-	}
-	for j := range pe.Spec.PodSelectorEndpoints {
-		pe.Spec.PodSelectorEndpoints[j].Namespace = "bench"
-	}
-	for j := range 4 {
-		pe.Spec.Ingress = append(pe.Spec.Ingress, v1alpha1.EndpointInfo{
-			CIDR:  v1alpha1.NetworkAddress(fmt.Sprintf("10.%d.%d.0/24", 70+j, i%250)),
-			Ports: []v1alpha1.Port{{Port: ptr(int32(8000 + j))}},
-		})
-	}
-	pe.Spec.Egress = []v1alpha1.EndpointInfo{{CIDR: "10.96.0.0/12", Ports: []v1alpha1.Port{{Port: ptr[int32](53)}}}}
-	return pe
-}
+// benchPE is fixture.BenchPE: the objects kubewatch's list benchmarks decode too.
+func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint { return fixture.BenchPE(i, localPods) }
 
 // offlineController builds a Controller whose informers never run: benchmarks feed its
 // caches and handlers directly. The REST config points nowhere; New dials nothing.
@@ -87,8 +55,8 @@ func offlineController(tb testing.TB, dp bpfmaps.Dataplane, resolver podif.Resol
 }
 
 // BenchmarkRedelivery is npagent's own cost per re-delivered, unchanged object, on
-// objects client-go already decoded: a resync's OnUpdate, and a relist's transform
-// (detection, seen-set lookup, counting). Compare with BenchmarkDecodeList, client-go's
+// objects client-go already decoded: a resync's OnUpdate, and a relist's re-delivery
+// as kubewatch reports it (relistObserver: version-table mark, seen-set answer, counting). Compare with BenchmarkDecodeList, client-go's
 // cost of decoding each object of a list.
 func BenchmarkRedelivery(b *testing.B) {
 	const objects = 10000
@@ -114,7 +82,7 @@ func BenchmarkRedelivery(b *testing.B) {
 		}
 	})
 	b.Run("relist", func(b *testing.B) {
-		transform := c.transform(report.KindPolicyEndpoint)
+		relisted := relistObserver{c, report.KindPolicyEndpoint}
 		c.relists[report.KindPolicyEndpoint].begin()
 		b.ReportAllocs()
 		i := 0
@@ -122,9 +90,7 @@ func BenchmarkRedelivery(b *testing.B) {
 			if i%objects == 0 {
 				c.relists[report.KindPolicyEndpoint].begin() // a new relist every 10,000 objects
 			}
-			if _, err := transform(pes[i%objects]); err != nil {
-				b.Fatal(err)
-			}
+			relisted.Unchanged(pes[i%objects])
 			i++
 		}
 	})

@@ -89,7 +89,7 @@ type Controller struct {
 	queue         workqueue.TypedRateLimitingInterface[translate.Key]
 	started       atomic.Bool
 
-	// relists tells a relist's re-deliveries apart (see transform).
+	// relists tells a relist's re-deliveries apart (see relistObserver).
 	relists [report.NumKinds]relistTracker
 	// watch is each informer's list-and-watch health (see watchhealth.go).
 	watch [report.NumKinds]kubewatch.Health
@@ -209,11 +209,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	}
 	for kind := range report.Kind(report.NumKinds) {
 		lw := kubewatch.NewListWatch(rc, scheme, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
-			func() { c.relists[kind].begin() }, &c.watch[kind], c.log.With("kind", kind.String()))
+			relistObserver{c, kind}, &c.watch[kind], c.log.With("kind", kind.String()))
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
 			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
 		c.informers[kind] = inf
-		if err := inf.SetTransform(c.transform(kind)); err != nil {
+		if err := inf.SetTransform(transform); err != nil {
 			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
 		}
 		reg, err := inf.AddEventHandler(c.handler(kind))

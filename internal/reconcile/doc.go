@@ -94,7 +94,7 @@
 //     ListWatch (apiserver restarts, 410 relists in place), watch health and the
 //     stall rule; controller.go builds the informers on it.
 //   - watchhealth.go: each informer's watch health read for Counts and /readyz.
-//   - events.go: event handlers, the transform, relist detection.
+//   - events.go: event handlers, the transform, the relist observer.
 //   - versions.go: each object version's parsed annotations, recorded at event time;
 //     the uids delete events removed, until a worker forgets them.
 //   - sync.go: the per-key state machine; recordOutcome is the one place a commit's

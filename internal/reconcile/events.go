@@ -6,8 +6,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/translate"
@@ -28,14 +30,13 @@ import (
 //     every object again. A shared informer passes a same-resourceVersion update on only
 //     to handlers whose resync is due, so with resync off a relist of unchanged objects
 //     never reaches a handler at all, and with resync on it looks like a resync. So the
-//     relist is caught one step earlier, in the informer's transform function, which
-//     client-go calls on every object a list (or WatchList stream) brings and never on
-//     resync: an incoming object whose uid and resourceVersion equal the version the
-//     version table recorded for the uid (or else the cached one) is a relist
-//     re-delivery. It is counted and observed there, once per relist (the
-//     ListWatch marks the start of each list, and WatchList mode transforms each object
-//     twice, so a per-relist mark dedupes), and the same-resourceVersion update that
-//     may follow is recognised by its mark and dropped.
+//     relist is caught one step earlier, where the list arrives: kubewatch's ListWatch
+//     knows what it delivered before and tells relistObserver of every object a relist
+//     brings with the uid and resourceVersion delivered before, once per relist (a
+//     list's pages and a WatchList stream's initial events alike), before the reflector
+//     gets it. It is counted and observed there, and marked in the version table
+//     (versionEntry.relist); the same-resourceVersion update that may follow is
+//     recognised by its mark and dropped.
 //   - resync: OnUpdate with the same resourceVersion and no relist mark. Dropped
 //     without enqueueing unless the seen-set accepts its trigger (it never should).
 //
@@ -72,7 +73,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 				return
 			}
 			if c.versions.consumeRelist(m.GetUID(), m.GetResourceVersion(), c.relists[kind].current()) {
-				return // a relist re-delivery, counted by transform
+				return // a relist re-delivery, counted by relistObserver
 			}
 			if c.observe(kind, m, report.CauseResync) {
 				c.queue.Add(keyOf(kind, m))
@@ -147,53 +148,51 @@ func (c *Controller) observeVersion(kind report.Kind, m metav1.Object, cause rep
 }
 
 // transform runs on every object a list, WatchList stream or watch event brings, before
-// the informer caches it (never on resync). It drops managedFields, which the agent
-// never reads, and detects relist re-deliveries (see the comment at the top).
-//
-// A re-delivery of the version the version table holds for its uid (the newest one
-// events recorded) is decided there, in one lookup that also marks it: the cached
-// object is that version, or one the handlers have not reached yet. Anything else
-// (a version the handlers have not recorded) asks the informer's store, as before.
-func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
-	return func(obj any) (any, error) {
-		m, err := meta.Accessor(obj)
-		if err != nil {
-			return obj, nil
-		}
-		if m.GetManagedFields() != nil {
-			m.SetManagedFields(nil) // not on an object already cached (a relist re-delivers it)
-		}
-		list := c.relists[kind].current()
-		if list <= 1 {
-			return obj, nil // the initial list, or none yet
-		}
-		v, redelivers, mark := c.versions.markRelist(m, list)
-		switch mark {
-		case relistAgain:
-			return obj, nil // second transform of the same relist (WatchList mode)
-		case relistFirst:
-			if c.observeVersion(kind, m, report.CauseRelist, v, false, redelivers) {
-				c.queue.Add(keyOf(kind, m))
-			}
-			return obj, nil
-		}
-		cached, exists, err := c.informers[kind].GetStore().Get(obj)
-		if err != nil || !exists {
-			return obj, nil
-		}
-		cm, err := meta.Accessor(cached)
-		if err != nil || cm.GetUID() != m.GetUID() || cm.GetResourceVersion() != m.GetResourceVersion() {
-			return obj, nil
-		}
-		// The cached version, not recorded yet: record it, then mark it.
-		v, fresh, redelivers := c.versions.recordKnown(m)
-		if _, _, mark := c.versions.markRelist(m, list); mark != relistFirst {
-			return obj, nil
-		}
-		if c.observeVersion(kind, m, report.CauseRelist, v, fresh, redelivers) {
-			c.queue.Add(keyOf(kind, m))
-		}
-		return obj, nil
+// the informer caches it (never on resync). It only drops managedFields, which the
+// agent never reads; relists are observed by relistObserver.
+func transform(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil && m.GetManagedFields() != nil {
+		m.SetManagedFields(nil) // not on an object already cached (a relist re-delivers it)
+	}
+	return obj, nil
+}
+
+// relistObserver is kind's kubewatch.ListObserver: it numbers the lists and observes a
+// relist's re-deliveries (see the comment at the top), once per relist each. It runs
+// on the reflector's goroutine, before the informer's transform and handlers.
+type relistObserver struct {
+	c    *Controller
+	kind report.Kind
+}
+
+var _ kubewatch.ListObserver = relistObserver{}
+
+func (o relistObserver) BeginList() { o.c.relists[o.kind].begin() }
+
+// Unchanged observes obj, re-delivered by a relist as the version delivered before.
+// The version table holds it (the handlers reached it: one lookup, which also marks
+// it) or, if the handlers have not reached it yet, it is recorded here first.
+func (o relistObserver) Unchanged(obj runtime.Object) {
+	c, kind := o.c, o.kind
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	list := c.relists[kind].current()
+	if list <= 1 {
+		return // the initial list: nothing was delivered before it
+	}
+	v, redelivers, mark := c.versions.markRelist(m, list)
+	fresh := false
+	if mark == relistUnknown {
+		v, fresh, redelivers = c.versions.recordKnown(m)
+		_, _, mark = c.versions.markRelist(m, list)
+	}
+	if mark != relistFirst {
+		return // observed in this relist already (a list retried)
+	}
+	if c.observeVersion(kind, m, report.CauseRelist, v, fresh, redelivers) {
+		c.queue.Add(keyOf(kind, m))
 	}
 }
 

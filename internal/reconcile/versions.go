@@ -221,7 +221,7 @@ type relistAnswer uint8
 const (
 	relistUnknown relistAnswer = iota // not the uid's recorded version: ask the store
 	relistFirst                       // the recorded version, first re-delivered in this relist: marked
-	relistAgain                       // this relist marked it already (WatchList transforms twice)
+	relistAgain                       // this relist marked it already (a list retried)
 )
 
 // markRelist marks m, if it is the uid's recorded version, as re-delivered by relist

@@ -62,7 +62,7 @@ func TestVersionTraceParentPrecedence(t *testing.T) {
 func TestRedeliveryCountedWithoutLookup(t *testing.T) {
 	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver(), newRecordingSink())
 	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
-	transform := c.transform(report.KindPolicyEndpoint)
+	relisted := relistObserver{c, report.KindPolicyEndpoint}
 	c.relists[report.KindPolicyEndpoint].begin() // the initial list
 	pe := ingressPE("bench", "np-r", []v1alpha1.PodEndpoint{pod("192.0.2.99", "10.61.0.1")}, "10.70.0.0/16", 8000)
 	pe.UID, pe.ResourceVersion = "uid-np-r", "1"
@@ -81,11 +81,9 @@ func TestRedeliveryCountedWithoutLookup(t *testing.T) {
 	for range 3 {
 		c.relists[report.KindPolicyEndpoint].begin()
 		again := pe.DeepCopy()
-		if _, err := transform(again); err != nil { // relist: counted here
-			t.Fatal(err)
-		}
-		h.OnUpdate(pe, again) // the relist's same-resourceVersion update: not again
-		h.OnUpdate(pe, pe)    // a resync
+		relisted.Unchanged(again) // relist: counted here
+		h.OnUpdate(pe, again)     // the relist's same-resourceVersion update: not again
+		h.OnUpdate(pe, pe)        // a resync
 	}
 	st := c.cfg.Seen.Stats()
 	if n := st.Suppressed[report.Redelivered] - st0.Suppressed[report.Redelivered]; n != 6 || st.Accepted != 1 {
@@ -114,9 +112,7 @@ func TestRedeliveryCountedWithoutLookup(t *testing.T) {
 	st0 = c.cfg.Seen.Stats()
 	h.OnUpdate(older, older)
 	c.relists[report.KindPolicyEndpoint].begin()
-	if _, err := transform(older.DeepCopy()); err != nil {
-		t.Fatal(err)
-	}
+	relisted.Unchanged(older.DeepCopy())
 	h.OnUpdate(older, older) // the relist's update
 	if st := c.cfg.Seen.Stats(); st.Accepted != 3 {
 		t.Fatalf("accepted %d, want 3", st.Accepted)
@@ -145,7 +141,7 @@ func TestRelistTracker(t *testing.T) {
 		t.Fatalf("first re-delivery of the recorded version: %v, want relistFirst", mark)
 	}
 	if _, _, mark := vt.markRelist(m, tr.current()); mark != relistAgain {
-		t.Fatalf("second transform of one relist (WatchList): %v, want relistAgain", mark)
+		t.Fatalf("second re-delivery in one relist (a list retried): %v, want relistAgain", mark)
 	}
 	if _, _, mark := vt.markRelist(&metav1.ObjectMeta{UID: "u1", ResourceVersion: "6"}, tr.current()); mark != relistUnknown {
 		t.Fatalf("a version not recorded: %v, want relistUnknown", mark)

@@ -1,0 +1,197 @@
+package kubewatch
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/npagent/npagent/api/v1alpha1"
+)
+
+// recordingObserver is a ListObserver that records what it is told.
+type recordingObserver struct {
+	lists     int
+	unchanged []string // name@resourceVersion
+}
+
+func (o *recordingObserver) BeginList() { o.lists++ }
+func (o *recordingObserver) Unchanged(obj runtime.Object) {
+	m := obj.(metav1.Object)
+	o.unchanged = append(o.unchanged, m.GetName()+"@"+m.GetResourceVersion())
+}
+
+func (o *recordingObserver) take() []string {
+	u := o.unchanged
+	o.unchanged = nil
+	slices.Sort(u)
+	return u
+}
+
+func peV(name, uid, rv string) *v1alpha1.PolicyEndpoint {
+	return &v1alpha1.PolicyEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: types.UID(uid), ResourceVersion: rv}}
+}
+
+// pagedList answers a list in pages of the given items, the page named by Continue;
+// fail, when set, fails the request for that page (pure logic: no apiserver).
+func pagedList(pages [][]runtime.Object, fail func(page int) bool) cache.ListWithContextFunc {
+	return func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		page := 0
+		if opts.Continue != "" {
+			page = int(opts.Continue[0] - '0')
+		}
+		if fail != nil && fail(page) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		list := &v1alpha1.PolicyEndpointList{}
+		if page+1 < len(pages) {
+			list.Continue = string(rune('0' + page + 1))
+		}
+		for _, obj := range pages[page] {
+			list.Items = append(list.Items, *obj.(*v1alpha1.PolicyEndpoint))
+		}
+		return list, nil
+	}
+}
+
+func testListWatch(obs ListObserver) *listWatch {
+	return &listWatch{
+		base:      &cache.ListWatch{},
+		ready:     func(context.Context) error { return nil },
+		newObject: func() runtime.Object { return &v1alpha1.PolicyEndpoint{} },
+		observer:  obs,
+		health:    &Health{},
+		log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// listAll lists every page as the reflector's pager does; it returns the error of
+// the first page that failed.
+func listAll(l *listWatch) error {
+	opts := metav1.ListOptions{}
+	for {
+		obj, err := l.list(context.Background(), opts)
+		if err != nil {
+			return err
+		}
+		lm, _ := obj.(*v1alpha1.PolicyEndpointList)
+		if lm.Continue == "" {
+			return nil
+		}
+		opts.Continue = lm.Continue
+	}
+}
+
+// TestListObserverPagedRelist: a relist in pages tells the observer of each object
+// it brings unchanged (same uid and resourceVersion as delivered), once, and of
+// nothing else — not a changed, recreated or new object, and nothing on the initial
+// list; one BeginList per list, not per page; a relist that fails part-way leaves
+// what was delivered as it was, so the next relist still knows its objects (pure
+// logic: the list requests are answered by a function).
+func TestListObserverPagedRelist(t *testing.T) {
+	obs := &recordingObserver{}
+	l := testListWatch(obs)
+	first := [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}, {peV("c", "uc", "3"), peV("d", "ud", "4")}}
+	l.base.ListWithContextFunc = pagedList(first, nil)
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	if obs.lists != 1 || len(obs.unchanged) != 0 {
+		t.Fatalf("initial list in two pages: %d lists begun, unchanged %v; want 1 and none", obs.lists, obs.unchanged)
+	}
+
+	// a unchanged, b changed, c recreated under its name, d gone, e new.
+	second := [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "7")}, {peV("c", "uc2", "8"), peV("e", "ue", "9")}}
+	fail := true
+	l.base.ListWithContextFunc = pagedList(second, func(page int) bool {
+		if page == 1 && fail {
+			fail = false
+			return true
+		}
+		return false
+	})
+	// The second page fails once: the reflector's pager gives up on this list.
+	l.ready = func(context.Context) error { return io.EOF } // never ready: the error goes to the reflector
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err := l.list(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.list(ctx, metav1.ListOptions{Continue: "1"}); err == nil {
+		t.Fatal("the failing page answered")
+	}
+	cancel()
+	if got := obs.take(); !slices.Equal(got, []string{"a@1"}) {
+		t.Errorf("first page of the relist: unchanged %v, want [a@1]", got)
+	}
+	if _, ok := l.delivered["shop/d"]; !ok {
+		t.Fatal("a relist that failed part-way replaced what was delivered")
+	}
+	l.ready = func(context.Context) error { return nil }
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	if got := obs.take(); !slices.Equal(got, []string{"a@1"}) {
+		t.Errorf("relist: unchanged %v, want [a@1]", got)
+	}
+	if obs.lists != 3 {
+		t.Errorf("%d lists begun, want 3 (one per list, not per page)", obs.lists)
+	}
+	var names []string
+	for k := range l.delivered {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"shop/a", "shop/b", "shop/c", "shop/e"}) {
+		t.Errorf("delivered after the relist: %v", names)
+	}
+}
+
+// TestListObserverWatchList: a relist streamed as a watch's initial events (client-go's
+// WatchList mode) tells the observer of each unchanged object once, before the
+// reflector gets it; events after the initial-events bookmark are writes, not a
+// relist (pure logic: the watch is client-go's FakeWatcher).
+func TestListObserverWatchList(t *testing.T) {
+	obs := &recordingObserver{}
+	l := testListWatch(obs)
+	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}}, nil)
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	fake := watch.NewFake()
+	l.base.WatchFuncWithContext = func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil }
+	send := true
+	w, err := l.watch(context.Background(), metav1.ListOptions{SendInitialEvents: &send, AllowWatchBookmarks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	go func() {
+		fake.Add(peV("a", "ua", "1"))
+		fake.Add(peV("b", "ub", "5"))
+		end := peV("", "", "6")
+		end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+		fake.Action(watch.Bookmark, end)
+		fake.Modify(peV("a", "ua", "1")) // after the initial state: not a relist's
+	}()
+	for range 4 {
+		<-w.ResultChan()
+	}
+	if got := obs.take(); !slices.Equal(got, []string{"a@1"}) {
+		t.Errorf("WatchList relist: unchanged %v, want [a@1] once", got)
+	}
+	if obs.lists != 2 {
+		t.Errorf("%d lists begun, want 2", obs.lists)
+	}
+	if d := l.delivered["shop/b"]; d.rv != "5" {
+		t.Errorf("after the initial events, b delivered at %q, want 5", d.rv)
+	}
+}
