@@ -2,21 +2,27 @@ package e2enode
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	ebpflink "github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
 
 // EnvE2ENode selects this package's tests (make e2e-node sets it). Without it they
@@ -60,11 +66,23 @@ func TestNode(t *testing.T) {
 		return
 	}
 
+	// The collector a user would run: the agent (host network) exports to it over
+	// OTLP/gRPC; it forwards to a sink inside the test.
+	sink := newTelemetrySink(t)
+	collector := otlptest.StartCollector(t, sink.URL)
 	archive, version := agentImage(t)
+	values := func(tag string) map[string]any {
+		v := n.AgentValues(tag)
+		v["otlp"] = map[string]any{"endpoint": "http://" + collector.GRPCAddr, "insecure": true}
+		v["extraEnv"] = append(v["extraEnv"].([]any),
+			map[string]any{"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "2000"},
+			map[string]any{"name": "OTEL_BSP_SCHEDULE_DELAY", "value": "200"})
+		return v
+	}
 	var agent *corev1.Pod
 	ok := t.Run("AgentFromChart", func(t *testing.T) {
 		n.ImportImage(t, archive)
-		n.InstallAgent(t, "npagent", "npagent", n.AgentValues(version))
+		n.InstallAgent(t, "npagent", "npagent", values(version))
 		agent = n.AgentPod(t, "npagent", 3*time.Minute)
 		t.Logf("agent pod %s Ready (image %s)", agent.Name, agent.Status.ContainerStatuses[0].Image)
 		n.checkAgentPrivileges(t, agent)
@@ -88,6 +106,16 @@ func TestNode(t *testing.T) {
 		}
 		n.matrix(t, server, clients, map[string]bool{"allowed": true, "denied": false}, 30*time.Second)
 
+		// The change's latency reached the collector: its span and a histogram point.
+		trigger, _ := time.Parse(time.RFC3339Nano, pe.Annotations[v1alpha1.AnnotationLastChangeTriggerTime])
+		n.waitFor(t, "the PolicyEndpoint's policy.program span and latency point at the collector", time.Minute, func() error {
+			if got := sink.reported(string(pe.UID), trigger); got != 1 || sink.latencyPoints() == 0 {
+				return fmt.Errorf("%d spans for its trigger, %d latency points; collector: %s", got, sink.latencyPoints(), collector.Logs())
+			}
+			return nil
+		})
+		t.Logf("the trigger's span and %d latency point(s) reached the collector", sink.latencyPoints())
+
 		// The kubelet's HTTP probes come from the node: the server, isolated for
 		// ingress, stays Ready and is never restarted.
 		n.steadyReady(t, server, 3*probePeriod*time.Second+2*time.Second)
@@ -106,9 +134,9 @@ func TestNode(t *testing.T) {
 	// isolated server and for the unselected clients alike.
 	t.Run("StrictModeProbesPass", func(t *testing.T) {
 		ctx := context.Background()
-		values := n.AgentValues(version)
-		values["enforcingMode"] = "strict"
-		agent := n.UpgradeAgent(t, "npagent", "npagent", values)
+		strict := values(version)
+		strict["enforcingMode"] = "strict"
+		agent := n.UpgradeAgent(t, "npagent", "npagent", strict)
 		if !slices.Contains(agent.Spec.Containers[0].Args, "--enforcing-mode=strict") {
 			t.Fatalf("agent args %v: no --enforcing-mode=strict", agent.Spec.Containers[0].Args)
 		}
@@ -138,6 +166,142 @@ func TestNode(t *testing.T) {
 		n.steadyReady(t, server, 3*probePeriod*time.Second+2*time.Second)
 		n.steadyReady(t, denied, 2*time.Second)
 	})
+	if t.Failed() {
+		return
+	}
+
+	// A rolling upgrade to a new image: the DaemonSet's one pod is replaced (the old
+	// one gone before the new one is up) while clients connect every 100 ms; the
+	// pinned programs judge throughout, so no allowed connection fails and no denied
+	// one passes.
+	t.Run("RollingUpgradeKeepsEnforcing", func(t *testing.T) {
+		ctx := context.Background()
+		get := func(name string) *corev1.Pod {
+			p, err := n.Kube.CoreV1().Pods("pe").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		server, allowed, denied := get("server"), get("allowed"), get("denied")
+		old := n.AgentPod(t, "npagent", time.Minute)
+		nextTag := version + "-next"
+		n.TagImage(t, old.Status.ContainerStatuses[0].Image, nextTag)
+
+		const watchFor = 45 * time.Second
+		type watched struct {
+			out string
+			err error
+		}
+		results := make(map[string]chan watched)
+		for _, c := range []*corev1.Pod{allowed, denied} {
+			ch := make(chan watched, 1)
+			results[c.Name] = ch
+			go func() {
+				out, err := n.ExecFor(t, c, watchFor+30*time.Second, "/workload", "watch", "tcp", server.Status.PodIP+":8080", fmt.Sprint(int(watchFor.Seconds())))
+				ch <- watched{out, err}
+			}()
+		}
+		time.Sleep(3 * time.Second) // both watching before the old agent goes
+		started := time.Now()
+		upgraded := strictValues(values(nextTag))
+		agent := n.UpgradeAgent(t, "npagent", "npagent", upgraded)
+		rolled := time.Since(started)
+		if agent.Name == old.Name || !strings.HasSuffix(agent.Spec.Containers[0].Image, ":"+nextTag) {
+			t.Fatalf("after the upgrade the agent is %s with image %s; want a new pod with tag %s", agent.Name, agent.Spec.Containers[0].Image, nextTag)
+		}
+		if rolled > watchFor-5*time.Second {
+			t.Fatalf("the rollout took %v: longer than the clients watched", rolled)
+		}
+		t.Logf("rolled %s → %s (%s) in %v", old.Name, agent.Name, agent.Spec.Containers[0].Image, rolled.Round(time.Millisecond))
+		want := map[string]string{"allowed": "fail=0", "denied": "ok=0"}
+		for name, ch := range results {
+			w := <-ch
+			if w.err != nil {
+				t.Fatalf("%s's watch: %v", name, w.err)
+			}
+			lines := strings.Split(strings.TrimSpace(w.out), "\n")
+			total := lines[len(lines)-1]
+			if !strings.Contains(total, want[name]) {
+				t.Errorf("%s -> server during the upgrade: %s, want %s; changes:\n%s", name, total, want[name], w.out)
+				continue
+			}
+			t.Logf("%s -> server tcp/8080 every 100 ms through the upgrade: %s", name, total)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	// Uninstall as the chart says: cleanup first (every program detached, pins and
+	// state removed), then helm uninstall. Nothing of npagent stays attached, and the
+	// pods are open again.
+	t.Run("CleanupThenUninstall", func(t *testing.T) {
+		ctx := context.Background()
+		pods := map[string]*corev1.Pod{}
+		for _, name := range []string{"server", "allowed", "denied"} {
+			p, err := n.Kube.CoreV1().Pods("pe").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pods[name] = p
+		}
+		if attached := tcxPrograms(t, pods["server"]); attached == 0 {
+			t.Fatal("before cleanup no tcx program is attached to the server's veth: the check below would prove nothing")
+		}
+		cleanup := strictValues(values(version + "-next"))
+		cleanup["cleanup"] = true
+		n.UpgradeAgent(t, "npagent", "npagent", cleanup)
+		n.waitFor(t, "npagent's programs detached and pins removed", time.Minute, func() error {
+			for name, p := range pods {
+				if k := tcxPrograms(t, p); k != 0 {
+					return fmt.Errorf("%d tcx programs still attached to %s's veth", k, name)
+				}
+			}
+			if entries, err := os.ReadDir("/sys/fs/bpf/npagent"); err == nil && len(entries) > 0 {
+				return fmt.Errorf("/sys/fs/bpf/npagent still holds %d entries", len(entries))
+			}
+			return nil
+		})
+		n.UninstallAgent(t, "npagent", "npagent")
+		if dss, err := n.Kube.AppsV1().DaemonSets("npagent").List(ctx, metav1.ListOptions{}); err != nil || len(dss.Items) != 0 {
+			t.Fatalf("after helm uninstall: daemonsets %v, err %v", len(dss.Items), err)
+		}
+		n.matrix(t, pods["server"], []*corev1.Pod{pods["allowed"], pods["denied"]}, map[string]bool{"allowed": true, "denied": true}, 30*time.Second)
+	})
+
+	// Through two upgrades and a restart in strict mode, each trigger was reported
+	// once: the agent's seen-set state (a host path) outlived every pod.
+	dups, distinct := sink.duplicates()
+	if len(dups) > 0 {
+		t.Errorf("triggers reported more than once across the agent's restarts: %v", dups)
+	}
+	if distinct < 3 {
+		t.Errorf("%d distinct triggers reported, want the 3 PolicyEndpoints written", distinct)
+	}
+	t.Logf("%d triggers reported, each once, across 2 upgrades", distinct)
+}
+
+// strictValues is v with enforcingMode strict.
+func strictValues(v map[string]any) map[string]any {
+	v["enforcingMode"] = "strict"
+	return v
+}
+
+// tcxPrograms is how many tcx programs (ingress and egress) are attached to the
+// host-side veth of pod.
+func tcxPrograms(t *testing.T, pod *corev1.Pod) int {
+	t.Helper()
+	link, _ := hostRoute(t, net.ParseIP(pod.Status.PodIP))
+	total := 0
+	for _, attach := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		res, err := ebpflink.QueryPrograms(ebpflink.QueryOptions{Target: link.Attrs().Index, Attach: attach})
+		if err != nil {
+			t.Fatalf("query tcx programs on %s: %v", link.Attrs().Name, err)
+		}
+		total += len(res.Programs)
+	}
+	return total
 }
 
 // probePeriod is the workload's probes' period, in seconds (failure threshold 3).

@@ -17,6 +17,12 @@ import (
 // it exited 0.
 func (n *Node) Exec(t *testing.T, pod *corev1.Pod, argv ...string) (string, error) {
 	t.Helper()
+	return n.ExecFor(t, pod, 30*time.Second, argv...)
+}
+
+// ExecFor is Exec for a command that may run up to timeout.
+func (n *Node) ExecFor(t *testing.T, pod *corev1.Pod, timeout time.Duration, argv ...string) (string, error) {
+	t.Helper()
 	req := n.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).
 		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
 		Container: pod.Spec.Containers[0].Name,
@@ -28,7 +34,7 @@ func (n *Node) Exec(t *testing.T, pod *corev1.Pod, argv ...string) (string, erro
 	if err != nil {
 		t.Fatalf("exec %s: %v", pod.Name, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var out, errb bytes.Buffer
 	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &errb})

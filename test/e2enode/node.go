@@ -267,6 +267,19 @@ func (n *Node) importImage(t *testing.T, archive string) {
 // ImportImage imports an image archive (docker-archive or OCI archive tar).
 func (n *Node) ImportImage(t *testing.T, archive string) { t.Helper(); n.importImage(t, archive) }
 
+// TagImage tags the image ref (as the kubelet reports it, name:tag) with tag too: the
+// same content under a new reference, which a DaemonSet rolls out as a new image.
+func (n *Node) TagImage(t *testing.T, ref, tag string) {
+	t.Helper()
+	name := ref
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		name = ref[:i]
+	}
+	if out, err := n.ctrRun("images", "tag", "--force", ref, name+":"+tag); err != nil {
+		t.Fatalf("e2enode: tag %s as %s: %v: %s", ref, tag, err, out)
+	}
+}
+
 func (n *Node) startControllers(t *testing.T, tools map[string]string, caFile string) {
 	t.Helper()
 	// The service-account token controller signs with the apiserver's key; the root CA

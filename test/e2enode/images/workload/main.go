@@ -5,6 +5,11 @@
 //	workload connect tcp|udp ADDR:PORT
 //	                          one TCP connection (or one UDP datagram and its echo) with
 //	                          a 1 s timeout; prints "ok" and exits 0, else the error, exit 1
+//	workload watch tcp|udp ADDR:PORT SECONDS
+//	                          connect every 100 ms (500 ms timeout) for SECONDS; prints one
+//	                          line per attempt that differs from the one before ("+T ok",
+//	                          "+T fail: err", T in ms since the start) and a last line
+//	                          "ok=N fail=M"; exits 0
 //
 // The tests run connect in a pod through the kubelet's exec, so traffic between pods
 // leaves one pod's veth and enters the other's, as any pod's would.
@@ -15,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -36,6 +42,17 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("ok")
+	case "watch":
+		if len(os.Args) != 5 {
+			fmt.Fprintln(os.Stderr, "usage: workload watch tcp|udp ADDR:PORT SECONDS")
+			os.Exit(2)
+		}
+		secs, err := strconv.Atoi(os.Args[4])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "SECONDS:", err)
+			os.Exit(2)
+		}
+		watchConnect(os.Args[2], os.Args[3], time.Duration(secs)*time.Second)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
@@ -66,8 +83,33 @@ func serve() {
 	os.Exit(1)
 }
 
-func connect(proto, addr string) error {
-	const timeout = time.Second
+func connect(proto, addr string) error { return connectTimeout(proto, addr, time.Second) }
+
+// watchConnect connects to addr every 100 ms for d, printing each change of outcome
+// and the totals: what a test reads to show traffic was judged the same throughout.
+func watchConnect(proto, addr string, d time.Duration) {
+	start := time.Now()
+	var ok, fail int
+	last := ""
+	for time.Since(start) < d {
+		t := time.Now()
+		outcome := "ok"
+		if err := connectTimeout(proto, addr, 500*time.Millisecond); err != nil {
+			outcome = "fail: " + err.Error()
+			fail++
+		} else {
+			ok++
+		}
+		if kind := outcome[:2]; kind != last {
+			fmt.Printf("+%d %s\n", t.Sub(start).Milliseconds(), outcome)
+			last = kind
+		}
+		time.Sleep(time.Until(t.Add(100 * time.Millisecond)))
+	}
+	fmt.Printf("ok=%d fail=%d\n", ok, fail)
+}
+
+func connectTimeout(proto, addr string, timeout time.Duration) error {
 	switch proto {
 	case "tcp":
 		c, err := net.DialTimeout("tcp", addr, timeout)
