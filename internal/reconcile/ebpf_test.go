@@ -107,7 +107,7 @@ func TestEBPFEnforcement(t *testing.T) {
 	}
 	dp := openKernelDataplane(t, "test")
 
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.20"
 	createNamespace(t, cp, "ebpf")
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: podif.NewRouteResolver

@@ -17,7 +17,7 @@ import (
 func TestExplainEBPF(t *testing.T) {
 	l := newPodLab(t)
 	dp := openKernelDataplane(t, "explain")
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.41"
 	createNamespace(t, cp, "explain-ebpf")
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp}) // nil resolver: podif.NewRouteResolver

@@ -23,7 +23,7 @@ import (
 // attempts and the phases), another chunk of the same policy, an object with
 // nothing on this node, a rejected version, and a delete (history dropped).
 func TestExplain(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.40"
 	createNamespace(t, cp, "explain")
 	mem := bpfmaps.NewMemory()

@@ -44,7 +44,7 @@ func TestEBPFRestartKeepsEnforcementOfInvalidObject(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, "port reachable before any policy", func() bool { return l.reach(port) == nil })
 	}
 	dp := openKernelDataplane(t, "restart-invalid")
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.21"
 	createNamespace(t, cp, "keep")
 	state := t.TempDir() + "/seen.state"
@@ -130,7 +130,7 @@ func TestEBPFUncommittablePodIsolated(t *testing.T) {
 	if err := dp.SetNodeAddrs([]netip.Prefix{netip.MustParsePrefix(l.hostIP + "/32")}); err != nil {
 		t.Fatal(err)
 	}
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.22"
 	createNamespace(t, cp, "isolate")
 	logs := &logBuffer{}
@@ -199,7 +199,7 @@ func openKernelDataplaneWith(t *testing.T, name string, opts bpfmaps.EBPFOptions
 // stayed indexed and every later commit of the pod failed and was blamed). Real
 // apiserver; the in-memory dataplane, which validates as the kernel one does.
 func TestMergeOverflowBlamesOnlyItsObject(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.23"
 	createNamespace(t, cp, "overflow")
 	mem := bpfmaps.NewMemory()
@@ -266,7 +266,7 @@ func TestMergeOverflowBlamesOnlyItsObject(t *testing.T) {
 // version stays in force and the other namespace's pod is not touched. Real apiserver,
 // in-memory dataplane.
 func TestPolicyEndpointSelectsOnlyItsNamespace(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.24"
 	createNamespace(t, cp, "tenant")
 	mem := bpfmaps.NewMemory()
@@ -306,7 +306,7 @@ func TestPolicyEndpointSelectsOnlyItsNamespace(t *testing.T) {
 // object and the count, not retried, its previous version in force, and the other
 // objects on its pod still programmed. Real apiserver, in-memory dataplane.
 func TestEntryBudgetRejectsObject(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.25"
 	createNamespace(t, cp, "budget")
 	mem := bpfmaps.NewMemory()
@@ -351,7 +351,7 @@ func TestEntryBudgetRejectsObject(t *testing.T) {
 // them the pod's egress, which only the invalid object isolates, would be open. Real
 // apiserver; the in-memory dataplane kept across the restart, as pins are.
 func TestRestartRestoresLastValidVersion(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.26"
 	createNamespace(t, cp, "lastvalid")
 	mem := bpfmaps.NewMemory()
@@ -409,7 +409,7 @@ func TestRestartRestoresLastValidVersion(t *testing.T) {
 // by the previous process, never committed by this one), and programs the pod it
 // selects now. Real apiserver; the in-memory dataplane kept across the restart.
 func TestHeldPodReleasedByAValidVersion(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.27"
 	createNamespace(t, cp, "held")
 	mem := bpfmaps.NewMemory()
@@ -486,7 +486,7 @@ func TestEBPFRejectedObjectIsolatesItsPods(t *testing.T) {
 	if err := dp.SetNodeAddrs(l.nodeAddrs); err != nil {
 		t.Fatal(err)
 	}
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.28"
 	createNamespace(t, cp, "rejected")
 	logs := &logBuffer{}
@@ -547,7 +547,7 @@ func TestEBPFRejectedObjectIsolatesItsPods(t *testing.T) {
 // isolates like one that does not compile; deleting the rejected object releases the
 // pod. Real apiserver, in-memory dataplane.
 func TestRejectedObjectIsolation(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.29"
 	createNamespace(t, cp, "closed")
 	mem := bpfmaps.NewMemory()

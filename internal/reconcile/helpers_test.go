@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -223,11 +224,57 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 	return a
 }
 
+// createNamespace creates namespace name, or keeps it if an earlier test on the
+// shared control plane made it (no namespace controller runs there: a deleted
+// namespace would stay terminating and refuse new objects, so none is deleted).
 func createNamespace(t testing.TB, cp *testenv.ControlPlane, name string) {
 	t.Helper()
-	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
+}
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// sharedCP is the package's shared control plane (testenv.Shared), emptied of what an
+// earlier test left that an agent reads: every agent watches the whole cluster, so a
+// test must start with no PolicyEndpoint, ClusterPolicyEndpoint or pod but its own.
+// Tests that stop, restart or compact the control plane use testenv.Start.
+func sharedCP(t testing.TB) *testenv.ControlPlane {
+	t.Helper()
+	cp := testenv.Shared(t)
+	ctx := context.Background()
+	var pes v1alpha1.PolicyEndpointList
+	var cpes v1alpha1.ClusterPolicyEndpointList
+	var pods corev1.PodList
+	testenv.Eventually(t, 30*time.Second, "the shared control plane emptied of the last test's objects", func() bool {
+		for _, list := range []client.ObjectList{&pes, &cpes, &pods} {
+			if err := cp.Client.List(ctx, list); err != nil {
+				t.Fatalf("list %T: %v", list, err)
+			}
+		}
+		if len(pes.Items)+len(cpes.Items)+len(pods.Items) == 0 {
+			return true
+		}
+		var objs []client.Object
+		for i := range pes.Items {
+			objs = append(objs, &pes.Items[i])
+		}
+		for i := range cpes.Items {
+			objs = append(objs, &cpes.Items[i])
+		}
+		for i := range pods.Items {
+			objs = append(objs, &pods.Items[i])
+		}
+		for _, o := range objs {
+			// Pods bound to a node wait for a kubelet to confirm; none runs here.
+			if err := cp.Client.Delete(ctx, o, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("delete %T %s/%s: %v", o, o.GetNamespace(), o.GetName(), err)
+			}
+		}
+		return false
+	})
+	return cp
 }
 
 // stamp sets a fresh trigger annotation and returns it. Triggers are strictly

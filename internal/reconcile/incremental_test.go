@@ -49,7 +49,7 @@ func (d *resultsDataplane) last(ifindex int) (bpfmaps.CommitResult, int) {
 // incremental commit (the object's rules are a rule set built from its previous
 // version), while a change of a broad rule is compiled in full.
 func TestIncrementalCommitThroughController(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node, local = "192.0.2.13", "10.1.13.1"
 	createNamespace(t, cp, "incremental")
 	dp := &resultsDataplane{Dataplane: bpfmaps.NewMemory(), results: map[int][]bpfmaps.CommitResult{}}

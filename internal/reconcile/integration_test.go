@@ -39,7 +39,7 @@ func ingressPE(ns, name string, pods []v1alpha1.PodEndpoint, cidr string, port i
 // TestIntegration runs the loop against a real kube-apiserver with the in-memory
 // dataplane. Each subtest uses its own node IP, so the others' objects are not local.
 func TestIntegration(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 
 	t.Run("lifecycle", func(t *testing.T) { testLifecycle(t, cp) })
 	t.Run("no local pods", func(t *testing.T) { testNoLocalPods(t, cp) })

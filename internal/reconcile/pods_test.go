@@ -115,7 +115,7 @@ func TestLocalPodSet(t *testing.T) {
 // are denied; a pod's IP reported later is denied then; a pod that finishes is let
 // go; standard mode reads no pods.
 func TestStrictModePods(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.41"
 	createNamespace(t, cp, "sp")
 	resolver := newLookupTableResolver("10.9.0.1", 11, "10.9.0.2", 12, "10.9.0.3", 13, "10.9.0.4", 14, "fd00:9::1", 11)
@@ -194,7 +194,7 @@ func TestStrictModePods(t *testing.T) {
 // TestStrictModeWithoutPodRBAC: a strict agent that may not list pods says so once,
 // plainly, and is not ready (its pod cache cannot sync).
 func TestStrictModeWithoutPodRBAC(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	ctx := context.Background()
 	const user = "strict-agent-without-pods"
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{{
@@ -263,7 +263,7 @@ func BenchmarkPodEvent(b *testing.B) {
 // even when its PolicyEndpoint comes before the pod watch reports it (the pod then
 // belongs to the object's retries, not to the pod worker).
 func TestStrictModeIsolatesBothWays(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.43"
 	createNamespace(t, cp, "iso")
 	dp := bpfmaps.NewMemoryWithLimits(bpfmaps.Limits{EntriesV4: 8})

@@ -32,7 +32,7 @@ func withCIDRs(pe *v1alpha1.PolicyEndpoint, second, n int) {
 // with a 100-entry IPv4 and a 40-entry IPv6 trie per direction, a namespace's
 // share 50%; the IPv6 egress trie is bounded as the IPv4 ingress one.
 func TestNamespaceShareKeepsRoomForOthers(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.28"
 	createNamespace(t, cp, "crowd")
 	createNamespace(t, cp, "quiet")

@@ -19,7 +19,7 @@ import (
 // denies it like a pod no object selects. Before, the invalid object "held" the pod
 // and it stayed open.
 func TestStrictModeDeniesPodNamedOnlyByInvalidObject(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.51"
 	createNamespace(t, cp, "rh")
 	dp := bpfmaps.NewMemory()
@@ -40,7 +40,7 @@ func TestStrictModeDeniesPodNamedOnlyByInvalidObject(t *testing.T) {
 // selected address to its objects' syncs, which never came: the new interface was
 // open.
 func TestStrictModeRecreatedPodSameIPGetsPolicy(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.52"
 	createNamespace(t, cp, "ru")
 	dp := bpfmaps.NewMemory()

@@ -161,7 +161,7 @@ func TestEBPFStrictMode(t *testing.T) {
 	if err := dp.SetNodeAddrs(l.nodeAddrs); err != nil {
 		t.Fatal(err)
 	}
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.31"
 	createNamespace(t, cp, "strict")
 	state := t.TempDir() + "/seen.state"
@@ -244,7 +244,7 @@ func TestEBPFStandardModeOpenUntilProgrammed(t *testing.T) {
 	if err := dp.SetNodeAddrs(l.nodeAddrs); err != nil {
 		t.Fatal(err)
 	}
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.32"
 	createNamespace(t, cp, "standard")
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp})

@@ -98,10 +98,19 @@ func TestWatchRecovery(t *testing.T) {
 		if w.Relists[report.RelistExpired] < rounds || w.Relists[report.RelistRestart] != 0 {
 			t.Errorf("%s: relists %v (expired, restart), want >= %d expired and no reflector restart", report.Kind(k), w.Relists, rounds)
 		}
-		if !w.Established || w.Stalled {
-			t.Errorf("%s: watch established %v, stalled %v after recovery", report.Kind(k), w.Established, w.Stalled)
-		}
 	}
+	// Established within a second: a watch reopened at the list's resourceVersion may
+	// still be refused once by a restarted apiserver's watch cache that has not caught
+	// up to it (too large: listed again in place), and this check may land in between.
+	testenv.Eventually(t, time.Second, "both watches established and not stalled after recovery", func() bool {
+		a.c.Counts(&c)
+		for _, w := range c.Watch {
+			if !w.Established || w.Stalled {
+				return false
+			}
+		}
+		return true
+	})
 	if late {
 		var b strings.Builder
 		for round, ds := range delays {
