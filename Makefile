@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 25m
 # skips); make test runs every package once, in its tier.
 UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
 	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/ \
-	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./internal/testenv/fixture/ ./test/e2enode/images/...
+	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./internal/testenv/fixture/ ./hack/release/ ./test/e2enode/images/...
 INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
@@ -40,7 +40,7 @@ define gotest
 		echo "$(GO) test $(TESTFLAGS) -run '$$re' $$pkg"; $(GO) test $(TESTFLAGS) -run "$$re" $$pkg || exit 1;; esac; done
 endef
 
-.PHONY: all build image chart test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image release chart test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -57,6 +57,18 @@ image: ## OCI image, linux/amd64 + linux/arm64, no daemon: bin/image/oci and a d
 	@echo "==> image: npagent $(VERSION) at $(IMAGE_REVISION) (time $(SOURCE_DATE_EPOCH)) -> bin/image"
 	$(GO) run ./hack/image -go "$(GO)" -version "$(VERSION)" -ldflags "$(LDFLAGS)" \
 		-revision "$(IMAGE_REVISION)" -created "$(SOURCE_DATE_EPOCH)" -out bin/image
+
+# make release VERSION=x.y.z: what a user pulls (hack/release): the image for that
+# version, the chart packaged to install it by digest, SHA256SUMS; RELEASE_PUSH=
+# registry/path also pushes the image there and the chart beside it (oci://).
+RELEASE_REPOSITORY ?= ghcr.io/npagent/npagent
+RELEASE_PUSH       ?=
+release: ## VERSION=x.y.z: image, packaged chart and SHA256SUMS in bin/release (RELEASE_PUSH=registry/path pushes them)
+	@$(GO) run ./hack/release -check-version -version "$(VERSION)"
+	@$(MAKE) --no-print-directory image VERSION="$(VERSION)"
+	@echo "==> release $(VERSION): chart, image archive, SHA256SUMS -> bin/release (image repository $(RELEASE_REPOSITORY))"
+	$(GO) run ./hack/release -version "$(VERSION)" -image bin/image/oci -repository "$(if $(RELEASE_PUSH),$(RELEASE_PUSH),$(RELEASE_REPOSITORY))" \
+		-out bin/release $(if $(RELEASE_PUSH),-push "$(RELEASE_PUSH)")
 
 chart: ## write examples/deploy: the Helm chart deploy/charts/npagent rendered with its default values
 	@echo "==> helm template deploy/charts/npagent (Helm's Go packages) -> examples/deploy; go run ./deploy/charts/template [-set k=v] prints other values"
