@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/testenv"
 )
 
 // The liveness rule is pure logic over a reconcile.Progress snapshot, so these tests
@@ -148,5 +153,45 @@ func TestAgentHealthFollowsTheStart(t *testing.T) {
 	h.setStopping()
 	if _, err := h.ready(); err == nil || !strings.Contains(err.Error(), "shutting down") {
 		t.Errorf("ready while stopping = %v", err)
+	}
+}
+
+// TestUnsupportedKernelStaysUpNotReady: on a kernel without a feature npagent needs
+// (bpfmaps.ErrKernelFeature; the error is made here — these machines have tcx — pure
+// logic), the agent stays alive and never ready, /readyz naming the feature and the
+// kernel, the log saying why, until it is told to stop, when it exits cleanly: no
+// CrashLoopBackOff whose restarts cannot help.
+func TestUnsupportedKernelStaysUpNotReady(t *testing.T) {
+	h := newAgentHealth(time.Minute)
+	var logs testenv.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	kernelErr := fmt.Errorf("%w: tcx program attachment (Linux 6.6 or later), not in kernel 6.1.0", bpfmaps.ErrKernelFeature)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- unsupportedKernel(ctx, kernelErr, h, log, make(chan error)) }()
+
+	testenv.Eventually(t, 5*time.Second, "readyz names the missing feature", func() bool {
+		_, err := h.ready()
+		return err != nil && strings.Contains(err.Error(), "not enforcing") && strings.Contains(err.Error(), "tcx") && strings.Contains(err.Error(), "6.1.0")
+	})
+	if err := h.live(); err != nil {
+		t.Errorf("live on an unsupported kernel = %v, want alive (a restart cannot help)", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("returned %v before being told to stop", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("stopping on an unsupported kernel: %v, want a clean exit", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not stop when told to")
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "Linux 6.6") {
+		t.Errorf("log %q: want an error naming the feature", logs.String())
 	}
 }

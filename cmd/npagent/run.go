@@ -130,6 +130,9 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	// The dataplane before the apiserver: a missing privilege is a local, certain
 	// failure, worth reporting before a network one.
 	dp, err := openDataplane(cfg, log)
+	if errors.Is(err, bpfmaps.ErrKernelFeature) {
+		return unsupportedKernel(runCtx, err, health, log, httpFailed)
+	}
 	if err != nil {
 		return err
 	}
@@ -294,6 +297,30 @@ func interruptedStart(httpFailed <-chan error, log *slog.Logger) error {
 		return nil
 	}
 }
+
+// unsupportedKernel keeps the agent up and never ready on a kernel that lacks a
+// feature it needs (err names the feature and the kernel): /readyz answers err, the
+// log says it every unsupportedKernelLogEvery, and it returns when the agent is told
+// to stop. Exiting instead would put the pod in CrashLoopBackOff, whose restarts
+// cannot help and whose reason (the last log lines of an exited container) is harder
+// to find than a pod that stays not ready with the reason on /readyz and in its log.
+func unsupportedKernel(ctx context.Context, err error, health *agentHealth, log *slog.Logger, httpFailed <-chan error) error {
+	health.setWaiting(fmt.Errorf("not enforcing: %w", err))
+	tick := time.NewTicker(unsupportedKernelLogEvery)
+	defer tick.Stop()
+	for {
+		log.Error("this node's kernel cannot run npagent: staying up, not ready, enforcing nothing", "err", err)
+		select {
+		case <-ctx.Done():
+			return interruptedStart(httpFailed, log)
+		case <-tick.C:
+		}
+	}
+}
+
+// unsupportedKernelLogEvery repeats unsupportedKernel's log line, so the reason stays
+// in a log whose older lines rotate away.
+const unsupportedKernelLogEvery = 10 * time.Minute
 
 // keepNodeSet puts the node set in the dataplane and keeps it current (nodeaddrs):
 // traffic between a pod and its own node is always allowed, so the set is in place
