@@ -155,3 +155,31 @@ func TestMapUseExported(t *testing.T) {
 		}
 	}
 }
+
+// Object versions without the trigger annotation are a cumulative counter by kind,
+// over OTLP and on /metrics: the reason an empty latency dashboard is empty.
+func TestTriggerMissingExported(t *testing.T) {
+	tel := newInMemory(t)
+	tel.ObserveCounts(func(c *report.Counts) { c.TriggerMissing[report.KindPolicyEndpoint] = 4 })
+	m, ok := findMetric(tel.collect(t), TriggerMissingName)
+	if !ok {
+		t.Fatalf("no %s metric", TriggerMissingName)
+	}
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok || !sum.IsMonotonic || len(sum.DataPoints) != report.NumKinds {
+		t.Fatalf("%s = %+v, want a monotonic point per kind", TriggerMissingName, m.Data)
+	}
+	for _, p := range sum.DataPoints {
+		kind, _ := p.Attributes.Value(KindKey)
+		want := int64(0)
+		if kind.AsString() == report.KindPolicyEndpoint.String() {
+			want = 4
+		}
+		if p.Value != want {
+			t.Errorf("%s{%s} = %d, want %d", TriggerMissingName, kind.AsString(), p.Value, want)
+		}
+	}
+	if body := scrape(t, tel); !containsSample(body, `npagent_policy_trigger_missing_total{npagent_policy_kind="PolicyEndpoint"`, "4") {
+		t.Errorf("/metrics has no npagent_policy_trigger_missing_total sample of 4 for PolicyEndpoint:\n%s", body)
+	}
+}

@@ -287,10 +287,13 @@ func (t *Telemetry) buildInstruments() error {
 	deliveries, err := m.Int64ObservableCounter(DeliveriesName, metric.WithUnit("{delivery}"),
 		metric.WithDescription("Informer deliveries of policy objects, by cause."))
 	check(err)
+	triggerMissing, err := m.Int64ObservableCounter(TriggerMissingName, metric.WithUnit("{version}"),
+		metric.WithDescription("Policy object versions delivered without the trigger annotation, by kind: their programming latency is not measured (the controller that wrote them does not stamp it)."))
+	check(err)
 	invalidObjects, err := m.Int64ObservableCounter(InvalidObjectsName, metric.WithUnit("{object}"),
 		metric.WithDescription("Policy objects rejected for bad input, by field."))
 	check(err)
-	observed = append(observed, suppressed, deliveries, invalidObjects)
+	observed = append(observed, suppressed, deliveries, invalidObjects, triggerMissing)
 	t.commitDuration, err = m.Float64Histogram(CommitDurationName, metric.WithUnit("s"),
 		metric.WithDescription("Duration of each dataplane commit attempt."))
 	check(err)
@@ -325,6 +328,9 @@ func (t *Telemetry) buildInstruments() error {
 			var c report.Counts
 			(*fill)(&c)
 			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
+			for k, n := range c.TriggerMissing {
+				o.ObserveInt64(triggerMissing, int64(n), t.latencySets[k].observe...)
+			}
 			pendingAge.observe(o, &c)
 			t.watch.observe(o, &c)
 			t.dataplane.observe(o, &c)
