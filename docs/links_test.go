@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"sigs.k8s.io/yaml"
 )
 
 // mdLink is an inline Markdown link or image: [text](target) or [text](target "title").
@@ -127,5 +129,57 @@ func TestRelativeLinksResolve(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// runbookBase is where the alerts' runbook_url points: this repository's pages.
+const runbookBase = "https://github.com/npagent/npagent/blob/main/"
+
+// TestEveryAlertHasARunbook fails when an alert of deploy/prometheus has no
+// runbook_url, or one that is not a section of a page in this checkout: whoever is
+// paged lands on what to do.
+func TestEveryAlertHasARunbook(t *testing.T) {
+	root := repoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "npagent.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	alerts := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts++
+			url := r.Annotations["runbook_url"]
+			path, ok := strings.CutPrefix(url, runbookBase)
+			page, anchor, _ := strings.Cut(path, "#")
+			if !ok || anchor == "" {
+				t.Errorf("alert %s: runbook_url %q, want %s<page>#<section>", r.Alert, url, runbookBase)
+				continue
+			}
+			text, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(page)))
+			if err != nil {
+				t.Errorf("alert %s: runbook_url %q: %v", r.Alert, url, err)
+				continue
+			}
+			if !anchors(string(text))[anchor] {
+				t.Errorf("alert %s: runbook_url %q: %s has no section #%s", r.Alert, url, page, anchor)
+			}
+		}
+	}
+	if alerts == 0 {
+		t.Fatal("no alert in deploy/prometheus/npagent.rules.yaml")
 	}
 }
