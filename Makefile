@@ -67,7 +67,7 @@ chart: ## write examples/deploy: the Helm chart deploy/charts/npagent rendered w
 # NPAGENT_UPDATE_DOCS, fails when the committed file is stale.
 docs: ## regenerate docs/reference (flags, metrics, chart values) and the documents' samples from the code
 	@echo "==> docs: the references in docs/reference and the samples in docs/, from the code"
-	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^(TestFlagsReference|TestExplainSampleInDocs)$$' ./cmd/npagent/
+	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^(TestFlagsReference|TestExplainSampleInDocs|TestCommandUsageInDocs)$$' ./cmd/npagent/
 	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestMetricsReference$$' ./internal/telemetry/
 	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestChartValuesReference$$' ./deploy/charts/
 

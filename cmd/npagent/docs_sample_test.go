@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -72,4 +74,30 @@ func TestExplainSampleInDocs(t *testing.T) {
 	var b bytes.Buffer
 	printObject(&b, &ex)
 	checkBlock(t, "docs/reference/cli.md", "<!-- explain-object-sample -->", b.String())
+}
+
+// TestCommandUsageInDocs: docs/reference/cli.md shows each subcommand's --help as
+// the command prints it (make docs rewrites it), so a new or changed flag of
+// explain, wait or cleanup reaches the reference.
+func TestCommandUsageInDocs(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	for _, c := range []struct {
+		marker string
+		run    func(stderr *bytes.Buffer)
+	}{
+		{"<!-- explain-usage -->", func(stderr *bytes.Buffer) {
+			_ = runExplain(context.Background(), []string{"-h"}, noEnv, io.Discard, stderr)
+		}},
+		{"<!-- wait-usage -->", func(stderr *bytes.Buffer) { _, _ = parseWaitArgs([]string{"-h"}, noEnv, stderr) }},
+		{"<!-- cleanup-usage -->", func(stderr *bytes.Buffer) {
+			_ = runCleanup(context.Background(), []string{"-h"}, noEnv, io.Discard, stderr)
+		}},
+	} {
+		var stderr bytes.Buffer
+		c.run(&stderr)
+		if !strings.HasPrefix(stderr.String(), "Usage: npagent ") {
+			t.Fatalf("%s: --help printed %q", c.marker, stderr.String())
+		}
+		checkBlock(t, "docs/reference/cli.md", c.marker, stderr.String())
+	}
 }
