@@ -40,7 +40,7 @@ define gotest
 		echo "$(GO) test $(TESTFLAGS) -run '$$re' $$pkg"; $(GO) test $(TESTFLAGS) -run "$$re" $$pkg || exit 1;; esac; done
 endef
 
-.PHONY: all build image release chart test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image release chart docs test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -73,6 +73,15 @@ release: ## VERSION=x.y.z: image, packaged chart and SHA256SUMS in bin/release (
 chart: ## write examples/deploy: the Helm chart deploy/charts/npagent rendered with its default values
 	@echo "==> helm template deploy/charts/npagent (Helm's Go packages) -> examples/deploy; go run ./deploy/charts/template [-set k=v] prints other values"
 	$(GO) run ./deploy/charts/template -examples examples/deploy
+
+# The generated references (docs/reference: flags, metrics, chart values) and the
+# samples the documents show: each is written by a test that, run without
+# NPAGENT_UPDATE_DOCS, fails when the committed file is stale.
+docs: ## regenerate docs/reference (flags, metrics, chart values) and the documents' samples from the code
+	@echo "==> docs: the references in docs/reference and the samples in docs/, from the code"
+	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^(TestFlagsReference|TestExplainSampleInDocs|TestCommandUsageInDocs)$$' ./cmd/npagent/
+	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestMetricsReference$$' ./internal/telemetry/
+	NPAGENT_UPDATE_DOCS=1 $(GO) test -count=1 -run '^TestChartValuesReference$$' ./deploy/charts/
 
 tools: ## build kube-apiserver, etcd and the OpenTelemetry Collectors (cached)
 	@echo "==> tools: kube-apiserver, etcd, otelcol, otelcol-gateway (cached after the first build)"

@@ -226,6 +226,9 @@ func printObject(w io.Writer, ex *explain.ObjectExplain) {
 	fmt.Fprintf(w, "  uid         %s  resourceVersion %s  policyRef %s\n", ex.UID, ex.ResourceVersion, orDash(ex.PolicyRef))
 	fmt.Fprintf(w, "  trigger     %s  writer trace %s\n", orDash(rfc(ex.Trigger)), orDash(ex.WriterTraceID))
 	fmt.Fprintf(w, "  local pods  %s\n", orDash(strings.Join(ex.LocalPods, ", ")))
+	for _, n := range ex.Notes {
+		fmt.Fprintf(w, "  note        %s\n", n)
+	}
 
 	fmt.Fprintln(w, "\nVERSIONS seen on this node (oldest first)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

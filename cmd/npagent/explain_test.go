@@ -352,3 +352,16 @@ func TestPrintPodStrictDenied(t *testing.T) {
 		t.Errorf("a strict-denied pod shown as having nothing to enforce:\n%s", b.String())
 	}
 }
+
+// TestPrintObjectNotes: the human form shows the agent's notes on the object (the
+// trigger annotation missing, so nothing is measured), under its trigger.
+func TestPrintObjectNotes(t *testing.T) {
+	ex := explain.ObjectExplain{Node: "n1", At: time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC), Kind: "PolicyEndpoint",
+		Namespace: "shop", Name: "web", UID: "u1", ResourceVersion: "7", State: explain.StateProgrammed,
+		Notes: []string{"no networking.k8s.aws/last-change-trigger-time annotation: this version's programming latency is not measured"}}
+	var b bytes.Buffer
+	printObject(&b, &ex)
+	if !strings.Contains(b.String(), "  note        no networking.k8s.aws/last-change-trigger-time annotation") {
+		t.Errorf("output does not show the note:\n%s", b.String())
+	}
+}

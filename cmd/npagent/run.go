@@ -531,7 +531,7 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 	}
 	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg), ConntrackEntries: cfg.ConntrackEntries, NodeEgress: cfg.NodeEgress})
 	if errors.Is(err, bpfmaps.ErrPinnedCapacity) {
-		return nil, fmt.Errorf("--dataplane=ebpf: %w (Limits.EntriesV4 is --max-entries-ipv4, Limits.EntriesV6 --max-entries-ipv6, ConntrackEntries --conntrack-entries; README: Resizing the maps)", err)
+		return nil, fmt.Errorf("--dataplane=ebpf: %w (Limits.EntriesV4 is --max-entries-ipv4, Limits.EntriesV6 --max-entries-ipv6, ConntrackEntries --conntrack-entries; Resizing the maps: docs/how-to/resize-maps.md)", err)
 	}
 	if err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) || errors.Is(err, os.ErrPermission) {

@@ -674,3 +674,85 @@ func TestInAPIServer(t *testing.T) {
 		}
 	})
 }
+
+// TestPodMonitorValue: monitoring.podMonitor.enabled renders a PodMonitor that
+// selects the agent's pods on its metrics port, asks for the protobuf exposition
+// first (the native histograms) and names instances by node; off by default, and
+// off while cleanup runs (no agent to scrape).
+func TestPodMonitorValue(t *testing.T) {
+	kinds := func(r Rendered) []string {
+		var out []string
+		for _, o := range objects(t, r) {
+			out = append(out, o.GetKind())
+		}
+		return out
+	}
+	if k := kinds(render(t, cases[0])); slices.Contains(k, "PodMonitor") {
+		t.Errorf("default values render a PodMonitor: %v", k)
+	}
+	on := map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prom"}, "interval": "30s"}}}
+	objs := objects(t, render(t, testCase{"podmonitor", Release{"npagent", "npagent"}, on}))
+	i := slices.IndexFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "PodMonitor" })
+	if i < 0 {
+		t.Fatalf("monitoring.podMonitor.enabled: no PodMonitor among %v", kinds(render(t, testCase{"podmonitor", Release{"npagent", "npagent"}, on})))
+	}
+	pm := objs[i]
+	ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+	if pm.GetAPIVersion() != "monitoring.coreos.com/v1" || pm.GetNamespace() != "npagent" || pm.GetLabels()["release"] != "prom" {
+		t.Errorf("PodMonitor %s %s/%s labels %v", pm.GetAPIVersion(), pm.GetNamespace(), pm.GetName(), pm.GetLabels())
+	}
+	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	for k, v := range sel {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("PodMonitor selects %s=%s, the agent's pods have %q", k, v, ds.Spec.Template.Labels[k])
+		}
+	}
+	protocols, _, _ := unstructured.NestedStringSlice(pm.Object, "spec", "scrapeProtocols")
+	if len(protocols) == 0 || protocols[0] != "PrometheusProto" {
+		t.Errorf("scrapeProtocols %v, want PrometheusProto first (native histograms)", protocols)
+	}
+	if native, _, _ := unstructured.NestedBool(pm.Object, "spec", "scrapeNativeHistograms"); !native {
+		t.Error("scrapeNativeHistograms not set")
+	}
+	eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	port := ds.Spec.Template.Spec.Containers[0].Ports[0].Name
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != port || eps[0].(map[string]any)["interval"] != "30s" {
+		t.Errorf("podMetricsEndpoints %v, want the container port %q every 30s", eps, port)
+	}
+	on["cleanup"] = true
+	if k := kinds(render(t, testCase{"podmonitor-cleanup", Release{"npagent", "npagent"}, on})); slices.Contains(k, "PodMonitor") {
+		t.Errorf("cleanup renders a PodMonitor: %v", k)
+	}
+	if _, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabeld": true}}}); err == nil {
+		t.Error("a misspelt monitoring.podMonitor key renders")
+	}
+}
+
+// TestNotesSayWhatToCheck: after an install the notes say how to verify it (the
+// rollout, an object programmed, the metrics and how to scrape the native
+// histogram, the probes' address), with the values in force; under cleanup they
+// say how to finish the uninstall instead.
+func TestNotesSayWhatToCheck(t *testing.T) {
+	notes := render(t, cases[0]).Notes
+	for _, want := range []string{"rollout status daemonset/npagent", "npagent explain pe/", "port 9437", "PrometheusProto",
+		"127.0.0.1:9438", "_count and _sum", "cleanup=true"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("default notes do not say %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "PodMonitor") {
+		t.Errorf("default notes mention a PodMonitor the chart did not render:\n%s", notes)
+	}
+	custom := render(t, cases[1]).Notes
+	if !strings.Contains(custom, "port 9555") || !strings.Contains(custom, "127.0.0.1:9556") || !strings.Contains(custom, "rollout status daemonset/custom-npagent") {
+		t.Errorf("notes do not follow metrics.port, health.port and the release's name:\n%s", custom)
+	}
+	pm := render(t, testCase{"podmonitor", Release{"npagent", "npagent"}, map[string]any{"monitoring": map[string]any{"podMonitor": map[string]any{"enabled": true}}}}).Notes
+	if !strings.Contains(pm, "PodMonitor npagent/npagent") {
+		t.Errorf("notes do not name the PodMonitor:\n%s", pm)
+	}
+	cl := render(t, testCase{"cleanup", Release{"npagent", "npagent"}, map[string]any{"cleanup": true}}).Notes
+	if !strings.Contains(cl, "helm uninstall npagent --namespace npagent") || strings.Contains(cl, "What to check") {
+		t.Errorf("cleanup notes do not say how to finish the uninstall:\n%s", cl)
+	}
+}

@@ -18,12 +18,14 @@ const (
 )
 
 // TestPromtool runs `promtool check rules` (syntax, PromQL, duplicate rules as
-// errors) and `promtool test rules` (the unit tests in npagent.rules.test.yaml).
+// errors), `promtool test rules` (the unit tests in npagent.rules.test.yaml) and
+// `promtool check config` on prometheus.yml, the example configuration.
 func TestPromtool(t *testing.T) {
 	promtool := testenv.ToolPath(t, "promtool")
 	for _, args := range [][]string{
 		{"check", "rules", "--lint=all", "--lint-fatal", rulesFile},
 		{"test", "rules", testsFile},
+		{"check", "config", "prometheus.yml"}, // the settings the dashboard needs, with the rules
 	} {
 		t.Run(args[0], func(t *testing.T) {
 			out, err := exec.Command(promtool, args...).CombinedOutput()

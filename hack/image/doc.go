@@ -21,8 +21,8 @@
 //   - each image is one layer holding only /usr/local/bin/npagent (CGO_ENABLED=0,
 //     -trimpath, the given -ldflags) and its parent directories: no shell, no libc,
 //     no package manager;
-//   - the entrypoint is the binary; the user is 0:0 (root), on purpose — see the
-//     README's "Image" paragraph: the pod drops every capability but the ones the
+//   - the entrypoint is the binary; the user is 0:0 (root), on purpose — see
+//     docs/how-to/build-image.md: the pod drops every capability but the ones the
 //     eBPF dataplane needs, which Kubernetes grants reliably only to uid 0;
 //   - labels org.opencontainers.image.{title,version,source,revision,created};
 //   - reproducible: every timestamp (files, config, history) is -created, the

@@ -27,7 +27,7 @@ import (
 const binaryPath = "/usr/local/bin/npagent"
 
 // imageUser is the image's default user: root, whose capabilities the pod spec
-// narrows (README, "Image"). Numeric, since the image has no /etc/passwd.
+// narrows (docs/how-to/build-image.md). Numeric, since the image has no /etc/passwd.
 const imageUser = "0:0"
 
 // platforms are the ones the eBPF objects are generated for (internal/bpfmaps).

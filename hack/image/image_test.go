@@ -180,7 +180,7 @@ func checkConfig(t *testing.T, img v1.Image, o options, p v1.Platform) {
 		t.Errorf("entrypoint %q cmd %q, want the binary alone", cf.Config.Entrypoint, cf.Config.Cmd)
 	}
 	if cf.Config.User != "0:0" {
-		t.Errorf("user %q, want 0:0 (README, Image)", cf.Config.User)
+		t.Errorf("user %q, want 0:0 (docs/how-to/build-image.md)", cf.Config.User)
 	}
 	if !cf.Created.Equal(o.Created) {
 		t.Errorf("created %v, want the commit time %v", cf.Created.Time, o.Created)

@@ -24,7 +24,7 @@ const (
 // another capacity than the one asked for. The error is a *PinnedCapacityError
 // naming the pin directory, each map and both sizes; nothing was changed. A pinned
 // map's capacity is fixed when it is created: to resize, stop the agent, remove the
-// pin directory and start it with the new sizes (README, "Resizing the maps").
+// pin directory and start it with the new sizes (docs/how-to/resize-maps.md).
 var ErrPinnedCapacity = errors.New("pinned eBPF maps have another capacity")
 
 // PinnedCapacityError lists the pinned maps whose capacity differs from the one

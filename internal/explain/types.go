@@ -184,6 +184,9 @@ type ObjectExplain struct {
 	State      string `json:"state"`
 	Programmed bool   `json:"programmed"`
 	Detail     string `json:"detail,omitempty"`
+	// Notes say what the agent found worth knowing about the current version
+	// (the trigger annotation missing, so nothing is measured).
+	Notes []string `json:"notes,omitempty"`
 	// LocalPods are the pods on this node the current version lists.
 	LocalPods []string `json:"localPods,omitempty"`
 	// Versions seen on this node, oldest first (the newest few).

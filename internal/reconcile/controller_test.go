@@ -1,14 +1,18 @@
 package reconcile
 
 import (
+	"bytes"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/translate"
 	"k8s.io/apimachinery/pkg/types"
@@ -396,5 +400,67 @@ func TestInvalidAnnotationCountedOncePerVersion(t *testing.T) {
 	h.OnUpdate(v1, v2)
 	if n, inv := c.cfg.Seen.Stats().Suppressed[report.InvalidAnnotation], invalidCount(c, report.KindPolicyEndpoint, field); n != 2 || inv != 2 {
 		t.Errorf("after a second bad write: invalid_annotation %d, invalid objects %d; want 2 and 2", n, inv)
+	}
+}
+
+// TestMissingTriggerAnnotation: an object version without the trigger annotation
+// (a controller that does not stamp it) is enforced as usual, and its missing
+// measurement is visible: counted once per written version (not per resync),
+// logged once per object naming it, and noted by explain.
+func TestMissingTriggerAnnotation(t *testing.T) {
+	c := offlineController(t, bpfmaps.NewMemory(), newLookupTableResolver("10.60.0.1", 7), nil)
+	var logs bytes.Buffer
+	c.log = slog.New(slog.NewTextHandler(&logs, nil))
+	store, h := c.informers[report.KindPolicyEndpoint].GetIndexer(), c.handler(report.KindPolicyEndpoint)
+	v1 := benchPE(0, 1)
+	delete(v1.Annotations, v1alpha1.AnnotationLastChangeTriggerTime)
+	if err := store.Add(v1); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(v1, false)
+	for range 3 {
+		h.OnUpdate(v1, v1) // resyncs
+	}
+	if n := c.Stats().TriggerMissing[report.KindPolicyEndpoint]; n != 1 {
+		t.Errorf("trigger missing %d after a write and 3 resyncs, want 1", n)
+	}
+	v2 := v1.DeepCopy() // a second write, again without the annotation
+	v2.ResourceVersion = "2000"
+	if err := store.Update(v2); err != nil {
+		t.Fatal(err)
+	}
+	h.OnUpdate(v1, v2)
+	var counts report.Counts
+	c.Counts(&counts)
+	if n := counts.TriggerMissing[report.KindPolicyEndpoint]; n != 2 {
+		t.Errorf("Counts: trigger missing %d after two versions, want 2", n)
+	}
+	if n := strings.Count(logs.String(), "no trigger annotation"); n != 1 {
+		t.Errorf("logged %d times, want once per object:\n%s", n, logs.String())
+	}
+	for _, want := range []string{"name=" + v1.Name, "namespace=" + v1.Namespace, v1alpha1.AnnotationLastChangeTriggerTime} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log line does not name %q:\n%s", want, logs.String())
+		}
+	}
+	if got := c.sync(keyOf(report.KindPolicyEndpoint, v2), time.Now()); got != outcomeDone {
+		t.Fatalf("sync = %v: an object without the annotation is still enforced", got)
+	}
+	ex := c.ExplainObject(report.KindPolicyEndpoint, v1.Namespace, v1.Name)
+	if len(ex.Notes) != 1 || !strings.Contains(ex.Notes[0], v1alpha1.AnnotationLastChangeTriggerTime) || !strings.Contains(ex.Notes[0], "not measured") {
+		t.Errorf("explain notes %q, want one naming the missing annotation", ex.Notes)
+	}
+	if ex.State != explain.StateProgrammed {
+		t.Errorf("explain state %s, want programmed", ex.State)
+	}
+
+	// An object with the annotation gets no note.
+	v3, _ := newVersion(benchPE(1, 1), nil)
+	if err := store.Add(v3); err != nil {
+		t.Fatal(err)
+	}
+	h.OnAdd(v3, false)
+	if ex := c.ExplainObject(report.KindPolicyEndpoint, v3.Namespace, v3.Name); len(ex.Notes) != 0 {
+		t.Errorf("an object with the annotation has notes %q", ex.Notes)
 	}
 }

@@ -63,7 +63,10 @@
 //     the pod's namespace asked for, and silence the baseline tier), so its pods get
 //     what their other objects give: a rejected admin Deny does not drop. A
 //     malformed trigger annotation is counted (invalid_annotation) and logged, but
-//     the object is still programmed: a timestamp must not cost enforcement.
+//     the object is still programmed: a timestamp must not cost enforcement. A
+//     version without the annotation is programmed too, and counted
+//     (Stats.TriggerMissing, once per version), logged once per object and noted by
+//     ExplainObject: a controller that never stamps it leaves nothing to measure.
 //   - The informers deliver again within about a second of the apiserver being
 //     ready after a restart, however often it restarts: their ListWatch waits for
 //     the apiserver instead of failing fast, reopens an ended watch, and lists again

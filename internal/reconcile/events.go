@@ -101,6 +101,9 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 	}
 }
 
+// triggerMissingHint says why an object lacks the trigger annotation and what to do.
+const triggerMissingHint = "the controller that wrote it does not stamp the change's trigger time; a release of the AWS Network Policy Controller that stamps it is needed (or --trigger-annotation names another annotation)"
+
 // observe counts a delivery and tells the seen-set about its trigger. It reports
 // whether the seen-set accepted a new trigger (false without annotation).
 func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cause) bool {
@@ -113,7 +116,18 @@ func (c *Controller) observe(kind report.Kind, m metav1.Object, cause report.Cau
 func (c *Controller) observeVersion(kind report.Kind, m metav1.Object, cause report.Cause, v objectVersion, fresh, redelivers bool) bool {
 	c.stats.deliveries[kind][cause].Add(1)
 	if !v.hasTrigger {
-		return false // nothing to measure
+		// Nothing to measure. Counted once per written version and logged once per
+		// object: a controller that does not stamp the annotation leaves the
+		// latency dashboard empty, and this says why.
+		if fresh {
+			c.stats.triggerMissing[kind].Add(1)
+			if c.versions.firstMissing(v.uid) {
+				c.log.Warn("policy object has no trigger annotation: its programming latency is not measured (enforced as usual)",
+					"kind", kind.String(), "namespace", m.GetNamespace(), "name", m.GetName(), "uid", v.uid,
+					"annotation", c.cfg.TriggerAnnotation, "hint", triggerMissingHint)
+			}
+		}
+		return false
 	}
 	if v.triggerErr != nil {
 		if fresh {

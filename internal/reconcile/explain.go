@@ -74,6 +74,9 @@ func (c *Controller) ExplainObject(kind report.Kind, namespace, name string) exp
 	out.UID, out.ResourceVersion, out.PolicyRef = string(cur.uid), cur.rv, cur.policyRef
 	v := c.versions.checkout(cur.meta)
 	out.Trigger, out.WriterTraceID = v.trigger, explain.TraceID(v.traceParent)
+	if !v.hasTrigger {
+		out.Notes = append(out.Notes, "no "+c.cfg.TriggerAnnotation+" annotation: this version's programming latency is not measured; "+triggerMissingHint)
+	}
 	for _, p := range cur.endpoints {
 		if ip, ok := c.localPod(p); ok {
 			out.LocalPods = append(out.LocalPods, ip.String())

@@ -30,6 +30,9 @@ type Stats struct {
 	// InvalidObjects counts rejected object versions (bad input, invalid trigger
 	// annotation, or a merged policy the dataplane refuses).
 	InvalidObjects uint64
+	// TriggerMissing counts object versions delivered without the trigger
+	// annotation, by Kind: nothing to measure them by (each version once).
+	TriggerMissing [report.NumKinds]uint64
 	// PodsIsolated counts pods denied (node traffic excepted) because their policy
 	// could not be committed and they held no state, or because a PolicyEndpoint
 	// naming them was rejected and has no valid version (in the directions it
@@ -61,6 +64,7 @@ func (s Stats) Delivered(k report.Kind, c report.Cause) uint64 { return s.Delive
 
 type counters struct {
 	deliveries     [report.NumKinds][report.NumCauses]atomic.Uint64
+	triggerMissing [report.NumKinds]atomic.Uint64
 	syncs          atomic.Uint64
 	commits        atomic.Uint64
 	commitsSkipped atomic.Uint64
@@ -99,6 +103,9 @@ func (c *Controller) Counts(dst *report.Counts) {
 			dst.Deliveries[k][cause] = c.stats.deliveries[k][cause].Load()
 		}
 	}
+	for k := range dst.TriggerMissing {
+		dst.TriggerMissing[k] = c.stats.triggerMissing[k].Load()
+	}
 	c.stats.invalidMu.Lock()
 	dst.InvalidObjects = maps.Clone(c.stats.invalidByField)
 	c.stats.invalidMu.Unlock()
@@ -112,6 +119,9 @@ func (c *Controller) Stats() Stats {
 		for cause := range s.Deliveries[k] {
 			s.Deliveries[k][cause] = c.stats.deliveries[k][cause].Load()
 		}
+	}
+	for k := range s.TriggerMissing {
+		s.TriggerMissing[k] = c.stats.triggerMissing[k].Load()
 	}
 	s.Syncs = c.stats.syncs.Load()
 	s.Commits = c.stats.commits.Load()

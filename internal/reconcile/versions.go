@@ -58,6 +58,9 @@ type versionEntry struct {
 	// the handler.
 	relist         int64
 	relistConsumed bool
+	// missingLogged: a version of the uid without the trigger annotation was
+	// logged; later ones are only counted (one line per object, not per write).
+	missingLogged bool
 }
 
 // removedOnly reports whether the version's only change on this node is removing
@@ -113,6 +116,7 @@ func (t *versionTable) recordKnown(m metav1.Object) (v objectVersion, fresh, red
 	e := &versionEntry{v: v}
 	if known {
 		e.olderMax = prev.olderMax
+		e.missingLogged = prev.missingLogged
 		if prev.v.trigger.After(e.olderMax) {
 			e.olderMax = prev.v.trigger
 		}
@@ -200,6 +204,19 @@ func (t *versionTable) forget(uid types.UID) {
 	delete(t.byUID, uid)
 	t.mu.Unlock()
 	t.history.Forget(string(uid))
+}
+
+// firstMissing reports whether no version of uid without the trigger annotation
+// was logged yet, and marks it logged.
+func (t *versionTable) firstMissing(uid types.UID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byUID[uid]
+	if !ok || e.missingLogged {
+		return false
+	}
+	e.missingLogged = true
+	return true
 }
 
 // observed records the seen-set's answer to the first observation of version v's

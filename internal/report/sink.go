@@ -24,6 +24,10 @@ type Counts struct {
 	// Suppressed counts trigger observations and pending triggers not reported,
 	// by reason; the Accepted slot is zero (seen).
 	Suppressed [NumReasons]uint64
+	// TriggerMissing counts object versions delivered without the trigger
+	// annotation, by kind (reconcile): their programming latency cannot be
+	// measured (a controller that does not stamp it).
+	TriggerMissing [NumKinds]uint64
 	// InvalidObjects counts rejected object versions by kind and field
 	// (reconcile). Field names carry no indexes; their set is fixed by the code.
 	InvalidObjects map[InvalidObject]uint64

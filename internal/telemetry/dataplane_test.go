@@ -1,10 +1,14 @@
 package telemetry
 
 import (
+	"bytes"
 	"io"
+	"log/slog"
 	"maps"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -154,4 +158,91 @@ func TestMapUseExported(t *testing.T) {
 			t.Errorf("/metrics has no %s...} %s sample:\n%s", s.name, s.value, body)
 		}
 	}
+}
+
+// Object versions without the trigger annotation are a cumulative counter by kind,
+// over OTLP and on /metrics: the reason an empty latency dashboard is empty.
+func TestTriggerMissingExported(t *testing.T) {
+	tel := newInMemory(t)
+	tel.ObserveCounts(func(c *report.Counts) { c.TriggerMissing[report.KindPolicyEndpoint] = 4 })
+	m, ok := findMetric(tel.collect(t), TriggerMissingName)
+	if !ok {
+		t.Fatalf("no %s metric", TriggerMissingName)
+	}
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok || !sum.IsMonotonic || len(sum.DataPoints) != report.NumKinds {
+		t.Fatalf("%s = %+v, want a monotonic point per kind", TriggerMissingName, m.Data)
+	}
+	for _, p := range sum.DataPoints {
+		kind, _ := p.Attributes.Value(KindKey)
+		want := int64(0)
+		if kind.AsString() == report.KindPolicyEndpoint.String() {
+			want = 4
+		}
+		if p.Value != want {
+			t.Errorf("%s{%s} = %d, want %d", TriggerMissingName, kind.AsString(), p.Value, want)
+		}
+	}
+	if body := scrape(t, tel); !containsSample(body, `npagent_policy_trigger_missing_total{npagent_policy_kind="PolicyEndpoint"`, "4") {
+		t.Errorf("/metrics has no npagent_policy_trigger_missing_total sample of 4 for PolicyEndpoint:\n%s", body)
+	}
+}
+
+// TestTextScrapeWarned: a /metrics client that asks for a text format loses the
+// native histograms' buckets, so the agent warns, once per User-Agent, naming the
+// setting that fixes it; a protobuf scrape is not warned about.
+func TestTextScrapeWarned(t *testing.T) {
+	var logs syncBuffer
+	tel := newInMemory(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv := httptest.NewServer(tel.MetricsHandler())
+	defer srv.Close()
+	get := func(ua, accept string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("User-Agent", ua)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	const proto = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,application/openmetrics-text;version=1.0.0;q=0.5"
+	get("Prometheus/3.8.0", proto)
+	if strings.Contains(logs.String(), "text format") {
+		t.Fatalf("a protobuf scrape was warned about:\n%s", logs.String())
+	}
+	get("Prometheus/2.53.0", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+	get("Prometheus/2.53.0", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+	get("curl/8.5.0", "")
+	out := logs.String()
+	if n := strings.Count(out, "text format"); n != 2 {
+		t.Errorf("warned %d times, want once per User-Agent (2):\n%s", n, out)
+	}
+	for _, want := range []string{"PrometheusProto", "scrape_native_histograms", LatencyName, "Prometheus/2.53.0", "curl/8.5.0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the warning does not name %q:\n%s", want, out)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer a logger may write from a server's goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

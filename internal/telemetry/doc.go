@@ -113,7 +113,9 @@
 // (otel.SetErrorHandler, otel.SetLogger: process-wide). The exponential
 // histogram appears in the registry as a Prometheus native histogram, which only
 // the protobuf exposition carries: a scraping Prometheus needs scrape_protocols
-// with PrometheusProto first.
+// with PrometheusProto first. A client that asks for a text format is warned
+// about in the log, once per User-Agent (at most 16): nothing else would tell
+// why the quantiles are empty.
 //
 // Nothing of Kubernetes is imported here: the reconcile loop hands over a plain
 // Record.

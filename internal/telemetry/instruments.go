@@ -23,6 +23,10 @@ const (
 	RejectedName = "npagent.policy.programming.rejected"
 	// DeliveriesName counts informer deliveries by cause.
 	DeliveriesName = "npagent.policy.deliveries"
+	// TriggerMissingName counts object versions without the trigger annotation:
+	// nothing to measure them by, so a controller that never stamps it leaves the
+	// latency histogram empty and this counter says why.
+	TriggerMissingName = "npagent.policy.trigger_missing"
 	// InvalidObjectsName counts objects rejected for bad input, by field.
 	InvalidObjectsName = "npagent.policy.invalid_objects"
 	// TraceparentInvalidName counts traceparent annotations that did not parse;

@@ -170,7 +170,8 @@ func WithMetricReader(r sdkmetric.Reader) Option {
 }
 
 // WithLogger sets where export trouble is reported (once per transition from
-// healthy to failing, and back), and routes the OpenTelemetry SDK's own error
+// healthy to failing, and back) and a /metrics client asking for a text format
+// is warned about (once per User-Agent), and routes the OpenTelemetry SDK's own error
 // handler and internal log there (process-wide: otel.SetErrorHandler and
 // otel.SetLogger). Default: export trouble discarded, the SDK's globals left as
 // they are (the standard logger, on stderr).

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -41,6 +44,8 @@ type Telemetry struct {
 	mp     *sdkmetric.MeterProvider
 	tracer trace.Tracer
 	prom   *prometheus.Registry
+	// textScrapers: /metrics clients warned that text loses the native histograms.
+	textScrapers textScrapers
 
 	latency        metric.Float64Histogram
 	commitDuration metric.Float64Histogram
@@ -287,10 +292,13 @@ func (t *Telemetry) buildInstruments() error {
 	deliveries, err := m.Int64ObservableCounter(DeliveriesName, metric.WithUnit("{delivery}"),
 		metric.WithDescription("Informer deliveries of policy objects, by cause."))
 	check(err)
+	triggerMissing, err := m.Int64ObservableCounter(TriggerMissingName, metric.WithUnit("{version}"),
+		metric.WithDescription("Policy object versions delivered without the trigger annotation, by kind: their programming latency is not measured (the controller that wrote them does not stamp it)."))
+	check(err)
 	invalidObjects, err := m.Int64ObservableCounter(InvalidObjectsName, metric.WithUnit("{object}"),
 		metric.WithDescription("Policy objects rejected for bad input, by field."))
 	check(err)
-	observed = append(observed, suppressed, deliveries, invalidObjects)
+	observed = append(observed, suppressed, deliveries, invalidObjects, triggerMissing)
 	t.commitDuration, err = m.Float64Histogram(CommitDurationName, metric.WithUnit("s"),
 		metric.WithDescription("Duration of each dataplane commit attempt."))
 	check(err)
@@ -325,6 +333,9 @@ func (t *Telemetry) buildInstruments() error {
 			var c report.Counts
 			(*fill)(&c)
 			t.observeCounts(o, &c, suppressed, deliveries, invalidObjects, seenObjects, seenPending)
+			for k, n := range c.TriggerMissing {
+				o.ObserveInt64(triggerMissing, int64(n), t.latencySets[k].observe...)
+			}
 			pendingAge.observe(o, &c)
 			t.watch.observe(o, &c)
 			t.dataplane.observe(o, &c)
@@ -340,13 +351,48 @@ func (t *Telemetry) buildInstruments() error {
 // MetricsHandler serves the Prometheus exposition of every instrument. The
 // latency histogram is a native histogram there, carried only by the protobuf
 // exposition (negotiated through the Accept header); the text formats show its
-// count and sum alone. A scrape shows every trigger reported before it.
+// count and sum alone, so a scraper that asks for text is warned about once (per
+// User-Agent). A scrape shows every trigger reported before it.
 func (t *Telemetry) MetricsHandler() http.Handler {
 	h := promhttp.HandlerFor(t.prom, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.handoff.drain(t.draw) // every trigger reported before the scrape is in it
+		if expfmt.NegotiateAccept(r.Header, expfmt.DefaultOpenMetricsAcceptedFormats()...).FormatType() != expfmt.TypeProtoDelim {
+			t.textScrapers.warn(t.cfg.logger, r)
+		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// maxTextScrapers bounds the User-Agents textScrapers remembers: a warning per
+// scraper is the point, and anything can set a User-Agent.
+const maxTextScrapers = 16
+
+// textScrapers warns, once per User-Agent, that a /metrics client asked for a
+// text format, which carries the native histograms' count and sum only: the
+// latency quantiles and the dashboard then stay empty with nothing else to say
+// why.
+type textScrapers struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (s *textScrapers) warn(log *slog.Logger, r *http.Request) {
+	ua := r.Header.Get("User-Agent")
+	s.mu.Lock()
+	if s.seen[ua] || len(s.seen) >= maxTextScrapers {
+		s.mu.Unlock()
+		return
+	}
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	s.seen[ua] = true
+	s.mu.Unlock()
+	log.Warn("a /metrics client asked for a text format: it gets only _count and _sum of the native histograms "+
+		"("+LatencyName+", "+CommitDurationName+"), so their quantiles stay empty; scrape protobuf first "+
+		"(Prometheus: scrape_protocols: [PrometheusProto, ...] and scrape_native_histograms: true) or receive them over OTLP",
+		"remote", r.RemoteAddr, "user_agent", ua, "accept", r.Header.Get("Accept"))
 }
 
 // Dropped returns how many spans never reached an exporter's destination (queue

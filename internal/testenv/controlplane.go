@@ -243,7 +243,7 @@ func (c *ControlPlane) waitReady(timeout time.Duration) error {
 func CRDDir() string { return filepath.Join(RepoRoot(), "config", "crd") }
 
 // EnvUpstreamCRDs names a directory holding the AWS Network Policy Controller's CRD
-// manifests, when they are not beside the checkout (README: Developing).
+// manifests, when they are not beside the checkout (CONTRIBUTING.md: Tests in tiers).
 const EnvUpstreamCRDs = "NPAGENT_UPSTREAM_CRDS"
 
 // UpstreamCRDDir returns the directory of the controller's own CRD manifests (test
