@@ -13,7 +13,7 @@ import (
 type loop interface {
 	Progress() reconcile.Progress
 	HasSynced() bool
-	WatchStalled(now time.Time) error
+	WatchProblem(now time.Time) error
 }
 
 // agentHealth is what /livez and /readyz answer from. run fills it in as the agent
@@ -118,9 +118,10 @@ func (h *agentHealth) ready() (notes []string, err error) {
 	if err := stalled(l.Progress(), h.now(), h.stallTimeout); err != nil {
 		return notes, fmt.Errorf("stalled: %w", err)
 	}
-	// A stalled watch leaves the agent alive (a restart would not bring the
-	// apiserver back) but not ready: the policy it enforces may be out of date.
-	if err := l.WatchStalled(h.now()); err != nil {
+	// A stalled or refused watch leaves the agent alive (a restart would not bring
+	// the apiserver back or restore its rights) but not ready: the policy it
+	// enforces may be out of date.
+	if err := l.WatchProblem(h.now()); err != nil {
 		return notes, err
 	}
 	// What the agent found wrong in its own setup (the node's addresses do not fit

@@ -70,7 +70,7 @@ type fakeLoop struct {
 
 func (f *fakeLoop) Progress() reconcile.Progress { return f.p }
 func (f *fakeLoop) HasSynced() bool              { return f.synced }
-func (f *fakeLoop) WatchStalled(time.Time) error { return f.watchStall }
+func (f *fakeLoop) WatchProblem(time.Time) error { return f.watchStall }
 
 // TestAgentHealthFollowsTheStart walks the probes through a start: waiting for the
 // apiserver (alive, not ready, saying why), caches syncing, ready, a worker stuck

@@ -17,6 +17,20 @@ type Health struct {
 	listErrors   atomic.Uint64
 	watchErrors  atomic.Uint64
 	relists      [report.NumRelistCauses]atomic.Uint64
+	refused      atomic.Pointer[string] // report.WatchHealth.Refused; nil: none
+}
+
+// refuse records why a ready apiserver refused a request.
+func (h *Health) refuse(err error) {
+	msg := err.Error()
+	h.refused.Store(&msg)
+}
+
+// answered records a request the apiserver granted: no refusal stands.
+func (h *Health) answered() {
+	if h.refused.Load() != nil {
+		h.refused.Store(nil)
+	}
 }
 
 // event records something received from the apiserver at now.
@@ -28,6 +42,7 @@ func (h *Health) opened(now time.Time, timeout time.Duration) {
 	h.watchTimeout.Store(int64(timeout))
 	h.event(now)
 	h.established.Store(true)
+	h.answered()
 }
 
 // ended records the watch ended at now.
@@ -46,6 +61,9 @@ func (h *Health) Snapshot(now time.Time, bound time.Duration) report.WatchHealth
 	}
 	for c := range w.Relists {
 		w.Relists[c] = h.relists[c].Load()
+	}
+	if r := h.refused.Load(); r != nil {
+		w.Refused = *r
 	}
 	w.Age, w.Stalled = watchStalled(w.Established, w.LastEvent, unixNano(h.downSince.Load()),
 		time.Duration(h.watchTimeout.Load()), now, bound)

@@ -191,6 +191,7 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 		if err == nil {
 			l.recovered("list", delay)
 			l.health.event(time.Now())
+			l.health.answered()
 			if items, err := meta.ExtractList(obj); err == nil {
 				last := true
 				if lm, err := meta.ListAccessor(obj); err == nil {
@@ -265,10 +266,13 @@ func (l *listWatch) track(t watch.EventType, obj runtime.Object) (unchanged bool
 // waits while the apiserver is unreachable or not ready; once it is ready, only
 // network errors and 5xx answers are retried (a 429 goes to the reflector, whose
 // backoff suits throttling). It returns false when ctx ends.
+//
+// The first failure of a sequence is logged only once the apiserver's readiness is
+// known: a ready apiserver that refuses (RBAC withdrawn, say) is named as such and
+// recorded in health (report.WatchHealth.Refused, /readyz), never announced as an
+// outage to wait out.
 func (l *listWatch) retry(ctx context.Context, request string, err error, delay *time.Duration) bool {
-	if *delay == retryInitial {
-		l.log.Warn("apiserver request failed: retrying until the apiserver is back", "request", request, "err", err)
-	}
+	first := *delay == retryInitial
 	for {
 		if !sleepCtx(ctx, *delay) {
 			return false
@@ -278,9 +282,14 @@ func (l *listWatch) retry(ctx context.Context, request string, err error, delay 
 			if transient(err) {
 				return true
 			}
+			l.health.refuse(err)
 			l.log.Warn("apiserver is ready and refuses the request: client-go's reflector retries it with its backoff",
 				"request", request, "err", err)
 			return false
+		}
+		if first {
+			l.log.Warn("apiserver request failed: retrying until the apiserver is back", "request", request, "err", err)
+			first = false
 		}
 	}
 }

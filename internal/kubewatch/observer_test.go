@@ -2,19 +2,24 @@ package kubewatch
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/testenv"
 )
 
 // recordingObserver is a ListObserver that records what it is told.
@@ -193,5 +198,34 @@ func TestListObserverWatchList(t *testing.T) {
 	}
 	if d := l.delivered["shop/b"]; d.rv != "5" {
 		t.Errorf("after the initial events, b delivered at %q, want 5", d.rv)
+	}
+}
+
+// TestRefusedByReadyAPIServer: a list a ready apiserver refuses (RBAC withdrawn) goes
+// to the reflector at once, logged as a refusal — never as an outage to wait out — and
+// recorded in the health (WatchHealth.Refused) until a request succeeds again (pure
+// logic: the list and readiness are functions).
+func TestRefusedByReadyAPIServer(t *testing.T) {
+	var logs testenv.LogBuffer
+	l := testListWatch(&recordingObserver{})
+	l.log = slog.New(slog.NewTextHandler(&logs, nil))
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "networking.k8s.aws", Resource: "policyendpoints"}, "",
+		errors.New(`User "agent" cannot list resource "policyendpoints"`))
+	l.base.ListWithContextFunc = func(context.Context, metav1.ListOptions) (runtime.Object, error) { return nil, forbidden }
+	if _, err := l.list(context.Background(), metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("list = %v, want the refusal handed to the reflector", err)
+	}
+	if strings.Contains(logs.String(), "retrying until the apiserver is back") || !strings.Contains(logs.String(), "ready and refuses") {
+		t.Errorf("log %q: want the refusal named, not an outage", logs.String())
+	}
+	if got := l.health.Snapshot(time.Now(), time.Minute).Refused; !strings.Contains(got, "cannot list resource") {
+		t.Errorf("health Refused = %q, want the apiserver's reason", got)
+	}
+	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1")}}, nil)
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.health.Snapshot(time.Now(), time.Minute).Refused; got != "" {
+		t.Errorf("after a granted list Refused = %q, want none", got)
 	}
 }

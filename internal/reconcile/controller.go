@@ -59,7 +59,7 @@ type Config struct {
 	// Logger receives the loop's logs. Default slog.Default().
 	Logger *slog.Logger
 	// WatchStallTimeout is how long an informer's watch may be down before it
-	// counts as stalled (WatchStalled, Counts); an open watch counts as stalled
+	// counts as stalled (WatchProblem, Counts); an open watch counts as stalled
 	// when silent (no event, no bookmark, not reopened) for its own timeout plus
 	// this (see kubewatch.Health.Snapshot). Default 1m.
 	WatchStallTimeout time.Duration

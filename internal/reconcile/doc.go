@@ -73,8 +73,9 @@
 //     in place after a 410, so client-go's reflector backoff (growing to 30-60 s,
 //     reset only after two minutes) never applies to an outage. Each informer's
 //     watch health (last arrival, list and watch errors, relists by cause) is in
-//     Counts; WatchStalled names a watch down past Config.WatchStallTimeout, or open
-//     and silent past its own timeout plus that.
+//     Counts; WatchProblem names a watch refused by a ready apiserver, or down
+//     past Config.WatchStallTimeout, or open and silent past its own timeout plus
+//     that.
 //   - Objects are keyed by uid in the seen-set: delete and recreate under one name
 //     is two objects; the old one's pods are re-committed without it.
 //   - After the caches sync, seen-set entries of objects no longer in either cache

@@ -1,15 +1,22 @@
 package reconcile
 
 import (
+	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/report"
+	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
 )
 
@@ -135,17 +142,17 @@ func fmtDelay(d time.Duration) string {
 func TestWatchStallReported(t *testing.T) {
 	cp := testenv.Start(t)
 	a := startAgent(t, cp, agentOptions{nodeIP: "192.0.2.41", watchStall: 3 * time.Second})
-	if err := a.c.WatchStalled(time.Now()); err != nil {
+	if err := a.c.WatchProblem(time.Now()); err != nil {
 		t.Errorf("stalled right after the initial list: %v", err)
 	}
 	cp.StopAPIServer(t)
 	stopped := time.Now()
 	var c report.Counts
 	testenv.Eventually(t, 30*time.Second, "both watches stalled, down", func() bool {
-		err := a.c.WatchStalled(time.Now())
+		err := a.c.WatchProblem(time.Now())
 		return err != nil && strings.Count(err.Error(), "watch stalled: down") == 2
 	})
-	t.Logf("reported stalled %v after the apiserver stopped: %v", time.Since(stopped).Round(100*time.Millisecond), a.c.WatchStalled(time.Now()))
+	t.Logf("reported stalled %v after the apiserver stopped: %v", time.Since(stopped).Round(100*time.Millisecond), a.c.WatchProblem(time.Now()))
 	a.c.Counts(&c)
 	for k, w := range c.Watch {
 		if !w.Stalled || w.Established || w.Age < 3*time.Second {
@@ -156,7 +163,7 @@ func TestWatchStallReported(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "watches open and not stalled", func() bool {
 		var c report.Counts
 		a.c.Counts(&c)
-		return c.Watch[0].Established && c.Watch[1].Established && a.c.WatchStalled(time.Now()) == nil
+		return c.Watch[0].Established && c.Watch[1].Established && a.c.WatchProblem(time.Now()) == nil
 	})
 }
 
@@ -168,7 +175,7 @@ func TestQuietWatchNotStalled(t *testing.T) {
 	cp := testenv.Start(t)
 	a := startAgent(t, cp, agentOptions{nodeIP: "192.0.2.42", watchStall: 3 * time.Second})
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-		if err := a.c.WatchStalled(time.Now()); err != nil {
+		if err := a.c.WatchProblem(time.Now()); err != nil {
 			t.Fatalf("a quiet, open watch reported stalled: %v", err)
 		}
 	}
@@ -180,4 +187,64 @@ func TestQuietWatchNotStalled(t *testing.T) {
 			t.Errorf("%s: established %v, stalled %v; want open, not stalled", report.Kind(k), w.Established, w.Stalled)
 		}
 	}
+}
+
+// TestWatchRefusedNamedInReadyz: an agent whose rights to PolicyEndpoints are
+// withdrawn while it runs finds out when its watch is next opened (here: after an
+// apiserver restart). /readyz (WatchProblem) then names the refusal at once, with the
+// apiserver's reason — not a stall after --watch-stall-timeout, not an outage — and
+// clears once the rights are back.
+func TestWatchRefusedNamedInReadyz(t *testing.T) {
+	cp := testenv.Start(t)
+	ctx := context.Background()
+	const user = "agent-rights-withdrawn"
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{{
+		APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}}}
+	binding := func() *rbacv1.ClusterRoleBinding {
+		return &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: user},
+			Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}}}
+	}
+	for _, o := range []client.Object{role, binding()} {
+		if err := cp.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restConfig := rest.CopyConfig(cp.Config)
+	restConfig.Impersonate = rest.ImpersonationConfig{UserName: user}
+	set, err := seen.New(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(restConfig, Config{NodeName: "node-192.0.2.43", NodeIP: netip.MustParseAddr("192.0.2.43"), Dataplane: bpfmaps.NewMemory(),
+		Seen: set, Logger: testLogger(t), WatchStallTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, 30*time.Second, "synced with its rights", c.HasSynced)
+	if err := c.WatchProblem(time.Now()); err != nil {
+		t.Fatalf("watch problem while granted: %v", err)
+	}
+
+	if err := cp.Client.Delete(ctx, binding()); err != nil {
+		t.Fatal(err)
+	}
+	cp.RestartAPIServer(t) // the watches are opened again, now without the rights
+	var problem error
+	testenv.Eventually(t, 30*time.Second, "readyz names the refusal", func() bool {
+		problem = c.WatchProblem(time.Now())
+		return problem != nil && strings.Contains(problem.Error(), "refused by the apiserver") && strings.Contains(problem.Error(), "forbidden")
+	})
+	t.Logf("readyz: %v", problem)
+
+	if err := cp.Client.Create(ctx, binding()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "the refusal cleared once the rights are back", func() bool {
+		return c.WatchProblem(time.Now()) == nil
+	})
 }

@@ -18,21 +18,27 @@ func (c *Controller) watchCounts(dst *report.Counts, now time.Time) {
 	}
 }
 
-// WatchStalled returns an error naming each informer whose watch is stalled at now
+// WatchProblem returns an error naming each informer whose watch is refused by a
+// ready apiserver (at once: only a change of its rights cures it) or stalled at now
 // (see kubewatch.Health.Snapshot), or nil. For /readyz.
-func (c *Controller) WatchStalled(now time.Time) error {
+func (c *Controller) WatchProblem(now time.Time) error {
 	var err error
 	for k := range c.watch {
 		w := c.watch[k].Snapshot(now, c.cfg.WatchStallTimeout)
-		if !w.Stalled {
+		var e error
+		switch {
+		case w.Refused != "":
+			e = fmt.Errorf("%s watch refused by the apiserver: %s", report.Kind(k), w.Refused)
+		case w.Stalled:
+			state := "open"
+			if !w.Established {
+				state = "down"
+			}
+			e = fmt.Errorf("%s watch stalled: %s, nothing received for %v (--watch-stall-timeout %v)",
+				report.Kind(k), state, w.Age.Round(time.Second), c.cfg.WatchStallTimeout)
+		default:
 			continue
 		}
-		state := "open"
-		if !w.Established {
-			state = "down"
-		}
-		e := fmt.Errorf("%s watch stalled: %s, nothing received for %v (--watch-stall-timeout %v)",
-			report.Kind(k), state, w.Age.Round(time.Second), c.cfg.WatchStallTimeout)
 		if err == nil {
 			err = e
 		} else {

@@ -93,6 +93,10 @@ type WatchHealth struct {
 	ListErrors, WatchErrors uint64
 	// Relists counts lists after the initial one, by cause.
 	Relists [NumRelistCauses]uint64
+	// Refused is why a ready apiserver last refused a list or watch request
+	// (forbidden, unauthorized, not found), "" once one succeeds again: the
+	// reflector retries it with its backoff, and nothing else will cure it.
+	Refused string
 }
 
 // InvalidObject names a counter of rejected object versions.
