@@ -116,6 +116,11 @@ func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, ne
 	} else { // a type missing from the scheme: client-go's list still works
 		log.Error("lean list decoding unavailable", "err", err)
 	}
+	if watcher, err := NewWatcher(rc, scheme, resource, newObject); err == nil {
+		base.WatchFuncWithContext = watcher
+	} else { // the same: client-go's watch still works
+		log.Error("lean watch decoding unavailable", "err", err)
+	}
 	l := &listWatch{
 		base:      base,
 		ready:     func(ctx context.Context) error { return rc.Get().AbsPath("/readyz").Do(ctx).Error() },
