@@ -86,7 +86,8 @@ type Controller struct {
 	log           *slog.Logger
 	informers     [report.NumKinds]cache.SharedIndexInformer
 	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
-	queue         workqueue.TypedRateLimitingInterface[translate.Key]
+	queue         workqueue.TypedRateLimitingInterface[translate.Key] // local keys first (priority.go)
+	local         *localKeys
 	started       atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see transform).
@@ -171,12 +172,12 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		return nil, errors.New("reconcile: config: strict enforcing mode needs NodeName (its pods are watched by spec.nodeName)")
 	}
 	c := &Controller{
-		cfg: cfg,
-		log: cfg.Logger.With("node", cfg.NodeName),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay),
-			workqueue.TypedRateLimitingQueueConfig[translate.Key]{}),
+		cfg:   cfg,
+		log:   cfg.Logger.With("node", cfg.NodeName),
+		local: &localKeys{},
 	}
+	c.queue = newLocalFirstQueue(c.local,
+		workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay))
 	c.progress.init(cfg.Workers)
 	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)

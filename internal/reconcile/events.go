@@ -55,7 +55,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			c.observe(kind, m, report.CauseAdd)
 			// Always synced: at agent start the dataplane may hold an older version
 			// (pinned state from the previous process) or pods may have changed.
-			c.queue.Add(keyOf(kind, m))
+			c.enqueue(kind, m)
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			m, err := meta.Accessor(newObj)
@@ -68,14 +68,14 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			}
 			if old.GetResourceVersion() != m.GetResourceVersion() {
 				c.observe(kind, m, report.CauseUpdate)
-				c.queue.Add(keyOf(kind, m))
+				c.enqueue(kind, m)
 				return
 			}
 			if c.versions.consumeRelist(m.GetUID(), m.GetResourceVersion(), c.relists[kind].current()) {
 				return // a relist re-delivery, counted by transform
 			}
 			if c.observe(kind, m, report.CauseResync) {
-				c.queue.Add(keyOf(kind, m))
+				c.enqueue(kind, m)
 			}
 		},
 		DeleteFunc: func(obj any) {
@@ -173,7 +173,7 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 			return obj, nil // second transform of the same relist (WatchList mode)
 		case relistFirst:
 			if c.observeVersion(kind, m, report.CauseRelist, v, false, redelivers) {
-				c.queue.Add(keyOf(kind, m))
+				c.enqueue(kind, m)
 			}
 			return obj, nil
 		}
@@ -191,7 +191,7 @@ func (c *Controller) transform(kind report.Kind) cache.TransformFunc {
 			return obj, nil
 		}
 		if c.observeVersion(kind, m, report.CauseRelist, v, fresh, redelivers) {
-			c.queue.Add(keyOf(kind, m))
+			c.enqueue(kind, m)
 		}
 		return obj, nil
 	}
