@@ -88,7 +88,10 @@ type Controller struct {
 	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
 	queue         workqueue.TypedRateLimitingInterface[translate.Key] // local keys first (priority.go)
 	local         *localKeys
-	started       atomic.Bool
+	// ready holds the initial list's local objects until each was programmed, for
+	// /readyz (see readiness.go).
+	ready   localReady
+	started atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see transform).
 	relists [report.NumKinds]relistTracker
@@ -266,6 +269,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	c.initial.begin(keys)
+	c.ready.begin(keys, c.local.has)
 	c.initialSynced(translate.Key{})
 	c.progress.started(time.Now())
 	if c.podWatch != nil {
@@ -309,6 +313,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	switch c.sync(key, time.Now()) {
 	case outcomeDone, outcomeGiveUp:
 		c.queue.Forget(key)
+		c.ready.programmed(key)
 	case outcomeRetry:
 		c.stats.deliveries[key.Kind][report.CauseRequeue].Add(1)
 		c.queue.AddRateLimited(key)
