@@ -18,9 +18,11 @@
 // 10–30 s after the apiserver was back. NewListWatch never hands the reflector an
 // error the apiserver's return will cure: it retries failed requests itself (100 ms
 // rising to 500 ms), reopens ended watches from the last resourceVersion it
-// delivered, and after a 410 lists again in place, delivering the difference as
-// events (listWatch.diff: an unchanged object as the object delivered before, so the
-// informer's cache, and what internal/translate's NodeLocal keeps, stay that object).
+// delivered, and after a 410 lists again in place — in pages, after a random wait
+// that grows with the objects it holds, so agents relisting at once spread —
+// delivering the difference as events (listWatch.diff: an unchanged object as the
+// object delivered before, so the informer's cache, and what internal/translate's
+// NodeLocal keeps, stay that object).
 //
 // When it can be deleted. When client-go passes a reflector backoff through the
 // informer — a `Backoff *wait.Backoff` in cache.SharedIndexInformerOptions (and
