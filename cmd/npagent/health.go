@@ -13,6 +13,7 @@ import (
 type loop interface {
 	Progress() reconcile.Progress
 	HasSynced() bool
+	LocalPending() int
 	WatchProblem(now time.Time) error
 }
 
@@ -86,7 +87,9 @@ func (h *agentHealth) live() error {
 }
 
 // ready is /readyz: nil once the loop runs, its caches synced, the dataplane is ready,
-// the loop is not stalled, no informer's watch is (--watch-stall-timeout) and no
+// every object of the initial list that selects a pod here was programmed (the
+// node's pods have their policy, not only the caches the cluster's objects), the
+// loop is not stalled, no informer's watch is (--watch-stall-timeout) and no
 // check (addCheck) fails; else the first of those that fails. notes are what runs
 // degraded.
 func (h *agentHealth) ready() (notes []string, err error) {
@@ -114,6 +117,12 @@ func (h *agentHealth) ready() (notes []string, err error) {
 	}
 	if err := dataplane(); err != nil {
 		return notes, err
+	}
+	switch n := l.LocalPending(); {
+	case n < 0:
+		return notes, errors.New("workers not started yet")
+	case n > 0:
+		return notes, fmt.Errorf("%d objects selecting pods on this node not programmed yet", n)
 	}
 	if err := stalled(l.Progress(), h.now(), h.stallTimeout); err != nil {
 		return notes, fmt.Errorf("stalled: %w", err)

@@ -63,14 +63,32 @@ func TestStalled(t *testing.T) {
 
 // fakeLoop is a test double for the reconcile loop: a fixed Progress and sync state.
 type fakeLoop struct {
-	p          reconcile.Progress
-	synced     bool
-	watchStall error
+	p            reconcile.Progress
+	synced       bool
+	localPending int
+	watchStall   error
 }
 
 func (f *fakeLoop) Progress() reconcile.Progress { return f.p }
 func (f *fakeLoop) HasSynced() bool              { return f.synced }
+func (f *fakeLoop) LocalPending() int            { return f.localPending }
 func (f *fakeLoop) WatchProblem(time.Time) error { return f.watchStall }
+
+// TestReadyWaitsForLocalPods: with the caches synced and the dataplane ready,
+// /readyz says not ready while objects selecting pods here are not programmed.
+func TestReadyWaitsForLocalPods(t *testing.T) {
+	h := newAgentHealth(time.Minute)
+	h.now = func() time.Time { return t0 }
+	loop := &fakeLoop{p: reconcile.Progress{WorkersStarted: t0, InFlight: make([]time.Time, 2)}, synced: true, localPending: 3}
+	h.setLoop(loop, func() error { return nil })
+	if _, err := h.ready(); err == nil || !strings.Contains(err.Error(), "3 objects selecting pods on this node not programmed") {
+		t.Errorf("ready with 3 local objects not programmed = %v, want them named", err)
+	}
+	loop.localPending = 0
+	if _, err := h.ready(); err != nil {
+		t.Errorf("ready with every local object programmed = %v, want ready", err)
+	}
+}
 
 // TestAgentHealthFollowsTheStart walks the probes through a start: waiting for the
 // apiserver (alive, not ready, saying why), caches syncing, ready, a worker stuck

@@ -1,6 +1,7 @@
 // Package kubewatch is how the agent lists and watches its objects: a REST client
 // for a custom resource group (NewRESTClient), a list request that decodes the
-// answer in one pass (NewLister), and a ListWatch for client-go's informers that
+// answer in one pass (NewLister), a watch request that decodes each event in one
+// pass (NewWatcher), and a ListWatch for client-go's informers that
 // keeps delivering across apiserver restarts and 410 Gone (NewListWatch), recording
 // what it sees in a Health (arrivals, errors, relists by cause) judged by the stall
 // rule (Health.Snapshot).
@@ -17,21 +18,24 @@
 // 10–30 s after the apiserver was back. NewListWatch never hands the reflector an
 // error the apiserver's return will cure: it retries failed requests itself (100 ms
 // rising to 500 ms), reopens ended watches from the last resourceVersion it
-// delivered, and after a 410 lists again in place, delivering the difference as
-// events (listWatch.diff: an unchanged object as the object delivered before, so the
-// informer's cache, and what internal/translate's NodeLocal keeps, stay that object).
+// delivered, and after a 410 lists again in place — in pages, after a random wait
+// that grows with the objects it holds, so agents relisting at once spread —
+// delivering the difference as events (listWatch.diff: an unchanged object as the
+// object delivered before, so the informer's cache, and what internal/translate's
+// NodeLocal keeps, stay that object).
 //
 // When it can be deleted. When client-go passes a reflector backoff through the
 // informer — a `Backoff *wait.Backoff` in cache.SharedIndexInformerOptions (and
 // cache.Config) handed to NewReflectorWithOptions in controller.RunWithContext,
 // kubernetes/kubernetes#136943 — the agent can set 100 ms capped at 500 ms there and
-// use cache.NewListWatchFromClient with NewLister as its ListWithContextFunc: the
+// use cache.NewListWatchFromClient with NewLister as its ListWithContextFunc and
+// NewWatcher as its WatchFuncWithContext: the
 // retry and reopen loops (listWatch.retry, resilientWatch) go. The in-place relist
 // after a 410 (listWatch.diff) goes with them; the reflector's own relist then
 // caches new decodes, so versions kept without rules hold their old object until
 // the object's next write (memory, not correctness: translate/nodelocal.go).
-// NewLister and Health stay: the first is a plain ListWithContextFunc client-go
-// accepts today; the second is observation.
+// NewLister, NewWatcher and Health stay: the first two are plain functions
+// client-go's ListWatch accepts today; the third is observation.
 //
 // It imports client-go and report; the agent's types come in as a scheme.
 package kubewatch

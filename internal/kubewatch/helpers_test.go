@@ -19,6 +19,8 @@ import (
 // decode.
 func benchPE(i int, localPods int) *v1alpha1.PolicyEndpoint { return fixture.BenchPE(i, localPods) }
 
+func ptr[T any](v T) *T { return &v }
+
 // cpuTime is this process's user+system CPU time so far.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage

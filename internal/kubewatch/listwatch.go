@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/pager"
 
 	"github.com/npagent/npagent/internal/report"
 )
@@ -115,7 +117,8 @@ type ListObserver interface {
 //     (after one that ended with an error or at once, 100 ms doubling to 500 ms
 //     first: reopenDelay);
 //   - a watch whose resourceVersion is gone (410) or not there yet is followed
-//     here by a fresh list,
+//     here, after a random wait that grows with the objects delivered (relistJitter),
+//     by a fresh list in pages of 500,
 //     delivered as events against what this ListWatch delivered before (every
 //     listed object as added or modified, the missing ones as deleted: what the
 //     reflector's own relist delivers), then a bookmark at the list's
@@ -129,6 +132,11 @@ func NewListWatch(rc rest.Interface, scheme *runtime.Scheme, resource string, ne
 		base.ListWithContextFunc = lister
 	} else { // a type missing from the scheme: client-go's list still works
 		log.Error("lean list decoding unavailable", "err", err)
+	}
+	if watcher, err := NewWatcher(rc, scheme, resource, newObject); err == nil {
+		base.WatchFuncWithContext = watcher
+	} else { // the same: client-go's watch still works
+		log.Error("lean watch decoding unavailable", "err", err)
 	}
 	l := &listWatch{
 		base:      base,
@@ -528,12 +536,27 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err er
 func (rw *resilientWatch) relist() bool {
 	l := rw.l
 	l.health.relists[report.RelistExpired].Add(1)
-	l.log.Info("watch resourceVersion gone (410): listing again in place", "resourceVersion", rw.rv)
+	l.mu.Lock()
+	objects := len(l.delivered)
+	l.mu.Unlock()
+	jitter := relistJitter(objects)
+	l.log.Info("watch resourceVersion gone (410): listing again in place", "resourceVersion", rw.rv, "after", jitter)
+	if !sleepCtx(rw.ctx, jitter) {
+		return false
+	}
+	// A consistent list (resourceVersion ""), in pages: the apiserver serves it from its
+	// watch cache (consistent reads from cache, GA in 1.34) a page at a time, instead of
+	// one response of every object; an expired continue token falls back to a whole
+	// list (the pager's FullListIfExpired).
+	p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return l.base.ListWithContextFunc(ctx, opts)
+	})
+	p.PageSize = relistPageSize
 	delay := retryInitial
 	var obj runtime.Object
 	for {
 		var err error
-		obj, err = l.base.ListWithContextFunc(rw.ctx, metav1.ListOptions{ResourceVersion: ""}) // from etcd, whole
+		obj, _, err = p.List(rw.ctx, metav1.ListOptions{ResourceVersion: ""})
 		if err == nil {
 			break
 		}
@@ -547,6 +570,7 @@ func (rw *resilientWatch) relist() bool {
 	}
 	l.recovered("list", delay)
 	l.health.event(time.Now())
+	l.health.answered()
 	listMeta, err := meta.ListAccessor(obj)
 	if err != nil {
 		return false
@@ -572,6 +596,30 @@ func (rw *resilientWatch) relist() bool {
 		m.SetResourceVersion(rw.rv)
 	}
 	return rw.send(watch.Event{Type: watch.Bookmark, Object: bookmark})
+}
+
+// relistPageSize is the page size of a relist: client-go's pager's and the
+// reflector's default.
+const relistPageSize = 500
+
+// A relist after a 410 waits first for a random delay, up to relistJitterPerObject
+// per object delivered and at most relistJitterMax: an apiserver restart (or a CRD
+// update) ends every agent's watch at once, and each lists every object again; the
+// wait spreads those lists over time in proportion to their size (~97 µs of apiserver
+// CPU per object served, BENCHMARKS.md), while a small cluster relists at once (2
+// objects: at most 40 µs).
+const (
+	relistJitterPerObject = 20 * time.Microsecond
+	relistJitterMax       = 5 * time.Second
+)
+
+// relistJitter is the random wait before relisting objects objects.
+func relistJitter(objects int) time.Duration {
+	bound := min(time.Duration(objects)*relistJitterPerObject, relistJitterMax)
+	if bound <= 0 {
+		return 0
+	}
+	return rand.N(bound)
 }
 
 // diff returns the events that turn what was delivered into items, and records

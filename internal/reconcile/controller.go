@@ -86,8 +86,12 @@ type Controller struct {
 	log           *slog.Logger
 	informers     [report.NumKinds]cache.SharedIndexInformer
 	registrations [report.NumKinds]cache.ResourceEventHandlerRegistration
-	queue         workqueue.TypedRateLimitingInterface[translate.Key]
-	started       atomic.Bool
+	queue         workqueue.TypedRateLimitingInterface[translate.Key] // local keys first (priority.go)
+	local         *localKeys
+	// ready holds the initial list's local objects until each was programmed, for
+	// /readyz (see readiness.go).
+	ready   localReady
+	started atomic.Bool
 
 	// relists tells a relist's re-deliveries apart (see relistObserver).
 	relists [report.NumKinds]relistTracker
@@ -171,12 +175,12 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		return nil, errors.New("reconcile: config: strict enforcing mode needs NodeName (its pods are watched by spec.nodeName)")
 	}
 	c := &Controller{
-		cfg: cfg,
-		log: cfg.Logger.With("node", cfg.NodeName),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay),
-			workqueue.TypedRateLimitingQueueConfig[translate.Key]{}),
+		cfg:   cfg,
+		log:   cfg.Logger.With("node", cfg.NodeName),
+		local: &localKeys{},
 	}
+	c.queue = newLocalFirstQueue(c.local,
+		workqueue.NewTypedItemExponentialFailureRateLimiter[translate.Key](5*time.Millisecond, cfg.MaxRetryDelay))
 	c.progress.init(cfg.Workers)
 	if c.lastValid, err = newLastValidStore(cfg.LastValidDir); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
@@ -265,6 +269,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	c.initial.begin(keys)
+	c.ready.begin(keys, c.local.has)
 	c.initialSynced(translate.Key{})
 	c.progress.started(time.Now())
 	if c.podWatch != nil {
@@ -308,6 +313,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	switch c.sync(key, time.Now()) {
 	case outcomeDone, outcomeGiveUp:
 		c.queue.Forget(key)
+		c.ready.programmed(key)
 	case outcomeRetry:
 		c.stats.deliveries[key.Kind][report.CauseRequeue].Add(1)
 		c.queue.AddRateLimited(key)

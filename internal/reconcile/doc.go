@@ -13,7 +13,9 @@
 //     programming. Resyncs and relists of unchanged objects are counted and dropped;
 //     they commit nothing (see events.go for how a relist is told from a resync). A
 //     delete only records the uid: the worker forgets it (the workqueue serialises a
-//     key, so a Forget never races a commit of the same object).
+//     key, so a Forget never races a commit of the same object). Keys of objects with
+//     work on this node are served before the others (priority.go), so writes for
+//     other nodes never delay this node's own.
 //   - Local pods are the podSelectorEndpoints whose hostIP is Config.NodeIP. A pod's
 //     policy merges every object selecting it: namespaced rules are unioned, a direction
 //     is isolated if any PolicyEndpoint isolates it (podIsolation; empty means Ingress,

@@ -56,7 +56,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			c.observe(kind, m, report.CauseAdd)
 			// Always synced: at agent start the dataplane may hold an older version
 			// (pinned state from the previous process) or pods may have changed.
-			c.queue.Add(keyOf(kind, m))
+			c.enqueue(kind, m)
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			m, err := meta.Accessor(newObj)
@@ -69,14 +69,14 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			}
 			if old.GetResourceVersion() != m.GetResourceVersion() {
 				c.observe(kind, m, report.CauseUpdate)
-				c.queue.Add(keyOf(kind, m))
+				c.enqueue(kind, m)
 				return
 			}
 			if c.versions.consumeRelist(m.GetUID(), m.GetResourceVersion(), c.relists[kind].current()) {
 				return // a relist re-delivery, counted by relistObserver
 			}
 			if c.observe(kind, m, report.CauseResync) {
-				c.queue.Add(keyOf(kind, m))
+				c.enqueue(kind, m)
 			}
 		},
 		DeleteFunc: func(obj any) {
@@ -206,7 +206,7 @@ func (o relistObserver) Unchanged(obj runtime.Object) {
 		return // observed in this relist already (a list retried)
 	}
 	if c.observeVersion(kind, m, report.CauseRelist, v, fresh, redelivers) {
-		c.queue.Add(keyOf(kind, m))
+		c.enqueue(kind, m)
 	}
 }
 

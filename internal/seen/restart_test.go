@@ -135,8 +135,9 @@ func TestCrashAfterCommitDoesNotReportAgain(t *testing.T) {
 }
 
 // TestRestartKeepsOldObjectsBeforeStart: objects that predate the first
-// process stay unmeasured across any number of restarts, and their
-// re-listing counts as re-delivery.
+// process stay unmeasured across any number of restarts. Nothing of them is
+// persisted (they had no work here), so their re-listing counts before_start
+// again, not redelivered.
 func TestRestartKeepsOldObjectsBeforeStart(t *testing.T) {
 	path := statePath(t)
 	clk := &clock{t: at(0)}
@@ -147,9 +148,76 @@ func TestRestartKeepsOldObjectsBeforeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := restart(t, at(200), path, WithNow(clk.now))
-	mustObserve(t, s2, uidA, at(-50), at(201), report.Redelivered)
+	mustObserve(t, s2, uidA, at(-50), at(201), report.BeforeStart)
+	mustObserve(t, s2, uidA, at(-50), at(202), report.Redelivered)
 	// An older version arriving late is still before the original start.
 	mustObserve(t, s2, "old-object", at(-40), at(201), report.BeforeStart)
+}
+
+// TestStateHoldsOnlyLocalWork: with 10,000 objects that never had work on this
+// node — listed before the start, or written since and consumed as no_local_pods
+// before the watermark — and three that did, the state file holds the three and
+// the object still pending, nothing else; after a restart no trigger is reported
+// again, the three answer redelivered, the others before_start, and the pending
+// one is reported.
+func TestStateHoldsOnlyLocalWork(t *testing.T) {
+	path := statePath(t)
+	clk := &clock{t: at(0)}
+	s1 := restart(t, at(0), path, WithNow(clk.now), WithWatermarkLag(time.Second))
+	uids := benchUIDs(10000)
+	for i, uid := range uids {
+		if i%2 == 0 { // listed at the start
+			mustObserve(t, s1, uid, at(-50), at(1), report.BeforeStart)
+			continue
+		}
+		mustObserve(t, s1, uid, at(2), at(2), report.Accepted) // written since, elsewhere
+		s1.NoLocalWork(uid, at(2))
+	}
+	s1.MarkSynced(at(3))
+	local := []string{uidA, uidB, "local-not-a-uuid"}
+	for _, uid := range local {
+		mustObserve(t, s1, uid, at(10), at(10), report.Accepted)
+		mustCommit(t, s1, uid, at(10), at(11))
+	}
+	pending := "pending-not-a-uuid"
+	mustObserve(t, s1, pending, at(20), at(20), report.Accepted)
+	clk.set(at(30))
+	if err := s1.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := decodeState(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range st.entries {
+		got = append(got, r.uid)
+	}
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(append(slices.Clone(local), pending)))
+	if !slices.Equal(got, want) {
+		t.Fatalf("state file holds %d uids (%d bytes), want %d: %q…", len(got), len(data), len(want), got[:min(len(got), 6)])
+	}
+
+	s2 := restart(t, at(40), path, WithNow(clk.now))
+	for _, uid := range local {
+		mustObserve(t, s2, uid, at(10), at(41), report.Redelivered)
+	}
+	for i, uid := range uids[:10] {
+		trigger := at(2)
+		if i%2 == 0 {
+			trigger = at(-50)
+		}
+		mustObserve(t, s2, uid, trigger, at(41), report.BeforeStart)
+	}
+	mustCommit(t, s2, pending, at(20), at(42))
+	if st := s2.Stats(); st.Reported != 1 {
+		t.Fatalf("reported %d after the restart, want 1 (the pending trigger)", st.Reported)
+	}
 }
 
 func TestNonUUIDUIDsSurviveRestart(t *testing.T) {

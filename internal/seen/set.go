@@ -65,6 +65,11 @@ const (
 	// flagGuarded: nothing was restored or accepted for this uid in this
 	// process, so the start guard still decides its old triggers. Persisted.
 	flagGuarded uint8 = 1 << iota
+	// flagLocal: a trigger of this uid was reported (this node had work for it),
+	// and no version since had none. Persisted: such a uid stays in the state file.
+	flagLocal
+	// flagsPersisted are the entry flags the state file keeps.
+	flagsPersisted = flagGuarded | flagLocal
 )
 
 // entry is the per-uid state. It is a map value (not a pointer) so an object
@@ -583,6 +588,9 @@ func (s *Set) Committed(uid string, programmed time.Time, a report.Attempt) ([]R
 				reports = append(reports, r)
 			}
 			e.consumed = max(e.consumed, p.triggers[n-1].trigger)
+			if len(reports) > 0 {
+				e.flags |= flagLocal
+			}
 			p.triggers = slices.Delete(p.triggers, 0, n)
 			sh.pendingCount -= n
 			sh.stats.Reported += uint64(len(reports))
@@ -670,6 +678,7 @@ func (s *Set) NoLocalWork(uid string, trigger time.Time) {
 	if !(e.flags&flagGuarded != 0 && t <= s.guard) {
 		e.consumed = max(e.consumed, t)
 	}
+	e.flags &^= flagLocal // the object's current version has nothing here
 	if e.pend != nil && e.pend.idle(e.consumed) {
 		e.pend = nil
 	}

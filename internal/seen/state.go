@@ -26,11 +26,14 @@ import (
 //	          if flags&stateHasPending: n uvarint, n × {trigger, receivedAt, programmedAt int64; failures uint32}
 //	          if flags&stateHasAhead:   aheadThrough, aheadAt int64
 //
-// Every tracked uid is written, pending triggers included, so a trigger
-// still pending at shutdown — even one a newer version will supersede before
-// the next process lists the object — is reported after the restart. The
-// checksum makes a truncated or overwritten file detectable, so it is
-// rejected rather than half-restored.
+//	flags:    1 guarded, 2 local (a build before the local flag rejects such a file
+//	          as damaged: a downgrade starts without state), 64 pending, 128 ahead.
+//
+// Every uid with work on this node is written (see persistWorthy), pending
+// triggers included, so a trigger still pending at shutdown — even one a newer
+// version will supersede before the next process lists the object — is reported
+// after the restart. The checksum makes a truncated or overwritten file
+// detectable, so it is rejected rather than half-restored.
 
 const (
 	stateMagic   = "npseen"
@@ -42,7 +45,7 @@ const (
 	// Flag bits of a state entry; flagGuarded is shared with entry.flags.
 	stateHasPending = 1 << 6
 	stateHasAhead   = 1 << 7
-	stateFlagsKnown = flagGuarded | stateHasPending | stateHasAhead
+	stateFlagsKnown = flagsPersisted | stateHasPending | stateHasAhead
 
 	minEntryLen   = 1 + 1 + 8 + 1 // string kind, empty uid
 	pendingRecLen = 8 + 8 + 8 + 4
@@ -89,13 +92,20 @@ func (s *Set) appendState(buf []byte) []byte {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		count += len(sh.byUUID) + len(sh.byName)
 		for id, e := range sh.byUUID {
+			if !e.persistWorthy(watermark) {
+				continue
+			}
+			count++
 			buf = appendEntryHead(buf, entryKindID, e)
 			buf = append(buf, id[:]...)
 			buf = appendEntryTail(buf, e)
 		}
 		for name, e := range sh.byName {
+			if !e.persistWorthy(watermark) {
+				continue
+			}
+			count++
 			buf = appendEntryHead(buf, entryKindStr, e)
 			buf = binary.AppendUvarint(buf, uint64(len(name)))
 			buf = append(buf, name...)
@@ -107,8 +117,20 @@ func (s *Set) appendState(buf []byte) []byte {
 	return binary.LittleEndian.AppendUint32(buf, crc32.Checksum(buf[start:], castagnoli))
 }
 
+// persistWorthy reports whether the state file needs e, written with watermark:
+// when something is pending or was committed ahead (to be reported after a
+// restart), when a trigger of it was reported and its versions since had work
+// here (flagLocal: after a restart its re-delivery answers redelivered, never
+// before_start), or when it consumed a trigger newer than the watermark (the guard
+// does not cover it after a restart). Any other uid — an object with nothing on
+// this node whose triggers are all older than the watermark — answers
+// before_start after a restart, without a report, as it would from its entry.
+func (e entry) persistWorthy(watermark int64) bool {
+	return e.pend != nil || e.flags&flagLocal != 0 || e.consumed > watermark
+}
+
 func appendEntryHead(buf []byte, kind uint8, e entry) []byte {
-	flags := e.flags & flagGuarded
+	flags := e.flags & flagsPersisted
 	if e.pend != nil && len(e.pend.triggers) > 0 {
 		flags |= stateHasPending
 	}
@@ -196,7 +218,7 @@ func decodeState(b []byte) (*restoredState, error) {
 	for i := uint64(0); i < count && r.err == nil; i++ {
 		head := r.take(2)
 		kind, flags := head[0], head[1]
-		e := entry{consumed: r.int64(), flags: flags & flagGuarded}
+		e := entry{consumed: r.int64(), flags: flags & flagsPersisted}
 		var uid string
 		switch kind {
 		case entryKindID:
