@@ -14,7 +14,7 @@ import (
 // commits fail, and stops counting once one succeeds; the object elsewhere never
 // counts. Real apiserver.
 func TestLocalPendingUntilProgrammed(t *testing.T) {
-	cp := testenv.Start(t)
+	cp := sharedCP(t)
 	const node = "192.0.2.13"
 	createNamespace(t, cp, "ready")
 	create(t, cp, ingressPE("ready", "local", []v1alpha1.PodEndpoint{pod(node, "10.1.13.1")}, "10.2.0.0/16", 80))
@@ -28,4 +28,23 @@ func TestLocalPendingUntilProgrammed(t *testing.T) {
 	}
 	dp.failures.Store(0)
 	testenv.Eventually(t, 20*time.Second, "the local object programmed", func() bool { return a.c.LocalPending() == 0 })
+}
+
+// TestLocalPendingIgnoresMissingInterfaces: an initial-list object naming a local pod
+// whose interface is not on the node (a stale PolicyEndpoint, a pod long gone) does
+// not hold /readyz once its other pods are programmed: nothing here is unprotected,
+// and an agent kept unready by it would stall its DaemonSet's rollout.
+func TestLocalPendingIgnoresMissingInterfaces(t *testing.T) {
+	cp := sharedCP(t)
+	const node = "192.0.2.14"
+	createNamespace(t, cp, "ready-stale")
+	create(t, cp, ingressPE("ready-stale", "stale", []v1alpha1.PodEndpoint{pod(node, "10.1.14.1"), pod(node, "10.1.14.2")}, "10.2.0.0/16", 80))
+	mem := bpfmaps.NewMemory()
+	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: mem, resolver: newLookupTableResolver("10.1.14.1", 141)})
+	testenv.Eventually(t, 20*time.Second, "the pod with an interface programmed, the object not pending", func() bool {
+		return a.c.LocalPending() == 0 && len(mem.Pods()) == 1
+	})
+	if st := a.c.Stats(); st.InterfaceWaits == 0 {
+		t.Errorf("no interface wait counted: the missing pod was not waited for")
+	}
 }

@@ -214,6 +214,11 @@ func (c *Controller) recordOutcome(key translate.Key, v objectVersion, policyRef
 		if c.pods.noteWaiting(key, v.resourceVersion) {
 			log.Info("waiting for pod interfaces", "pods", fmt.Sprint(res.notDone), "err", res.resolveErr)
 		}
+		// For /readyz the object is programmed: every pod of it that has an interface
+		// here has its policy, and a pod without one has no traffic to police. A stale
+		// PolicyEndpoint naming a pod long gone must not hold the agent unready (and a
+		// DaemonSet rollout with it).
+		c.ready.programmed(key)
 		return outcomeRetry
 	}
 	if res.pods == 0 {
