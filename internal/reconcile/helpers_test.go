@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
@@ -149,6 +150,9 @@ type agentOptions struct {
 	lastValid  string // LastValidDir; "" for none
 	mode       EnforcingMode
 	share      float64 // NamespaceEntryShare; 0: not enforced
+	podStatus  bool    // Config.PodStatus
+	// restConfig reaches the apiserver instead of cp.Config (a counting transport).
+	restConfig *rest.Config
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -177,7 +181,11 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		o.logger = testLogger(t)
 	}
 	a := &agent{seen: set, sink: newRecordingSink(), dp: o.dp}
-	a.c, err = New(cp.Config, Config{
+	restConfig := cp.Config
+	if o.restConfig != nil {
+		restConfig = o.restConfig
+	}
+	a.c, err = New(restConfig, Config{
 		NodeName:      "node-" + o.nodeIP,
 		NodeIP:        netip.MustParseAddr(o.nodeIP),
 		Dataplane:     o.dp,
@@ -192,6 +200,8 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		EnforcingMode: o.mode,
 
 		NamespaceEntryShare: o.share,
+		PodStatus:           o.podStatus,
+		PodStatusQPS:        50,
 
 		WatchStallTimeout: o.watchStall,
 	})
