@@ -144,7 +144,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer stopNodeAddrs() // before the dataplane closes
 	health.addCheck(nodes.Health)
-	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode), health, log); err != nil {
+	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode, cfg.PodCondition), health, log); err != nil {
 		return interruptedStart(httpFailed, log)
 	}
 	// The Node's own addresses (status.addresses) before the first commit.
@@ -331,6 +331,8 @@ func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, se
 		Logger:            log.With("component", "reconcile"),
 		LastValidDir:      lastValidDir(cfg.StateFile),
 		EnforcingMode:     cfg.EnforcingMode,
+		PodStatus:         cfg.PodCondition,
+		PodStatusQPS:      cfg.PodConditionQPS,
 		// 100% is 1: no bound, as 0.
 		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,
 	})
