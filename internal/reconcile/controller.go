@@ -86,6 +86,11 @@ type Config struct {
 	// PodStatusQPS bounds the pods/status patches per second (burst: twice it, at
 	// least 1). Default 5.
 	PodStatusQPS float64
+	// PodSeen is the consume-once seen-set of new pods' enforcement windows, keyed
+	// by pod uid (see podlatency.go); with PodStatus, each pod's window is handed
+	// to the Sink once if it implements report.PodSink. Default nil: not measured.
+	// Not Seen: that one's uids are the objects', pruned against their caches.
+	PodSeen *seen.Set
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -246,7 +251,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		c.registrations[kind] = reg
 	}
 	if cfg.PodStatus {
-		if c.podStatus, err = c.newPodStatus(restConfig); err != nil {
+		if c.podStatus, err = c.newPodStatus(restConfig, cfg.Sink); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}
@@ -259,6 +264,9 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("reconcile: Run called twice")
+	}
+	if c.cfg.PodSeen != nil {
+		defer c.persistPodSeen() // after every worker stopped (wg.Wait runs first)
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -282,6 +290,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	// watermark may follow the events observed (never before: a restart would
 	// take objects not yet listed as resolved).
 	c.cfg.Seen.MarkSynced(time.Now())
+	if c.cfg.PodSeen != nil {
+		c.cfg.PodSeen.MarkSynced(time.Now())
+	}
 	c.versions.synced.Store(true)
 	pruned := c.pruneSeen()
 	if n := c.restoreLastValid(); n > 0 {

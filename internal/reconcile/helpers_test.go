@@ -34,6 +34,8 @@ type recordingSink struct {
 	records    []*report.Record
 	commits    int
 	commitErrs int
+	pods       []*report.PodRecord // report.PodSink: new pods' windows
+	unselected int
 }
 
 func newRecordingSink() *recordingSink { return &recordingSink{} }
@@ -151,6 +153,7 @@ type agentOptions struct {
 	mode       EnforcingMode
 	share      float64 // NamespaceEntryShare; 0: not enforced
 	podStatus  bool    // Config.PodStatus
+	podSeen    *seen.Set
 	// restConfig reaches the apiserver instead of cp.Config (a counting transport).
 	restConfig *rest.Config
 }
@@ -202,6 +205,7 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		NamespaceEntryShare: o.share,
 		PodStatus:           o.podStatus,
 		PodStatusQPS:        50,
+		PodSeen:             o.podSeen,
 
 		WatchStallTimeout: o.watchStall,
 	})

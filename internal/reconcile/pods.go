@@ -430,6 +430,7 @@ func (t *podTable) denyStrict(res *commitResult, pod netip.Addr) {
 	res.pods++
 	t.strictDenied[pod] = struct{}{}
 	delete(t.uncommittable, pod)
+	delete(t.policySince, pod)
 	t.stats.strictDenials.Add(1)
 	t.log.Info("pod denied by strict mode until a policy selects it", "pod", pod, "ifindex", ifindex)
 }

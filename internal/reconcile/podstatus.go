@@ -61,6 +61,8 @@ type podStatus struct {
 	byAddr  map[netip.Addr]map[string]struct{}
 	addrsOf map[string][]netip.Addr
 	written map[string]writtenCondition
+	windows map[types.UID]podWindow // see podlatency.go
+	sink    report.PodSink          // nil: windows not handed over
 
 	patches, patchErrors atomic.Uint64
 }
@@ -72,7 +74,7 @@ type writtenCondition struct {
 }
 
 // newPodStatus builds the writer on the pod informer; nothing runs until Run.
-func (c *Controller) newPodStatus(restConfig *rest.Config) (*podStatus, error) {
+func (c *Controller) newPodStatus(restConfig *rest.Config, sink report.Sink) (*podStatus, error) {
 	cs, err := corev1client.NewForConfig(restConfig)
 	if err != nil {
 		return nil, fmt.Errorf("pods client: %w", err)
@@ -88,11 +90,14 @@ func (c *Controller) newPodStatus(restConfig *rest.Config) (*podStatus, error) {
 		byAddr:  map[netip.Addr]map[string]struct{}{},
 		addrsOf: map[string][]netip.Addr{},
 		written: map[string]writtenCondition{},
+		windows: map[types.UID]podWindow{},
 	}
+	s.sink, _ = sink.(report.PodSink)
 	s.reg, err = c.podWatch.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if key, addrs, ok := podAddrs(obj); ok {
 				s.index(key, addrs)
+				c.observePod(obj, addrs)
 				s.queue.Add(key)
 			}
 		},
@@ -103,6 +108,7 @@ func (c *Controller) newPodStatus(restConfig *rest.Config) (*podStatus, error) {
 			}
 			s.index(key, addrs)
 			if statusInputsChanged(oldObj, obj) {
+				c.observePod(obj, addrs)
 				s.queue.Add(key)
 			}
 		},
@@ -115,6 +121,7 @@ func (c *Controller) newPodStatus(restConfig *rest.Config) (*podStatus, error) {
 				s.mu.Lock()
 				delete(s.written, key)
 				s.mu.Unlock()
+				c.forgetPod(obj)
 			}
 		},
 	})
@@ -276,7 +283,9 @@ func (c *Controller) syncStatus(ctx context.Context, key string) error {
 	if len(addrs) == 0 {
 		return nil // host network, no IP yet, or done: nothing to protect
 	}
-	want := podcond.Compute(c.podFacts(pod, addrs))
+	facts := c.podFacts(pod, addrs)
+	want := podcond.Compute(facts)
+	c.podWindowEnd(pod, addrs, want, facts)
 	cur := findCondition(pod.Status.Conditions)
 	s.mu.Lock()
 	w, wrote := s.written[key]

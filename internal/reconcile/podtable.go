@@ -54,6 +54,9 @@ type podTable struct {
 	// committed (isolateUncommitted), until a commit or removal replaces it: for
 	// the pod condition.
 	uncommittable map[netip.Addr]struct{}
+	// policySince is when a policy (not strict mode's denial) was first committed
+	// to each pod since it had none: the end of a new pod's enforcement window.
+	policySince map[netip.Addr]time.Time
 
 	// versions mirrors objects[key].compiled, written under mu, read without (version).
 	versions sync.Map
@@ -103,6 +106,7 @@ func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters,
 		strictDenied: map[netip.Addr]struct{}{},
 
 		uncommittable: map[netip.Addr]struct{}{},
+		policySince:   map[netip.Addr]time.Time{},
 		share:         newNamespaceShare(dp, share),
 	}
 }
@@ -546,6 +550,7 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	delete(t.programmed, pod)
 	delete(t.strictDenied, pod)
 	delete(t.uncommittable, pod)
+	delete(t.policySince, pod)
 	t.stats.removes.Add(1)
 	res.pods++
 }
@@ -584,6 +589,12 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	addPhases(&res.attempt, cr)
 	t.programmed[pod] = ifindex
 	delete(t.uncommittable, pod)
+	if _, ok := t.policySince[pod]; !ok {
+		t.policySince[pod] = cr.Switched
+		if cr.Switched.IsZero() {
+			t.policySince[pod] = time.Now()
+		}
+	}
 	t.stats.commits.Add(1)
 	if cr.Skipped {
 		t.stats.commitsSkipped.Add(1)
