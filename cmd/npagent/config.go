@@ -138,7 +138,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		return c, err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain, wait or cleanup command)", fs.Arg(0))
+		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain, wait, status or cleanup command)", fs.Arg(0))
 	}
 	if err := setFromEnv(fs, getenv); err != nil {
 		return c, err
@@ -227,6 +227,8 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
        npagent version
        npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>
        npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]
+       npagent wait --cluster --pod <ns>/<name> [--timeout D]   (through the apiserver)
+       npagent status [--json] (pod|policy) <ns>/<name>          (through the apiserver)
        npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)
 
 Flags (each falls back to the environment variable in brackets):

@@ -65,6 +65,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runExplain(ctx, args[1:], getenv, stdout, stderr)
 		case "wait":
 			return runWait(ctx, args[1:], getenv, stdout, stderr)
+		case "status":
+			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "cleanup":
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
 		}
