@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
@@ -104,4 +106,60 @@ func BenchmarkPodConditionChurn(b *testing.B) {
 	b.ReportMetric(float64(writes.Load())/float64(b.N), "patches/pod")
 	b.ReportMetric(float64(requests.Load())/float64(b.N), "requests/pod")
 	b.ReportMetric(float64(toProgrammed.Milliseconds())/float64(b.N), "ms-listed-to-True/pod")
+}
+
+// realisticPod is a pod as the apiserver sends it: labels, annotations, managed
+// fields, two containers with probes and env, its conditions and container statuses.
+func realisticPod(i int) *corev1.Pod {
+	now := metav1.Now()
+	c := corev1.Container{Name: "app", Image: "registry.example.com/team/app@sha256:" + fmt.Sprintf("%064d", i),
+		Env:            []corev1.EnvVar{{Name: "A", Value: "a"}, {Name: "B", Value: "b"}, {Name: "C", Value: "c"}},
+		Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready"}}},
+		VolumeMounts:   []corev1.VolumeMount{{Name: "kube-api-access", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"}}}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: fmt.Sprintf("app-7d9f8c6b5-%05d", i), UID: "uid",
+			Labels:          map[string]string{"app": "app", "pod-template-hash": "7d9f8c6b5", "team": "a"},
+			Annotations:     map[string]string{"kubectl.kubernetes.io/restartedAt": now.String()},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}, {Manager: "kubelet"}},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "app-7d9f8c6b5"}}},
+		Spec:   corev1.PodSpec{NodeName: "node", Containers: []corev1.Container{c, c}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}, HostIP: "192.0.2.1"},
+	}
+	for _, t := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.PodReady, corev1.ContainersReady, corev1.PodScheduled, podcond.Type} {
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now, Message: "programmed: PolicyEndpoint team/app-abcde"})
+	}
+	for range 2 {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: "app", Image: c.Image, ImageID: c.Image, ContainerID: "containerd://" + fmt.Sprintf("%064d", i), Ready: true})
+	}
+	return p
+}
+
+// BenchmarkPodInformerMemory: the heap the pod informer's cache holds for 110 pods
+// (a node's default maximum), stripped as the agent keeps them (stripPod) and as
+// the apiserver sends them.
+func BenchmarkPodInformerMemory(b *testing.B) {
+	const pods = 110
+	for range b.N {
+		for _, strip := range []bool{true, false} {
+			store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+			before := liveHeap()
+			for i := range pods {
+				var obj any = realisticPod(i)
+				if strip {
+					obj, _ = stripPod(obj)
+				}
+				if err := store.Add(obj); err != nil {
+					b.Fatal(err)
+				}
+			}
+			held := liveHeap() - before
+			unit := "full-B/pod"
+			if strip {
+				unit = "stripped-B/pod"
+			}
+			b.ReportMetric(float64(held)/pods, unit)
+			runtime.KeepAlive(store)
+		}
+	}
 }
