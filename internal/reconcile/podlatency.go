@@ -100,6 +100,12 @@ func (c *Controller) podWindowEnd(pod *corev1.Pod, addrs []netip.Addr, cond podc
 	if at.IsZero() {
 		at = time.Now()
 	}
+	if at.Before(trigger) {
+		// In force before the window started (the commit came before this process
+		// first saw the pod's IP, or the address kept a predecessor's policy): the
+		// pod was never unprotected, a window of zero, not a clock skew.
+		at = trigger
+	}
 	reports, err := ps.Committed(uid, trigger, report.Attempt{Start: at, End: at, Programmed: at})
 	if err != nil {
 		c.log.Warn("pod seen-set state not persisted: this pod's window may be reported again after a restart", "pod", pod.Namespace+"/"+pod.Name, "err", err)
