@@ -79,6 +79,7 @@ func TestPodEnforcementWindow(t *testing.T) {
 		}
 		return s
 	}
+	started := time.Now()
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp, resolver: resolver, podStatus: true, podSeen: newPodSeen()})
 
 	// The policy exists, selecting app=web; the pod comes, its network ready at
@@ -87,6 +88,9 @@ func TestPodEnforcementWindow(t *testing.T) {
 	pe.Spec.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
 	pe.Annotations = map[string]string{v1alpha1.AnnotationTraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	create(t, cp, pe)
+	// A condition's time has whole seconds: the window's start must be after the
+	// pod seen-set's creation, or it is before_start.
+	time.Sleep(time.Until(started.Add(1300 * time.Millisecond)))
 	ready := time.Now().Add(-200 * time.Millisecond).Truncate(time.Second)
 	web := readyPod(t, cp, ns, "web", mine, "10.54.0.1", ready, map[string]string{"app": "web"})
 	waitCondition(t, cp, ns, "web", podcond.False, podcond.ReasonPending)
