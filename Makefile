@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 25m
 # skips); make test runs every package once, in its tier.
 UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
 	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/ \
-	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./internal/testenv/fixture/ ./hack/release/ ./test/e2enode/images/...
+	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./internal/testenv/fixture/ ./hack/release/ ./internal/podcond/ ./test/e2enode/images/...
 INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/

@@ -35,13 +35,13 @@ func (a access) String() string {
 // agentAccess is what the reconcile loop needs before it can sync: without it
 // the informers retry forever and /readyz could only say "caches not synced".
 // The Node watch is not here: it runs without its Node (nodewatch.go).
-func agentAccess(mode reconcile.EnforcingMode) []access {
+func agentAccess(mode reconcile.EnforcingMode, podCondition bool) []access {
 	watchList := []string{"list", "watch"}
 	need := []access{
 		{v1alpha1.GroupName, "policyendpoints", watchList},
 		{v1alpha1.GroupName, "clusterpolicyendpoints", watchList},
 	}
-	if mode == reconcile.EnforcingStrict {
+	if mode == reconcile.EnforcingStrict || podCondition {
 		need = append(need, access{"", "pods", watchList})
 	}
 	return need

@@ -71,6 +71,8 @@ type config struct {
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
 	EnforcingMode         reconcile.EnforcingMode
+	PodCondition          bool               // write npagent.io/PolicyProgrammed on this node's pods
+	PodConditionQPS       float64            // bound on those writes per second
 	NodeEgress            bpfmaps.NodeEgress // a pod's packets to its node: exempt (allow) or judged by its egress policy
 }
 
@@ -115,6 +117,8 @@ var flagEnv = map[string]string{
 	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":            "NPAGENT_DEBUG_SOCKET",
 	"enforcing-mode":          "NPAGENT_ENFORCING_MODE",
+	"pod-condition":           "NPAGENT_POD_CONDITION",
+	"pod-condition-qps":       "NPAGENT_POD_CONDITION_QPS",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -134,7 +138,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		return c, err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain, wait or cleanup command)", fs.Arg(0))
+		return c, fmt.Errorf("unexpected argument %q (flags only, or the version, explain, wait, status or cleanup command)", fs.Arg(0))
 	}
 	if err := setFromEnv(fs, getenv); err != nil {
 		return c, err
@@ -187,6 +191,8 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.IntVar(&c.MapEntriesV6, "max-entries-ipv6", bpfmaps.DefaultEntriesV6, "capacity of each direction's IPv6 policy map, as --max-entries-ipv4")
 	fs.Float64Var(&c.NamespaceEntryShare, "namespace-entry-share", 100*reconcile.DefaultNamespaceEntryShare, "percent of each policy map (direction and family) the pods of one namespace on this node may hold with their NetworkPolicy rules: a policy object that would take its namespace over it is rejected as bad input (counted in invalid objects; its last valid version stays in force), so that one tenant cannot crowd others out of the node's maps (docs/explanation/failures-and-capacity.md). 0 or 100: no bound")
 	fs.StringVar(&raw.enforcingMode, "enforcing-mode", string(reconcile.EnforcingStandard), "what a pod on this node gets before a policy selecting it is programmed: standard (open until then, and open again when no policy selects it) or strict (denied both ways, node traffic excepted, from when it has an IP until then; a pod no policy selects stays denied; needs RBAC to list and watch pods)")
+	fs.BoolVar(&c.PodCondition, "pod-condition", false, "write the condition npagent.io/PolicyProgrammed on this node's pods (True once every object selecting the pod is programmed here; pods may gate readiness on it; docs/how-to/pod-status.md); watches this node's pods and needs RBAC to list and watch pods and patch pods/status")
+	fs.Float64Var(&c.PodConditionQPS, "pod-condition-qps", 5, "most pods/status patches per second (burst twice this): a pod's changes are coalesced, and a restart or relist writes nothing when nothing changed")
 	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (Resizing the maps: docs/how-to/resize-maps.md)")
 	// Parse prints nothing: a bad flag is reported once, by exitCode, with a
 	// one-line hint; the usage is printed only when asked for (-h, --help).
@@ -204,7 +210,7 @@ var flagGroups = []struct {
 		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
 	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
 		"namespace-entry-share", "max-entries-per-object"}},
-	{"Enforcement", []string{"enforcing-mode", "node-egress", "drop-fqdn-allow-rules", "workers"}},
+	{"Enforcement", []string{"enforcing-mode", "node-egress", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
 	{"Telemetry", []string{"metrics-addr", "trigger-annotation", "traceparent-annotation", "trace-parenting",
 		"slow-trace-threshold", "fast-trace-fraction", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
 	{"Health and debug", []string{"health-addr", "stall-timeout", "watch-stall-timeout", "debug-socket"}},
@@ -221,6 +227,8 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
        npagent version
        npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>
        npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]
+       npagent wait --cluster --pod <ns>/<name> [--timeout D]   (through the apiserver)
+       npagent status [--json] (pod|policy) <ns>/<name>          (through the apiserver)
        npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)
 
 Flags (each falls back to the environment variable in brackets):
@@ -369,6 +377,9 @@ func (c *config) validate() []error {
 	}
 	if c.ResyncPeriod < 0 {
 		errs = append(errs, fmt.Errorf("--resync-period: %v is negative", c.ResyncPeriod))
+	}
+	if c.PodConditionQPS <= 0 {
+		errs = append(errs, fmt.Errorf("--pod-condition-qps: %v, need more than 0 (pods/status patches per second)", c.PodConditionQPS))
 	}
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers: %d, need at least 1", c.Workers))

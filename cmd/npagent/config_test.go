@@ -59,6 +59,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		WatermarkMaxAge:       time.Hour,
 		DebugSocket:           "/run/npagent/debug.sock",
 		EnforcingMode:         reconcile.EnforcingStandard, // as the AWS agent: open until programmed
+		PodConditionQPS:       5,                           // the condition itself is off unless asked for (the chart does)
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -102,6 +103,8 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_NODE_ADDRESS_INTERFACES": "cilium_host, veth*",
 		"NPAGENT_ENFORCING_MODE":          "strict",
 		"NPAGENT_NODE_EGRESS":             "policy",
+		"NPAGENT_POD_CONDITION":           "true",
+		"NPAGENT_POD_CONDITION_QPS":       "2.5",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -151,6 +154,8 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		NodeAddrInterfaces:   []string{"cilium_host", "veth*"},
 		EnforcingMode:        reconcile.EnforcingStrict,
 		NodeEgress:           bpfmaps.NodeEgressPolicy,
+		PodCondition:         true,
+		PodConditionQPS:      2.5,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)

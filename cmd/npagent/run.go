@@ -65,6 +65,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runExplain(ctx, args[1:], getenv, stdout, stderr)
 		case "wait":
 			return runWait(ctx, args[1:], getenv, stdout, stderr)
+		case "status":
+			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "cleanup":
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
 		}
@@ -147,7 +149,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer stopNodeAddrs() // before the dataplane closes
 	health.addCheck(nodes.Health)
-	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode), health, log); err != nil {
+	if err := waitForAPIServer(runCtx, restConfig, cfg.APIServerTimeout, agentAccess(cfg.EnforcingMode, cfg.PodCondition), health, log); err != nil {
 		return interruptedStart(httpFailed, log)
 	}
 	// The Node's own addresses (status.addresses) before the first commit.
@@ -341,6 +343,10 @@ func keepNodeSet(ctx context.Context, cfg config, dp bpfmaps.Dataplane, log *slo
 // valid versions beside the seen-set's state: both must outlive the agent's
 // container.
 func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, seenSet *seen.Set, sink report.Sink, log *slog.Logger) (*reconcile.Controller, error) {
+	var podSeen *seen.Set
+	if cfg.PodCondition {
+		podSeen = openPodSeenSet(cfg, log)
+	}
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
 		NodeIP:                cfg.NodeIP,
@@ -358,6 +364,9 @@ func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, se
 		Logger:            log.With("component", "reconcile"),
 		LastValidDir:      lastValidDir(cfg.StateFile),
 		EnforcingMode:     cfg.EnforcingMode,
+		PodStatus:         cfg.PodCondition,
+		PodStatusQPS:      cfg.PodConditionQPS,
+		PodSeen:           podSeen,
 		// 100% is 1: no bound, as 0.
 		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,
 	})
@@ -596,6 +605,23 @@ func openSeenSet(cfg config, start time.Time, log *slog.Logger) (*seen.Set, erro
 		log.Info("seen-set state loaded", "state_file", cfg.StateFile, "objects", st.Objects, "pending", st.Pending)
 	}
 	return s, nil
+}
+
+// openPodSeenSet is the seen-set of new pods' enforcement windows, keyed by pod
+// uid, its state beside the seen-set's (pods.state): a pod is observed once
+// across restarts. A damaged file is logged and ignored.
+func openPodSeenSet(cfg config, log *slog.Logger) *seen.Set {
+	opts := []seen.Option{seen.WithMaxSkew(cfg.MaxTriggerSkew), seen.WithMaxWatermarkAge(cfg.WatermarkMaxAge)}
+	path := ""
+	if cfg.StateFile != "" {
+		path = filepath.Join(filepath.Dir(cfg.StateFile), "pods.state")
+		opts = append(opts, seen.WithStatePath(path))
+	}
+	s, err := seen.New(time.Now(), opts...)
+	if err != nil {
+		log.Warn("pod seen-set state ignored; starting empty (pods whose network was ready before this start are not measured)", "state_file", path, "err", err)
+	}
+	return s
 }
 
 // shutdownTelemetry flushes and stops the exporters within timeout.

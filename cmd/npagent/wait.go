@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/npagent/npagent/internal/explain"
+	"github.com/npagent/npagent/internal/podcond"
 	"github.com/npagent/npagent/internal/report"
 )
 
@@ -72,6 +73,9 @@ func runWait(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
+	if w.cluster {
+		return pollCluster(ctx, w.kubeconfig, w.pod, w.timeout, w.interval, stdout, stderr)
+	}
 	return w.poll(ctx, stdout, stderr)
 }
 
@@ -81,6 +85,10 @@ type waitArgs struct {
 	path, what        string // the debug API's path for the pod; the pod, for messages
 	timeout, interval time.Duration
 	policies          policyRefs
+	// cluster: read the pod's condition through the apiserver (kubeconfig), not
+	// the node's agent.
+	cluster         bool
+	kubeconfig, pod string
 }
 
 // parseWaitArgs parses and checks `npagent wait`'s command line: flag.ErrHelp after
@@ -93,10 +101,13 @@ func parseWaitArgs(args []string, getenv func(string) string, stderr io.Writer) 
 	podIP := fs.String("ip", "", "the pod, by IP")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 	interval := fs.Duration("interval", 250*time.Millisecond, "how often to ask the agent")
+	cluster := fs.Bool("cluster", false, "read the pod's condition "+podcond.Type+" through the apiserver instead of asking this node's agent: from anywhere, no root, no hostPath (--pod only)")
+	kubeconfig := fs.String("kubeconfig", getenv("KUBECONFIG"), "with --cluster: kubeconfig file [$KUBECONFIG]; empty: ~/.kube/config, then the in-cluster configuration")
 	var policies policyRefs
 	fs.Var(&policies, "policy", "also wait until this policy selects the pod: <namespace>/<name> of a NetworkPolicy, or <name> of a cluster policy (repeatable)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: npagent wait (--pod <namespace>/<name> | --ip <address>) [--policy <namespace>/<name>]... [--timeout D]
+       npagent wait --cluster --pod <namespace>/<name> [--timeout D] [--kubeconfig F]
 
 Blocks until the npagent on this node has programmed, for the pod, the current
 version of every policy object that applies to it (after the agent's caches
@@ -106,8 +117,12 @@ wait also waits until an object of that policy selects the pod. The agent is ask
 over its debug socket every --interval, and asked again when it does not answer
 (it may be restarting).
 
-Exit: 0 programmed, 1 timed out, 2 usage, 3 agent unreachable (no answer at the
-timeout).
+With --cluster, it reads instead the condition `+podcond.Type+` the pod's
+agent writes (docs/how-to/pod-status.md) through the apiserver, until it is True: from
+anywhere (an init container needs neither root nor a hostPath).
+
+Exit: 0 programmed, 1 timed out, 2 usage, 3 agent (or with --cluster, apiserver)
+unreachable (no answer at the timeout).
 
 Flags:
 `)
@@ -120,10 +135,13 @@ Flags:
 	if err != nil {
 		return waitArgs{}, exitError{exitUsage, err}
 	}
-	w := waitArgs{socket: *socket, timeout: *timeout, interval: *interval, policies: policies}
+	w := waitArgs{socket: *socket, timeout: *timeout, interval: *interval, policies: policies,
+		cluster: *cluster, kubeconfig: *kubeconfig, pod: *podName}
 	switch {
 	case len(pos) > 0:
 		err = fmt.Errorf("wait: unexpected argument %q", pos[0])
+	case *cluster && (*podIP != "" || len(policies) > 0 || *podName == ""):
+		err = errors.New("wait: --cluster takes --pod only (the condition covers every object the pod's agent holds; --ip and --policy ask the node's agent)")
 	case (*podName == "") == (*podIP == ""):
 		err = errors.New("wait: give one of --pod or --ip")
 	default:

@@ -477,17 +477,26 @@ func TestClusterRoleByEnforcingMode(t *testing.T) {
 	endpoints := rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}
 	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
 	nodes := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}
-	for mode, want := range map[string][]rbacv1.PolicyRule{
-		"standard": {endpoints, nodes},
-		"strict":   {endpoints, nodes, pods},
+	podStatus := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}}
+	for _, tc := range []struct {
+		mode         string
+		podCondition bool
+		want         []rbacv1.PolicyRule
+	}{
+		{"standard", false, []rbacv1.PolicyRule{endpoints, nodes}},
+		{"strict", false, []rbacv1.PolicyRule{endpoints, nodes, pods}},
+		{"standard", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus}},
+		{"strict", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus}},
 	} {
-		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode})
+		mode, want := tc.mode, tc.want
+		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode,
+			"podCondition": map[string]any{"enabled": tc.podCondition}})
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
 		cr := typed[rbacv1.ClusterRole](t, objects(t, r), "ClusterRole")
 		if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
-			t.Errorf("%s: ClusterRole rules %+v, want %+v", mode, cr.Rules, want)
+			t.Errorf("%s, podCondition %v: ClusterRole rules %+v, want %+v", mode, tc.podCondition, cr.Rules, want)
 		}
 	}
 }
@@ -554,8 +563,10 @@ func TestInAPIServer(t *testing.T) {
 		}
 	})
 
+	// The agent that only reads: podCondition off (on by default, it adds the pod
+	// watch and pods/status patch, which TestPodStatusAdmission exercises).
 	t.Run("rbac", func(t *testing.T) {
-		c := cases[0]
+		c := testCase{"read-only", cases[0].rel, map[string]any{"podCondition": map[string]any{"enabled": false}}}
 		objs := objects(t, render(t, c))
 		cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
 		want := []rbacv1.PolicyRule{{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}},

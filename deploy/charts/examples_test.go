@@ -9,7 +9,8 @@ import (
 )
 
 // TestExamplesAreTheChartRendered: examples/deploy is what make chart writes, and its
-// rbac.yaml and daemonset.yaml together are helm template of the default values.
+// rbac.yaml, daemonset.yaml and pod-status-policy.yaml together are helm template of
+// the default values.
 func TestExamplesAreTheChartRendered(t *testing.T) {
 	want, err := Examples()
 	if err != nil {
@@ -28,8 +29,8 @@ func TestExamplesAreTheChartRendered(t *testing.T) {
 		}
 	}
 	def := render(t, cases[0])
-	if all := ExampleBody(got["rbac.yaml"]) + ExampleBody(got["daemonset.yaml"]); all != def.String() {
-		t.Errorf("examples/deploy/rbac.yaml + daemonset.yaml differ from helm template of the default values: %s", firstDiff(all, def.String()))
+	if all := ExampleBody(got["rbac.yaml"]) + ExampleBody(got["daemonset.yaml"]) + ExampleBody(got["pod-status-policy.yaml"]); all != def.String() {
+		t.Errorf("examples/deploy/rbac.yaml + daemonset.yaml + pod-status-policy.yaml differ from helm template of the default values: %s", firstDiff(all, def.String()))
 	}
 	ns := objects(t, Rendered{Manifests: []Manifest{{Content: ExampleBody(got["namespace.yaml"])}}})
 	if len(ns) != 1 || ns[0].GetKind() != "Namespace" || ns[0].GetName() != ExampleRelease.Namespace {

@@ -78,6 +78,19 @@ type Config struct {
 	// --namespace-entry-share defaults to DefaultNamespaceEntryShare). Counted by the
 	// Dataplane's Entries (bpfmaps.EntryCounter).
 	NamespaceEntryShare float64
+	// PodStatus writes the podcond.Type condition on this node's pods (see
+	// podstatus.go; needs NodeName, and RBAC to list and watch pods and patch
+	// pods/status). Default false: the loop reads and writes no pods (in standard
+	// mode).
+	PodStatus bool
+	// PodStatusQPS bounds the pods/status patches per second (burst: twice it, at
+	// least 1). Default 5.
+	PodStatusQPS float64
+	// PodSeen is the consume-once seen-set of new pods' enforcement windows, keyed
+	// by pod uid (see podlatency.go); with PodStatus, each pod's window is handed
+	// to the Sink once if it implements report.PodSink. Default nil: not measured.
+	// Not Seen: that one's uids are the objects', pruned against their caches.
+	PodSeen *seen.Set
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -105,9 +118,11 @@ type Controller struct {
 	// in the seen-set (see sync.go).
 	deleted deletedUIDs
 
-	// podWatch is strict mode's watch of this node's pods (nil in standard mode;
-	// see pods.go).
+	// podWatch is the watch of this node's pods, in strict mode or with PodStatus
+	// (nil otherwise; see pods.go). One informer serves both.
 	podWatch *podWatch
+	// podStatus writes the pod condition (nil without PodStatus; see podstatus.go).
+	podStatus *podStatus
 
 	// pods is which objects select which local pods, and what the dataplane holds
 	// for each: merge and commit happen behind its one lock (see podtable.go).
@@ -174,6 +189,12 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if mode == EnforcingStrict && cfg.NodeName == "" {
 		return nil, errors.New("reconcile: config: strict enforcing mode needs NodeName (its pods are watched by spec.nodeName)")
 	}
+	if cfg.PodStatus && cfg.NodeName == "" {
+		return nil, errors.New("reconcile: config: PodStatus needs NodeName (its pods are watched by spec.nodeName)")
+	}
+	if cfg.PodStatusQPS <= 0 {
+		cfg.PodStatusQPS = 5
+	}
 	c := &Controller{
 		cfg:   cfg,
 		log:   cfg.Logger.With("node", cfg.NodeName),
@@ -186,9 +207,12 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	var strict *localPodSet
-	if mode == EnforcingStrict {
-		strict = newLocalPodSet()
-		if c.podWatch, err = newPodWatch(restConfig, &c.cfg, strict); err != nil {
+	if mode == EnforcingStrict || cfg.PodStatus {
+		set := newLocalPodSet()
+		if mode == EnforcingStrict {
+			strict = set
+		}
+		if c.podWatch, err = newPodWatch(restConfig, &c.cfg, set, mode == EnforcingStrict); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}
@@ -214,8 +238,12 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	for kind := range report.Kind(report.NumKinds) {
 		lw := kubewatch.NewListWatch(rc, scheme, kinds[kind].resource, kinds[kind].example.DeepCopyObject,
 			relistObserver{c, kind}, &c.watch[kind], c.log.With("kind", kind.String()))
-		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example,
-			cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()})
+		opts := cache.SharedIndexInformerOptions{ResyncPeriod: cfg.ResyncPeriod, ObjectDescription: kind.String()}
+		if cfg.PodStatus && kind == report.KindPolicyEndpoint {
+			// The pod condition looks up a pod's PolicyEndpoints by namespace.
+			opts.Indexers = cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+		}
+		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example, opts)
 		c.informers[kind] = inf
 		if err := inf.SetTransform(transform); err != nil {
 			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
@@ -225,6 +253,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
 		}
 		c.registrations[kind] = reg
+	}
+	if cfg.PodStatus {
+		if c.podStatus, err = c.newPodStatus(restConfig, cfg.Sink); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -236,6 +269,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("reconcile: Run called twice")
 	}
+	if c.cfg.PodSeen != nil {
+		defer c.persistPodSeen() // after every worker stopped (wg.Wait runs first)
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer c.queue.ShutDown() // runs before wg.Wait: wakes workers blocked in Get
@@ -246,6 +282,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer c.podWatch.queue.ShutDown()
 		wg.Go(func() { c.podWatch.informer.RunWithContext(ctx) })
 	}
+	if c.podStatus != nil {
+		defer c.podStatus.queue.ShutDown()
+		c.startStatusWorker(ctx, &wg)
+	}
 	c.log.Info("waiting for informer caches", "nodeIP", c.cfg.NodeIP, "enforcingMode", c.cfg.EnforcingMode)
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
@@ -254,6 +294,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	// watermark may follow the events observed (never before: a restart would
 	// take objects not yet listed as resolved).
 	c.cfg.Seen.MarkSynced(time.Now())
+	if c.cfg.PodSeen != nil {
+		c.cfg.PodSeen.MarkSynced(time.Now())
+	}
 	c.versions.synced.Store(true)
 	pruned := c.pruneSeen()
 	if n := c.restoreLastValid(); n > 0 {
@@ -272,7 +315,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.ready.begin(keys, c.local.has)
 	c.initialSynced(translate.Key{})
 	c.progress.started(time.Now())
-	if c.podWatch != nil {
+	if c.podWatch != nil && c.podWatch.strict {
 		c.startPodWorker(ctx, &wg)
 	}
 	for range c.cfg.Workers {
@@ -294,6 +337,9 @@ func (c *Controller) HasSynced() bool {
 		if r == nil || !r.HasSynced() {
 			return false
 		}
+	}
+	if c.podStatus != nil && !c.podStatus.reg.HasSynced() {
+		return false
 	}
 	return c.podWatch == nil || c.podWatch.reg.HasSynced()
 }

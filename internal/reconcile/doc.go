@@ -112,8 +112,13 @@
 //     sync, leftovers of the previous process.
 //   - lastvalid.go: each object's last valid version, saved for the next process
 //     (the objects in an internal/lastvalid store).
-//   - pods.go: strict enforcing mode: a watch of this node's pods (only in that
-//     mode), whose worker denies a pod no object selects until one does.
+//   - pods.go: the watch of this node's pods (spec.nodeName; in strict mode or with
+//     Config.PodStatus, one informer for both) and strict enforcing mode, whose
+//     worker denies a pod no object selects until one does.
+//   - podstatus.go: the pod condition (internal/podcond's type, computed from the
+//     pod table and the informers' caches), patched on pods/status only when it
+//     changes, coalesced per pod, rate-bounded, and only after the initial sync (a
+//     restart, relist or resync writes nothing when nothing changed).
 //   - internal/translate (not this package): object → rules and the per-pod merge;
 //     gc.go:compile and sync.go call it, the pod table keeps what it returns.
 //   - explain.go: a read-only view for an operator (ExplainObject, ExplainPod, in

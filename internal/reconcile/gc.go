@@ -49,8 +49,11 @@ func (c *Controller) initialSynced(key translate.Key) {
 	if c.initial.synced(key) {
 		removed := c.pods.removeLeftovers()
 		c.log.Info("initial sync done", "leftoverPodsRemoved", removed)
-		if c.podWatch != nil {
+		if c.podWatch != nil && c.podWatch.strict {
 			c.requeuePods()
+		}
+		if c.podStatus != nil {
+			c.podStatus.start() // every pod's condition, from the state of every object
 		}
 	}
 }

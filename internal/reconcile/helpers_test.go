@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
@@ -34,6 +35,8 @@ type recordingSink struct {
 	records    []*report.Record
 	commits    int
 	commitErrs int
+	pods       []*report.PodRecord // report.PodSink: new pods' windows
+	unselected int
 }
 
 func newRecordingSink() *recordingSink { return &recordingSink{} }
@@ -150,6 +153,10 @@ type agentOptions struct {
 	lastValid  string // LastValidDir; "" for none
 	mode       EnforcingMode
 	share      float64 // NamespaceEntryShare; 0: not enforced
+	podStatus  bool    // Config.PodStatus
+	podSeen    *seen.Set
+	// restConfig reaches the apiserver instead of cp.Config (a counting transport).
+	restConfig *rest.Config
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -178,7 +185,11 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		o.logger = testLogger(t)
 	}
 	a := &agent{seen: set, sink: newRecordingSink(), dp: o.dp}
-	a.c, err = New(cp.Config, Config{
+	restConfig := cp.Config
+	if o.restConfig != nil {
+		restConfig = o.restConfig
+	}
+	a.c, err = New(restConfig, Config{
 		NodeName:      "node-" + o.nodeIP,
 		NodeIP:        netip.MustParseAddr(o.nodeIP),
 		Dataplane:     o.dp,
@@ -193,6 +204,9 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		EnforcingMode: o.mode,
 
 		NamespaceEntryShare: o.share,
+		PodStatus:           o.podStatus,
+		PodStatusQPS:        50,
+		PodSeen:             o.podSeen,
 
 		WatchStallTimeout: o.watchStall,
 	})

@@ -148,16 +148,19 @@ func (s *localPodSet) keys() []string {
 	return out
 }
 
-// podWatch is the strict mode's pod informer, its registration and its queue.
+// podWatch is the informer of this node's pods, its registration and strict mode's
+// queue. The pod condition (podstatus.go) shares the informer; in standard mode the
+// queue stays empty (strict false).
 type podWatch struct {
 	informer cache.SharedIndexInformer
 	reg      cache.ResourceEventHandlerRegistration
 	queue    workqueue.TypedRateLimitingInterface[string]
 	set      *localPodSet
+	strict   bool
 }
 
 // newPodWatch builds the informer of this node's pods. Nothing runs until Run.
-func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWatch, error) {
+func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet, strict bool) (*podWatch, error) {
 	cs, err := corev1client.NewForConfig(restConfig)
 	if err != nil {
 		return nil, fmt.Errorf("pods client: %w", err)
@@ -171,7 +174,8 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](5*time.Millisecond, cfg.MaxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
-		set: set,
+		set:    set,
+		strict: strict,
 	}
 	if err := w.informer.SetTransform(stripPod); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
@@ -181,7 +185,7 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 		if apierrors.IsForbidden(err) && !forbiddenLogged.Swap(true) {
 			// The usual misconfiguration, said once and plainly: the reflector's own
 			// message repeats at every retry.
-			cfg.Logger.Error("strict mode: listing this node's pods is forbidden: grant get, list and watch on pods (the chart does with enforcingMode: strict); until then the agent is not ready and programs nothing: no policy change and no new pod is enforced on this node, and only the enforcement pinned before stays in force",
+			cfg.Logger.Error("listing this node's pods is forbidden (strict mode or the pod condition needs them): grant get, list and watch on pods (the chart does); until then the agent is not ready and programs nothing: no policy change and no new pod is enforced on this node, and only the enforcement pinned before stays in force",
 				"node", cfg.NodeName, "err", err)
 		}
 		cache.DefaultWatchErrorHandler(ctx, r, err)
@@ -190,7 +194,7 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 	}
 	record := func(obj any) {
 		key, addrs, ok := podAddrs(obj)
-		if ok && set.set(key, addrs) {
+		if ok && set.set(key, addrs) && strict {
 			w.queue.Add(key)
 		}
 	}
@@ -201,7 +205,7 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if key, _, ok := podAddrs(obj); ok && set.set(key, nil) {
+			if key, _, ok := podAddrs(obj); ok && set.set(key, nil) && strict {
 				w.queue.Add(key)
 			}
 		},
@@ -212,18 +216,26 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet) (*podWa
 	return w, nil
 }
 
-// stripPod keeps of a pod what enforcement needs: its name, namespace and uid, its
-// addresses, its phase and whether it is on the host network. A node's pods are many
-// and change often (status): the cache holds no spec or status beyond that.
+// stripPod keeps of a pod what enforcement and its condition need: its name,
+// namespace, uid and labels (a PolicyEndpoint's podSelector), its addresses, its
+// phase, whether it is on the host network, and the conditions podstatus.go reads
+// (npagent's own, PodReadyToStartContainers). A node's pods are many and change often
+// (status): the cache holds no spec or status beyond that.
 func stripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
+	var conds []corev1.PodCondition
+	for _, c := range p.Status.Conditions {
+		if keptCondition(c.Type) {
+			conds = append(conds, c)
+		}
+	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion, Labels: p.Labels},
 		Spec:       corev1.PodSpec{HostNetwork: p.Spec.HostNetwork},
-		Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs, Conditions: conds},
 	}, nil
 }
 
@@ -276,6 +288,7 @@ func (c *Controller) processPod(ctx context.Context) bool {
 	}
 	addrs := w.set.checkout(key)
 	res, requeue := c.pods.commitStrict(addrs)
+	c.statusChanged(addrs)
 	for _, k := range requeue {
 		c.queue.Add(k)
 	}
@@ -416,6 +429,8 @@ func (t *podTable) denyStrict(res *commitResult, pod netip.Addr) {
 	addPhases(&res.attempt, cr)
 	res.pods++
 	t.strictDenied[pod] = struct{}{}
+	delete(t.uncommittable, pod)
+	delete(t.policySince, pod)
 	t.stats.strictDenials.Add(1)
 	t.log.Info("pod denied by strict mode until a policy selects it", "pod", pod, "ifindex", ifindex)
 }

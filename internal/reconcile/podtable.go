@@ -50,6 +50,14 @@ type podTable struct {
 	strictDenied map[netip.Addr]struct{}
 	initialDone  bool
 
+	// uncommittable is the pods isolated because their policy could not be
+	// committed (isolateUncommitted), until a commit or removal replaces it: for
+	// the pod condition.
+	uncommittable map[netip.Addr]struct{}
+	// policySince is when a policy (not strict mode's denial) was first committed
+	// to each pod since it had none: the end of a new pod's enforcement window.
+	policySince map[netip.Addr]time.Time
+
 	// versions mirrors objects[key].compiled, written under mu, read without (version).
 	versions sync.Map
 
@@ -80,6 +88,10 @@ type objectState struct {
 	isolatedLogged []netip.Addr
 	// rejectedRV and waitingRV stop repeated logs for one resourceVersion.
 	rejectedRV, waitingRV string
+	// syncedRV is the resourceVersion the last sync of the key handled (committed,
+	// rejected or waiting): a newer one in the informer's cache is pending (for the
+	// pod condition).
+	syncedRV string
 }
 
 func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters, log *slog.Logger, strict *localPodSet, share float64) *podTable {
@@ -92,7 +104,10 @@ func newPodTable(dp bpfmaps.Dataplane, resolver podif.Resolver, stats *counters,
 		heldIndex:    map[netip.Addr]map[translate.Key]struct{}{},
 		strict:       strict,
 		strictDenied: map[netip.Addr]struct{}{},
-		share:        newNamespaceShare(dp, share),
+
+		uncommittable: map[netip.Addr]struct{}{},
+		policySince:   map[netip.Addr]time.Time{},
+		share:         newNamespaceShare(dp, share),
 	}
 }
 
@@ -106,6 +121,8 @@ type commitResult struct {
 	resolveErr error          // first resolver error
 	err        error          // first dataplane error
 	refused    bool           // some pod's policy is one the dataplane can never take (ErrInvalidPolicy)
+	// affected are the pods this commit brought in line (for the pod condition).
+	affected []netip.Addr
 	// noLocalWork: nothing of the object is, or was, on this node; nothing was
 	// committed (and the lock was not waited for in vain: see commitVersion).
 	noLocalWork bool
@@ -432,6 +449,7 @@ func (t *podTable) noteWaiting(key translate.Key, rv string) bool {
 // it now. A pod no object selects any more is removed from the dataplane, or in
 // strict mode denied (denyStrict). Called with mu held, on a result opened by lock.
 func (t *podTable) commitLocked(res *commitResult, pods []netip.Addr) {
+	res.affected = append(res.affected, pods...)
 	objs := make([]*translate.Compiled, 0, 4)
 	for _, pod := range pods {
 		objs = t.objectsFor(pod, objs[:0])
@@ -531,6 +549,8 @@ func (t *podTable) removePod(res *commitResult, pod netip.Addr) {
 	addPhases(&res.attempt, cr)
 	delete(t.programmed, pod)
 	delete(t.strictDenied, pod)
+	delete(t.uncommittable, pod)
+	delete(t.policySince, pod)
 	t.stats.removes.Add(1)
 	res.pods++
 }
@@ -568,6 +588,13 @@ func (t *podTable) commitPod(res *commitResult, pod netip.Addr, policy *bpfmaps.
 	}
 	addPhases(&res.attempt, cr)
 	t.programmed[pod] = ifindex
+	delete(t.uncommittable, pod)
+	if _, ok := t.policySince[pod]; !ok {
+		t.policySince[pod] = cr.Switched
+		if cr.Switched.IsZero() {
+			t.policySince[pod] = time.Now()
+		}
+	}
 	t.stats.commits.Add(1)
 	if cr.Skipped {
 		t.stats.commitsSkipped.Add(1)
@@ -608,6 +635,7 @@ func (t *podTable) isolateUncommitted(res *commitResult, pod netip.Addr, policy 
 		return
 	}
 	t.stats.podsIsolated.Add(1)
+	t.uncommittable[pod] = struct{}{}
 	t.log.Error("pod isolated: its policy could not be committed", "pod", pod, "ifindex", ifindex, "objects", names,
 		"ingressDenied", ingress, "egressDenied", egress, "err", res.err)
 }

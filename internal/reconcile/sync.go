@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,6 +63,8 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 		return outcomeGiveUp
 	}
 	v := c.versions.checkout(m)
+	var touched []netip.Addr // the pods whose condition this sync may change
+	defer func() { c.statusSynced(key, v.uid, v.resourceVersion, touched) }()
 	if err == nil {
 		err = compiled.BuildSets(c.pods.version(key, v.uid))
 	}
@@ -76,6 +79,7 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 		// a recreated object's predecessor left are still re-committed without it.
 		rej := translate.ReadRejected(obj, c.cfg.NodeIP)
 		res := c.pods.commitVersion(key, v.uid, nil, &rej)
+		touched = union(res.affected, rej.Named)
 		c.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		return c.rejected(key, v, err, &res, log)
@@ -86,6 +90,7 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.DomainRulesDropped)
 	}
 	res := c.pods.commitVersion(key, v.uid, compiled, nil)
+	touched = union(res.affected, compiled.Pods)
 	compiled.Settle()
 	c.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
@@ -137,6 +142,7 @@ func (c *Controller) rejected(key translate.Key, v objectVersion, err error, res
 // the deleted uids in the seen-set.
 func (c *Controller) syncDeleted(key translate.Key) outcome {
 	res, uid := c.pods.commitDeleted(key)
+	c.statusChanged(res.affected)
 	log := c.log.With("kind", key.Kind.String(), "namespace", key.Namespace, "name", key.Name, "uid", uid)
 	c.recordCommit(key, &res, log)
 	switch {

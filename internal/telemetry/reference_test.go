@@ -167,6 +167,10 @@ func renderMetricsReference(t *testing.T) string {
 		failed.Err = "x"
 		tel.Committed(report.Kind(k), &failed)
 	}
+	ready := time.Now().Add(-time.Second)
+	tel.PodProgrammed(&report.PodRecord{Namespace: "ns", Name: "p", UID: "pu", Node: "node", NetworkReady: ready,
+		Source: report.SourceReadyToStartContainers, Programmed: ready.Add(40 * time.Millisecond), Objects: []string{"PolicyEndpoint ns/n"}})
+	tel.PodUnselected()
 	rm := tel.collect(t)
 	prom := prometheusNames(t, tel)
 

@@ -64,6 +64,7 @@ type Telemetry struct {
 	counts    atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
 	watch     watchInstruments                     // per-informer watch health, from the same Counts
 	dataplane dataplaneInstruments                 // the dataplane's counts and map use, from the same Counts
+	pod       podInstruments                       // new pods' enforcement windows (pod.go)
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -215,6 +216,7 @@ func (t *Telemetry) buildMetrics(ctx context.Context, res *resource.Resource) er
 		sdkmetric.WithView(
 			sdkmetric.NewView(sdkmetric.Instrument{Name: LatencyName}, latency),
 			sdkmetric.NewView(sdkmetric.Instrument{Name: CommitDurationName}, exponential),
+			sdkmetric.NewView(sdkmetric.Instrument{Name: PodLatencyName}, exponential),
 		),
 	}
 	reg := prometheus.NewRegistry()
@@ -319,6 +321,7 @@ func (t *Telemetry) buildInstruments() error {
 	check(err)
 	observed = append(observed, t.watch.build(m, check)...)
 	observed = append(observed, t.dataplane.build(m, check)...)
+	observed = append(observed, t.pod.build(m, check)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
 	}
@@ -329,6 +332,7 @@ func (t *Telemetry) buildInstruments() error {
 		for _, c := range own {
 			c.c.observe(o)
 		}
+		t.pod.observe(o)
 		if fill := t.counts.Load(); fill != nil {
 			var c report.Counts
 			(*fill)(&c)
