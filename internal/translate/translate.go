@@ -287,7 +287,7 @@ func (o Options) ClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, node
 			if err != nil {
 				return nil, err
 			}
-			c.TierRules[d] = append(c.TierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
+			c.TierRules[d] = append(c.TierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r, Origin: c.origin(i)})
 		}
 	}
 	if err := o.checkEntries(c); err != nil {
@@ -529,6 +529,13 @@ func (c *Compiled) BuildSets(prev *Compiled) error {
 	return nil
 }
 
+// origin names the object, or its rule index (-1: the object as a whole), for the
+// dataplane's verdict counters; Policy is its policyRef's name when it has one.
+func (c *Compiled) origin(index int) bpfmaps.Origin {
+	return bpfmaps.Origin{UID: string(c.UID), Kind: c.Key.Kind.String(), Namespace: c.Key.Namespace, Name: c.Key.Name,
+		Policy: c.Policy.Name, Index: index}
+}
+
 // MergePodPolicy is the policy of one pod: every object selecting it, merged.
 // Namespaced policy: a direction is isolated if any object isolates it, and its allow
 // rules are the union of theirs. Cluster policy: each object's rules go to its tier,
@@ -548,9 +555,11 @@ func MergePodPolicy(objs []*Compiled) bpfmaps.PodPolicy {
 				case !o.Isolated[d]:
 				case o.Sets[d] != nil:
 					dirs[d].Isolated = true
+					dirs[d].Sources = append(dirs[d].Sources, o.origin(-1))
 					dirs[d].AllowSets = append(dirs[d].AllowSets, o.Sets[d])
 				default:
 					dirs[d].Isolated = true
+					dirs[d].Sources = append(dirs[d].Sources, o.origin(-1))
 					dirs[d].Allow = append(dirs[d].Allow, o.Allow[d]...)
 				}
 			case report.KindClusterPolicyEndpoint:
