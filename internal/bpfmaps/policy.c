@@ -423,7 +423,7 @@ static __always_inline void count_allowed(__u32 key, const int dir, __u64 word, 
 	struct allowed_count *a = bpf_map_lookup_elem(&npa_allowed, &key);
 	if (!a)
 		return;
-	if (a->word != word) {
+	if (__builtin_expect(a->word != word, 0)) {
 		if (a->packets)
 			count(WORD_OWNER(a->word), (__u32)a->word, dir | allowed_reason(a->word) << 8, a->packets, a->bytes);
 		a->packets = 0;
@@ -1407,7 +1407,10 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p) &&
 		    !(dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr)))
 			ct_track(ifindex, dir, &p);
-		if (RESULT_RULE(res) == 0 && RESULT_REASON(res) == allowed_reason(word))
+		// Allowed with no rule to name: REASON_NO_POLICY, REASON_ALLOW or
+		// REASON_DEFAULT_ALLOW, the one allowed_reason(word) gives (tier rules'
+		// ids start at 1).
+		if (RESULT_RULE(res) == 0)
 			count_allowed(slot * 2 + dir, dir, word, skb->len);
 		else
 			pass(skb, ifindex, dir, word, RESULT_REASON(res), RESULT_RULE(res));
