@@ -59,6 +59,7 @@ type Telemetry struct {
 	counts    atomic.Pointer[func(*report.Counts)] // reads the owners' counters (ObserveCounts)
 	watch     watchInstruments                     // per-informer watch health, from the same Counts
 	dataplane dataplaneInstruments                 // the dataplane's counts and map use, from the same Counts
+	verdicts  verdictExport                        // the dataplane's verdict counters (ObserveVerdicts)
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
