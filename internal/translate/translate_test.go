@@ -362,12 +362,16 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 
 func TestLocalPodsIPv6AndMappedHost(t *testing.T) {
 	node6 := netip.MustParseAddr("fd00::10")
-	pods, err := localPods([]v1alpha1.PodEndpoint{pod("fd00::10", "fd01::5"), pod("fd00::11", "fd01::6")}, node6, root("spec"))
+	pods, names, err := localPods([]v1alpha1.PodEndpoint{pod("fd00::10", "fd01::5"), pod("fd00::11", "fd01::6")}, node6, root("spec"))
 	if err != nil || len(pods) != 1 || pods[0] != netip.MustParseAddr("fd01::5") {
 		t.Errorf("ipv6: pods %v err %v", pods, err)
 	}
+	// The local pods' names, for the verdict counters; only the local ones.
+	if want := map[netip.Addr]PodName{netip.MustParseAddr("fd01::5"): {Namespace: "shop", Name: "p-fd01::5"}}; !reflect.DeepEqual(names, want) {
+		t.Errorf("ipv6: names %v, want %v", names, want)
+	}
 	// A hostIP written as an IPv4-mapped IPv6 address is the same node.
-	pods, err = localPods([]v1alpha1.PodEndpoint{pod("::ffff:192.0.2.10", "10.1.0.5")}, testNode, root("spec"))
+	pods, _, err = localPods([]v1alpha1.PodEndpoint{pod("::ffff:192.0.2.10", "10.1.0.5")}, testNode, root("spec"))
 	if err != nil || len(pods) != 1 {
 		t.Errorf("mapped: pods %v err %v", pods, err)
 	}
