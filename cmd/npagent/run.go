@@ -164,6 +164,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	if tel != nil {
 		observeCounts(tel, ctrl, seenSet, nodes, dp)
+		observeVerdicts(tel, ctrl, dp, log)
 	}
 	debug.SetSource(ctrl)
 	health.setLoop(ctrl, func() error {
@@ -195,6 +196,7 @@ func startTelemetry(ctx context.Context, cfg config, health *agentHealth, log *s
 		telemetry.WithServiceVersion(agentVersion()),
 		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
 		telemetry.WithTraceParenting(cfg.TraceParenting),
+		telemetry.WithVerdictSeriesLimit(cfg.VerdictSeriesLimit),
 		telemetry.WithLogger(log.With("component", "telemetry")),
 	)
 	if degraded != "" {
