@@ -80,6 +80,13 @@ type EBPFOptions struct {
 	// and deletes them). A packet whose counter finds the map full is counted in
 	// VerdictCounts.Lost. Default DefaultVerdictEntries.
 	VerdictEntries int
+	// Audit: packets the policy denies (default deny, admin and baseline Deny rules)
+	// pass, counted as would-be denials (VerdictCount.Audited); the datapath's own
+	// drops (anti-spoofing, unparseable headers, other ethertypes, fragments) stay.
+	// For staged rollouts only: nothing is enforced. The programs are loaded with it
+	// and every OpenEBPF switches the pinned links to them, so opening again without
+	// it enforces at once.
+	Audit bool
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -214,6 +221,9 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := setNodeEgressVariable(spec, opts.NodeEgress); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	if err := setAuditVariable(spec, opts.Audit); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := removeLegacyConntrack(opts.PinPath); err != nil {

@@ -361,6 +361,16 @@ struct {
 #define REASON_NOT_IP 37 // an ethertype other than IPv4, IPv6 and ARP
 #define REASON_FRAGMENT_DENIED 38 // a later fragment whose first did not pass
 #define REASON_UNSETTLED 39 // the state word kept changing while deciding
+// REASON_AUDITED marks a policy denial that passed in audit mode (would deny).
+#define REASON_AUDITED 64
+
+// audit_mode (set by the loader, EBPFOptions.Audit): 1, a packet the policy denies
+// (default deny, an admin or baseline Deny rule) passes and is counted with
+// REASON_AUDITED; the datapath's own drops (anti-spoofing, unparseable headers, other
+// ethertypes, fragments whose first was dropped) still drop. A load-time constant: off,
+// the verifier prunes it; every agent start loads the programs anew and switches the
+// pods' links, so a restart without it enforces again at once.
+volatile const __u32 audit_mode = 0;
 
 // count adds packets (bytes) to a verdict counter; what is dir | reason << 8 | rule
 // << 16. Per CPU: no atomic needed. Global, so the verifier checks it once, not at
@@ -1443,6 +1453,11 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))
 		return pass(skb, ifindex, dir, word, REASON_ICMP_RELATED, 0);
+	if (audit_mode) {
+		count(ifindex, (__u32)word, dir | (RESULT_REASON(res) | REASON_AUDITED) << 8 | RESULT_RULE(res) << 16, 1,
+		      skb->len);
+		return VERDICT_NEXT;
+	}
 	count(ifindex, (__u32)word, dir | RESULT_REASON(res) << 8 | RESULT_RULE(res) << 16, 1, skb->len);
 	return VERDICT_DROP;
 }

@@ -138,6 +138,7 @@ const (
 	policyMapNpaVerdictsLost      = "npa_verdicts_lost"
 	policyProgFromPod             = "from_pod"
 	policyProgToPod               = "to_pod"
+	policyVarAuditMode            = "audit_mode"
 	policyVarCtClosingTimeoutNs   = "ct_closing_timeout_ns"
 	policyVarCtFragmentTimeoutNs  = "ct_fragment_timeout_ns"
 	policyVarCtKeyType            = "ct_key_type"
@@ -217,6 +218,7 @@ type policyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyVariableSpecs struct {
+	AuditMode            *ebpf.VariableSpec `ebpf:"audit_mode"`
 	CtClosingTimeoutNs   *ebpf.VariableSpec `ebpf:"ct_closing_timeout_ns"`
 	CtFragmentTimeoutNs  *ebpf.VariableSpec `ebpf:"ct_fragment_timeout_ns"`
 	CtKeyType            *ebpf.VariableSpec `ebpf:"ct_key_type"`
@@ -284,6 +286,7 @@ func (m *policyMaps) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyVariables struct {
+	AuditMode            *ebpf.Variable `ebpf:"audit_mode"`
 	CtClosingTimeoutNs   *ebpf.Variable `ebpf:"ct_closing_timeout_ns"`
 	CtFragmentTimeoutNs  *ebpf.Variable `ebpf:"ct_fragment_timeout_ns"`
 	CtKeyType            *ebpf.Variable `ebpf:"ct_key_type"`

@@ -26,6 +26,9 @@ func verdictName(c VerdictCount) string {
 	for _, o := range c.Sources {
 		s += " by " + o.Name
 	}
+	if c.Audited {
+		s += " audited"
+	}
 	if !c.Attributed {
 		s += " unattributed"
 	}
@@ -303,5 +306,61 @@ func TestRealTrafficVerdictsAcrossCommit(t *testing.T) {
 				t.Errorf("%s: unexpected count %q: %d", fam.name, k, v)
 			}
 		}
+	}
+}
+
+// TestRealTrafficAuditMode: in audit mode a packet the policy denies passes and is
+// counted as a would-be denial under what denied it; the packets it allows are
+// counted as usual. Opening the dataplane again without it (an agent restart without
+// --audit-mode) enforces at once: the same packets are dropped and counted as denied.
+func TestRealTrafficAuditMode(t *testing.T) {
+	lab := newTrafficLab(t)
+	for _, a := range []struct{ network, addr string }{
+		{"udp4", labPod4 + ":5353"}, {"udp4", labPod4 + ":5354"}, {"udp6", "[" + labPod6 + "]:5354"},
+	} {
+		netlab.ServeEcho(t, lab.pod, a.network, a.addr)
+	}
+	lab.enterNode(t)
+	pin := testPinPath(t)
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin, Audit: true})
+	objA := Origin{UID: "uid-a", Kind: "PolicyEndpoint", Namespace: "ns", Name: "a", Index: -1}
+	pol := PodPolicy{Ingress: DirectionPolicy{Isolated: true, Sources: []Origin{objA},
+		Allow: []Rule{{CIDR: labPeerNet4, Ports: []PortRule{{Protocol: ProtocolUDP, Port: 5353}}}}}}
+	if _, err := e.Commit(lab.hostIfindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	settleVerdicts(t, e, lab.hostIfindex)
+	exchange := func(network, addr string, want bool) {
+		t.Helper()
+		if err := netlab.Exchange(lab.peer, network, addr, trafficTimeout); (err == nil) != want {
+			t.Fatalf("%s %s: exchange error %v, want passed=%v", network, addr, err, want)
+		}
+	}
+	before := readTally(t, e, lab.hostIfindex)
+	const n = 3
+	for range n {
+		exchange("udp4", labPod4+":5354", true) // denied by the policy: passes
+		exchange("udp6", "["+labPod6+"]:5354", true)
+		exchange("udp4", labPod4+":5353", true) // allowed
+	}
+	got := readTally(t, e, lab.hostIfindex).sub(before)
+	if got["ingress default_deny by a audited"] != 2*n || got["ingress policy_allow by a"] != n || got["ingress default_deny by a"] != 0 {
+		t.Errorf("audit mode: counted %v, want %d would-be denials and %d allowed", got, 2*n, n)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e = openTestEBPF(t, EBPFOptions{PinPath: pin})
+	if _, err := e.Commit(lab.hostIfindex, pol); err != nil { // unchanged: names what it credits
+		t.Fatal(err)
+	}
+	before = readTally(t, e, lab.hostIfindex)
+	exchange("udp4", labPod4+":5354", false)
+	exchange("udp6", "["+labPod6+"]:5354", false)
+	exchange("udp4", labPod4+":5353", true)
+	got = readTally(t, e, lab.hostIfindex).sub(before)
+	if got["ingress default_deny by a"] != 2 || got["ingress default_deny by a audited"] != 0 || got["ingress policy_allow by a"] != 1 {
+		t.Errorf("audit mode off: counted %v, want 2 denied and 1 allowed", got)
 	}
 }

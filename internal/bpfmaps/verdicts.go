@@ -69,6 +69,10 @@ const (
 	ReasonUnsettled      VerdictReason = 39 // the pod's policy kept changing while deciding
 )
 
+// reasonAudited marks, in a counter's key, a policy denial that passed in audit mode
+// (REASON_AUDITED in policy.c).
+const reasonAudited = 64
+
 var reasonNames = map[VerdictReason]string{
 	ReasonNoPolicy: "no_policy", ReasonAllow: "policy_allow", ReasonAdminAccept: "admin_accept",
 	ReasonBaselineAccept: "baseline_accept", ReasonDefaultAllow: "default_allow",
@@ -114,6 +118,9 @@ type VerdictCount struct {
 	// commit that judged the packets, for ReasonAllow and ReasonDefaultDeny (none:
 	// isolated by the caller without an object, e.g. strict mode); nil otherwise.
 	Sources []Origin
+	// Audited: the policy denied these packets and they passed (EBPFOptions.Audit):
+	// would-be denials. Reason says what denied them.
+	Audited bool
 	// Attributed is false when the commit that judged the packets is no longer known
 	// (more than a few commits ago, or state adopted from a previous process and not
 	// committed since): Reason holds, Rule and Sources are empty.
@@ -210,6 +217,7 @@ type verdictFold struct {
 	ifindex    uint32
 	dir        Direction
 	reason     VerdictReason
+	audited    bool
 	rule       Origin
 	sources    string
 	attributed bool
@@ -222,7 +230,8 @@ type verdictTotals map[verdictFold]*VerdictCount
 
 // resolve credits a key's counts.
 func (c *core) resolve(k *policyVerdictKey) (VerdictCount, bool) {
-	out := VerdictCount{Ifindex: int(k.Ifindex), Direction: Direction(k.Dir & 1), Reason: VerdictReason(k.Reason)}
+	out := VerdictCount{Ifindex: int(k.Ifindex), Direction: Direction(k.Dir & 1), Reason: VerdictReason(k.Reason &^ reasonAudited),
+		Audited: k.Reason&reasonAudited != 0}
 	rec := c.pods[k.Ifindex]
 	if rec == nil {
 		return out, false
@@ -253,7 +262,7 @@ func foldOf(v *VerdictCount) verdictFold {
 	for _, s := range v.Sources {
 		fmt.Fprintf(&b, "%s/%s/%s/%s/%d;", s.UID, s.Kind, s.Namespace, s.Name, s.Index)
 	}
-	return verdictFold{ifindex: uint32(v.Ifindex), dir: v.Direction, reason: v.Reason, rule: v.Rule,
+	return verdictFold{ifindex: uint32(v.Ifindex), dir: v.Direction, reason: v.Reason, audited: v.Audited, rule: v.Rule,
 		sources: b.String(), attributed: v.Attributed}
 }
 
@@ -373,6 +382,11 @@ func sortCounts(cs []VerdictCount) {
 			return int(a.Reason) - int(b.Reason)
 		case fa.rule != fb.rule:
 			return strings.Compare(fmt.Sprint(fa.rule), fmt.Sprint(fb.rule))
+		case fa.audited != fb.audited:
+			if fa.audited {
+				return 1
+			}
+			return -1
 		case fa.attributed != fb.attributed:
 			if fa.attributed {
 				return 1
