@@ -30,6 +30,7 @@ type config struct {
 	sdkLogs        bool // WithLogger was given: the SDK's own errors go to logger too
 	parenting      Parenting
 	verdictSeries  int
+	audit          bool
 }
 
 // Option configures New. Options are sealed: only this package can make them.
@@ -54,6 +55,10 @@ func defaultConfig() config {
 // direction and verdict (attribute otel.metric.overflow=true) and counted.
 // Default DefaultVerdictSeriesLimit.
 func WithVerdictSeriesLimit(n int) Option { return func(c *config) { c.verdictSeries = n } }
+
+// WithAuditMode says the dataplane runs in audit mode: the AuditModeName gauge is 1.
+// Default false.
+func WithAuditMode(on bool) Option { return func(c *config) { c.audit = on } }
 
 // WithNodeName sets k8s.node.name on the resource (over OTEL_RESOURCE_ATTRIBUTES)
 // and on every root span. Default: unset (omitted from spans; the resource keeps

@@ -312,6 +312,7 @@ func (t *Telemetry) buildInstruments() error {
 	check(err)
 	observed = append(observed, t.watch.build(m, check)...)
 	observed = append(observed, t.dataplane.build(m, check)...)
+	check(t.buildAuditGauge(m))
 	if len(errs) > 0 {
 		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
 	}

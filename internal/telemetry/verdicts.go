@@ -24,6 +24,9 @@ const (
 	// VerdictsLostName counts packets the dataplane could not count (its counter
 	// map full).
 	VerdictsLostName = "npagent.policy.verdicts.lost"
+	// AuditModeName is 1 while the dataplane runs in audit mode (policy denials
+	// pass, counted as would_deny), else 0.
+	AuditModeName = "npagent.dataplane.audit_mode"
 
 	DirectionKey    = attribute.Key("npagent.verdict.direction")
 	VerdictKey      = attribute.Key("npagent.verdict")
@@ -42,6 +45,7 @@ const DefaultVerdictSeriesLimit = 2000
 type Verdict struct {
 	Direction  string // ingress or egress
 	Denied     bool
+	Audited    bool   // denied by the policy but passed (audit mode): verdict would_deny
 	Reason     string // what decided (the dataplane's reason)
 	Namespace  string // the pod's; empty when unknown
 	Pod        string
@@ -61,7 +65,7 @@ type VerdictCounts struct {
 // verdictSeries is a Verdict's identity (its attributes).
 type verdictSeries struct {
 	direction, reason, namespace, pod, kind, name string
-	denied                                        bool
+	denied, audited                               bool
 	rule                                          int
 }
 
@@ -75,8 +79,8 @@ type verdictExport struct {
 	limit     int
 	admitted  map[verdictSeries]*measureOptions
 	folded    map[verdictSeries][2]uint64 // last packets and bytes seen
-	overflow  [2][2][2]uint64             // [direction ingress/egress][denied][packets, bytes]
-	overSets  [2][2]*measureOptions
+	overflow  [2][3][2]uint64             // [direction ingress/egress][verdictIndex][packets, bytes]
+	overSets  [2][3]*measureOptions
 	packets   metric.Int64ObservableCounter
 	bytes     metric.Int64ObservableCounter
 	overflown metric.Int64ObservableGauge
@@ -84,11 +88,17 @@ type verdictExport struct {
 	read      func() VerdictCounts
 }
 
-func verdictWord(denied bool) string {
-	if denied {
-		return "deny"
+// verdictWords are the verdict attribute's values, by verdictIndex.
+var verdictWords = [3]string{"allow", "deny", "would_deny"}
+
+func verdictIndex(denied, audited bool) int {
+	switch {
+	case audited:
+		return 2
+	case denied:
+		return 1
 	}
-	return "allow"
+	return 0
 }
 
 // ObserveVerdicts registers read, which returns the dataplane's verdict counters
@@ -109,8 +119,8 @@ func (t *Telemetry) ObserveVerdicts(read func() VerdictCounts) error {
 	}
 	v.admitted, v.folded = map[verdictSeries]*measureOptions{}, map[verdictSeries][2]uint64{}
 	for d, dir := range [2]string{"ingress", "egress"} {
-		for den := range 2 {
-			v.overSets[d][den] = newMeasureOptions(DirectionKey.String(dir), VerdictKey.String(verdictWord(den == 1)), OverflowKey.Bool(true))
+		for vi, word := range verdictWords {
+			v.overSets[d][vi] = newMeasureOptions(DirectionKey.String(dir), VerdictKey.String(word), OverflowKey.Bool(true))
 		}
 	}
 	m := t.mp.Meter(ScopeName)
@@ -148,7 +158,7 @@ func (v *verdictExport) observe(o metric.Observer) {
 	for i := range vc.Counts {
 		c := &vc.Counts[i]
 		s := verdictSeries{direction: c.Direction, reason: c.Reason, namespace: c.Namespace, pod: c.Pod,
-			kind: c.PolicyKind, name: c.PolicyName, denied: c.Denied, rule: c.Rule}
+			kind: c.PolicyKind, name: c.PolicyName, denied: c.Denied, audited: c.Audited, rule: c.Rule}
 		n, ok := agg[s]
 		if !ok {
 			order = append(order, s)
@@ -176,15 +186,13 @@ func (v *verdictExport) observe(o metric.Observer) {
 		if cur[0] < last[0] || cur[1] < last[1] {
 			dp, db = cur[0], cur[1]
 		}
-		d, den := 0, 0
+		d := 0
 		if s.direction == "egress" {
 			d = 1
 		}
-		if s.denied {
-			den = 1
-		}
-		v.overflow[d][den][0] += dp
-		v.overflow[d][den][1] += db
+		vi := verdictIndex(s.denied, s.audited)
+		v.overflow[d][vi][0] += dp
+		v.overflow[d][vi][1] += db
 		v.folded[s] = cur
 	}
 	for s := range v.folded {
@@ -214,7 +222,7 @@ func (v *verdictExport) observe(o metric.Observer) {
 }
 
 func (s verdictSeries) attributes() []attribute.KeyValue {
-	kv := []attribute.KeyValue{DirectionKey.String(s.direction), VerdictKey.String(verdictWord(s.denied)),
+	kv := []attribute.KeyValue{DirectionKey.String(s.direction), VerdictKey.String(verdictWords[verdictIndex(s.denied, s.audited)]),
 		VerdictReasonKy.String(s.reason)}
 	if s.namespace != "" {
 		kv = append(kv, NamespaceKey.String(s.namespace))
@@ -229,4 +237,22 @@ func (s verdictSeries) attributes() []attribute.KeyValue {
 		kv = append(kv, RuleKey.String(strconv.Itoa(s.rule)))
 	}
 	return kv
+}
+
+// buildAuditGauge registers the AuditModeName gauge (WithAuditMode).
+func (t *Telemetry) buildAuditGauge(m metric.Meter) error {
+	g, err := m.Int64ObservableGauge(AuditModeName, metric.WithUnit("1"),
+		metric.WithDescription("1 while the dataplane runs in audit mode (--audit-mode): packets the policy denies pass and are counted as npagent.policy.verdicts{npagent.verdict=\"would_deny\"}; else 0."))
+	if err != nil {
+		return err
+	}
+	on := int64(0)
+	if t.cfg.audit {
+		on = 1
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, on)
+		return nil
+	}, g)
+	return err
 }

@@ -173,3 +173,25 @@ func TestVerdictsThroughRealCollector(t *testing.T) {
 		return got["default_deny"] == 9
 	})
 }
+
+// Audit mode says so: a gauge of 1 (0 otherwise), and the policy's would-be denials
+// are their own verdict, would_deny.
+func TestAuditModeExported(t *testing.T) {
+	if got := counterValue(t, newInMemory(t).collect(t), AuditModeName); got != 0 {
+		t.Errorf("audit mode gauge %d without it, want 0", got)
+	}
+	tel := newInMemory(t, WithAuditMode(true))
+	if err := tel.ObserveVerdicts(func() VerdictCounts {
+		return VerdictCounts{Counts: []Verdict{{Direction: "ingress", Denied: true, Audited: true, Reason: "default_deny",
+			Namespace: "shop", Pod: "web-1", PolicyKind: "PolicyEndpoint", PolicyName: "web", Rule: -1, Packets: 4, Bytes: 400}}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rm := tel.collect(t)
+	if got := counterValue(t, rm, AuditModeName); got != 1 {
+		t.Errorf("audit mode gauge %d, want 1", got)
+	}
+	if got := counterValue(t, rm, VerdictsName, VerdictKey.String("would_deny"), VerdictReasonKy.String("default_deny")); got != 4 {
+		t.Errorf("would_deny packets %d, want 4", got)
+	}
+}
