@@ -62,6 +62,7 @@ type config struct {
 	SlowTraceThreshold    time.Duration
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool    // leave out domainName allow rules instead of rejecting their object
+	AuditMode             bool    // --audit-mode: policy denials pass, counted as would_deny
 	MaxEntriesPerObject   int     // an object needing more map entries is rejected as bad input
 	MapEntriesV4          int     // capacity of each direction's IPv4 trie, shared by all pods
 	MapEntriesV6          int     // the same for IPv6
@@ -112,6 +113,7 @@ var flagEnv = map[string]string{
 	"max-entries-ipv6":        "NPAGENT_MAX_ENTRIES_IPV6",
 	"namespace-entry-share":   "NPAGENT_NAMESPACE_ENTRY_SHARE",
 	"conntrack-entries":       "NPAGENT_CONNTRACK_ENTRIES",
+	"audit-mode":              "NPAGENT_AUDIT_MODE",
 	"verdict-series-limit":    "NPAGENT_VERDICT_SERIES_LIMIT",
 	"max-trigger-skew":        "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
@@ -184,6 +186,7 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.DurationVar(&c.WatermarkMaxAge, "watermark-max-age", time.Hour, "after a restart, objects the last process never saw are measured only for changes up to this long before the start (older ones: before_start); 0: no bound")
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
+	fs.BoolVar(&c.AuditMode, "audit-mode", false, "AUDIT MODE, NOTHING ENFORCED: packets the policy denies (default deny, admin and baseline Deny rules) pass and are counted as npagent.policy.verdicts{npagent.verdict=\"would_deny\"}; for a staged rollout only. The agent logs a warning at start, npagent.dataplane.audit_mode is 1, and the NpagentAuditMode alert fires. Restarting without it enforces at once")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", translate.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (README: Resizing the maps)")
@@ -207,7 +210,7 @@ var flagGroups = []struct {
 		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
 	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
 		"namespace-entry-share", "max-entries-per-object"}},
-	{"Enforcement", []string{"enforcing-mode", "node-egress", "drop-fqdn-allow-rules", "workers"}},
+	{"Enforcement", []string{"enforcing-mode", "node-egress", "audit-mode", "drop-fqdn-allow-rules", "workers"}},
 	{"Telemetry", []string{"metrics-addr", "trigger-annotation", "traceparent-annotation", "trace-parenting",
 		"slow-trace-threshold", "fast-trace-fraction", "verdict-series-limit", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
 	{"Health and debug", []string{"health-addr", "stall-timeout", "watch-stall-timeout", "debug-socket"}},

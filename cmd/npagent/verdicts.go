@@ -48,7 +48,7 @@ func observeVerdicts(tel *telemetry.Telemetry, ctrl *reconcile.Controller, dp bp
 func namedVerdicts(vc bpfmaps.VerdictCounts, pods map[int]reconcile.VerdictPod) telemetry.VerdictCounts {
 	out := telemetry.VerdictCounts{Lost: vc.Lost, Counts: make([]telemetry.Verdict, 0, len(vc.Counts))}
 	for _, c := range vc.Counts {
-		v := telemetry.Verdict{Direction: c.Direction.String(), Denied: c.Reason.Denied(), Reason: c.Reason.String(),
+		v := telemetry.Verdict{Direction: c.Direction.String(), Denied: c.Reason.Denied(), Audited: c.Audited, Reason: c.Reason.String(),
 			Rule: -1, Packets: c.Packets, Bytes: c.Bytes}
 		if p, ok := pods[c.Ifindex]; ok {
 			v.Namespace, v.Pod = p.Namespace, p.Name

@@ -24,6 +24,7 @@ func TestNamedVerdicts(t *testing.T) {
 		{Ifindex: 7, Direction: bpfmaps.Ingress, Reason: bpfmaps.ReasonAllow, Sources: []bpfmaps.Origin{web}, Attributed: true, Packets: 9, Bytes: 900},
 		{Ifindex: 8, Direction: bpfmaps.Ingress, Reason: bpfmaps.ReasonDefaultDeny, Attributed: true, Packets: 1, Bytes: 60},
 		{Ifindex: 9, Direction: bpfmaps.Egress, Reason: bpfmaps.ReasonConntrackReply, Packets: 2, Bytes: 120},
+		{Ifindex: 7, Direction: bpfmaps.Ingress, Reason: bpfmaps.ReasonDefaultDeny, Audited: true, Sources: []bpfmaps.Origin{web}, Attributed: true, Packets: 6, Bytes: 360},
 	}}
 	pods := map[int]reconcile.VerdictPod{
 		7: {IP: netip.MustParseAddr("10.1.0.5"), Namespace: "shop", Name: "web-1"},
@@ -36,6 +37,7 @@ func TestNamedVerdicts(t *testing.T) {
 		{Direction: "ingress", Reason: "policy_allow", Namespace: "shop", Pod: "web-1", PolicyKind: "PolicyEndpoint", PolicyName: "web", Rule: -1, Packets: 9, Bytes: 900},
 		{Direction: "ingress", Denied: true, Reason: "default_deny", Rule: -1, Packets: 1, Bytes: 60},
 		{Direction: "egress", Reason: "conntrack_reply", Rule: -1, Packets: 2, Bytes: 120},
+		{Direction: "ingress", Denied: true, Audited: true, Reason: "default_deny", Namespace: "shop", Pod: "web-1", PolicyKind: "PolicyEndpoint", PolicyName: "web", Rule: -1, Packets: 6, Bytes: 360},
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("named verdicts\n got %+v\nwant %+v", got, want)

@@ -57,6 +57,7 @@ var cases = []testCase{
 		"nodeEgress":            "policy",
 		"conntrackEntries":      8192,
 		"verdictSeriesLimit":    500,
+		"auditMode":             true,
 		"metrics":               map[string]any{"port": 9555},
 		"health":                map[string]any{"port": 9556},
 		"serviceAccount":        map[string]any{"name": "agent"},
@@ -367,7 +368,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192", "--verdict-series-limit=500"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192", "--verdict-series-limit=500", "--audit-mode"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}
