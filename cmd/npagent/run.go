@@ -166,7 +166,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 		observeCounts(tel, ctrl, seenSet, nodes, dp)
 		observeVerdicts(tel, ctrl, dp, log)
 	}
-	debug.SetSource(ctrl)
+	debug.SetSource(verdictSource{Source: ctrl, read: dp.Verdicts})
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/reconcile"
 	"github.com/npagent/npagent/internal/telemetry"
 )
@@ -77,4 +78,40 @@ func originName(o bpfmaps.Origin) string {
 		return o.Policy
 	}
 	return o.Name
+}
+
+// verdictSource answers the debug API as its Source does, adding to a pod's answer
+// the verdict counters of its interface, read from the kernel's maps at the time.
+type verdictSource struct {
+	explain.Source
+	read func() (bpfmaps.VerdictCounts, error)
+}
+
+func (s verdictSource) ExplainPod(q explain.PodQuery) explain.PodExplain {
+	out := s.Source.ExplainPod(q)
+	if out.Ifindex == 0 {
+		return out
+	}
+	vc, err := s.read()
+	if err != nil {
+		return out
+	}
+	mine := bpfmaps.VerdictCounts{}
+	for _, c := range vc.Counts {
+		if c.Ifindex == out.Ifindex {
+			mine.Counts = append(mine.Counts, c)
+		}
+	}
+	for _, v := range namedVerdicts(mine, nil).Counts {
+		word := "allow"
+		switch {
+		case v.Audited:
+			word = "would_deny"
+		case v.Denied:
+			word = "deny"
+		}
+		out.Verdicts = append(out.Verdicts, explain.PodVerdict{Direction: v.Direction, Verdict: word, Reason: v.Reason,
+			PolicyKind: v.PolicyKind, Policy: v.PolicyName, Rule: v.Rule, Packets: v.Packets, Bytes: v.Bytes})
+	}
+	return out
 }

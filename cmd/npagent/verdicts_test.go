@@ -3,10 +3,13 @@ package main
 import (
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/telemetry"
 )
 
@@ -41,5 +44,58 @@ func TestNamedVerdicts(t *testing.T) {
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("named verdicts\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// fakeExplainSource answers a pod query with a fixed pod.
+type fakeExplainSource struct{ pod explain.PodExplain }
+
+func (f fakeExplainSource) HasSynced() bool { return true }
+func (f fakeExplainSource) ExplainObject(report.Kind, string, string) explain.ObjectExplain {
+	return explain.ObjectExplain{}
+}
+func (f fakeExplainSource) ExplainPod(explain.PodQuery) explain.PodExplain { return f.pod }
+
+// `npagent explain pod/...` shows the pod's verdict counters, read from the kernel's
+// maps: only its interface's, named, the denials first; a pod without an interface
+// shows none.
+func TestExplainPodVerdicts(t *testing.T) {
+	web := bpfmaps.Origin{Kind: "PolicyEndpoint", Namespace: "shop", Name: "web", Index: -1}
+	admin := bpfmaps.Origin{Kind: "ClusterPolicyEndpoint", Name: "deny-metadata", Index: 1}
+	read := func() (bpfmaps.VerdictCounts, error) {
+		return bpfmaps.VerdictCounts{Counts: []bpfmaps.VerdictCount{
+			{Ifindex: 7, Direction: bpfmaps.Ingress, Reason: bpfmaps.ReasonAllow, Sources: []bpfmaps.Origin{web}, Attributed: true, Packets: 9, Bytes: 900},
+			{Ifindex: 7, Direction: bpfmaps.Egress, Reason: bpfmaps.ReasonAdminDeny, Rule: admin, Attributed: true, Packets: 3, Bytes: 180},
+			{Ifindex: 8, Direction: bpfmaps.Ingress, Reason: bpfmaps.ReasonDefaultDeny, Packets: 5, Bytes: 300},
+		}}, nil
+	}
+	src := verdictSource{Source: fakeExplainSource{explain.PodExplain{Node: "n", Namespace: "shop", Name: "web-1", IP: "10.1.0.5",
+		OnNode: true, Synced: true, Programmed: true, Ifindex: 7}}, read: read}
+	p := src.ExplainPod(explain.PodQuery{Namespace: "shop", Name: "web-1"})
+	want := []explain.PodVerdict{
+		{Direction: "ingress", Verdict: "allow", Reason: "policy_allow", PolicyKind: "PolicyEndpoint", Policy: "web", Rule: -1, Packets: 9, Bytes: 900},
+		{Direction: "egress", Verdict: "deny", Reason: "admin_deny", PolicyKind: "ClusterPolicyEndpoint", Policy: "deny-metadata", Rule: 1, Packets: 3, Bytes: 180},
+	}
+	if !reflect.DeepEqual(p.Verdicts, want) {
+		t.Errorf("verdicts %+v, want %+v", p.Verdicts, want)
+	}
+	var b strings.Builder
+	printPod(&b, &p)
+	out := b.String()
+	deny, allow := -1, -1
+	for i, line := range strings.Split(out, "\n") {
+		switch strings.Join(strings.Fields(line), " ") {
+		case "egress deny admin_deny ClusterPolicyEndpoint deny-metadata 1 3 180":
+			deny = i
+		case "ingress allow policy_allow PolicyEndpoint web - 9 900":
+			allow = i
+		}
+	}
+	if deny < 0 || allow < 0 || deny > allow {
+		t.Errorf("explain output lacks the verdicts, denials first:\n%s", out)
+	}
+	noIf := verdictSource{Source: fakeExplainSource{explain.PodExplain{Node: "n", OnNode: true, Synced: true}}, read: read}
+	if got := noIf.ExplainPod(explain.PodQuery{}).Verdicts; got != nil {
+		t.Errorf("a pod without an interface: verdicts %+v, want none", got)
 	}
 }
