@@ -115,6 +115,9 @@ type EBPF struct {
 	// verdictTotals are the folded counts of commits no longer in force
 	// (verdicts.go); guarded by core.mu.
 	verdictTotals verdictTotals
+	// retiredSeen: keys of commits no longer in force and their packets at the last
+	// read, folded once unchanged (Verdicts); guarded by core.mu.
+	retiredSeen map[policyVerdictKey]uint64
 }
 
 // podLinks are a pod's two tcx attachments.

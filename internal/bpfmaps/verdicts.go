@@ -3,6 +3,7 @@ package bpfmaps
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -276,79 +277,117 @@ func (t verdictTotals) add(v VerdictCount) {
 	t[f] = &v
 }
 
-// Verdicts implements VerdictReader: the counters are read (and those of commits no
-// longer in force folded into user-space totals and deleted from the map) under the
-// commit lock, so no commit switches a word meanwhile.
+// Verdicts implements VerdictReader. The maps are read without the commit lock (a
+// collection never delays a commit by its syscalls), then credited under it. A
+// key of a commit no longer in force is folded into user-space totals and deleted
+// from the map once it held still for a whole collection: a packet judged by the
+// old word just before a switch may still count in it for a moment, and a delete
+// then would lose it.
 func (e *EBPF) Verdicts() (VerdictCounts, error) {
 	var out VerdictCounts
 	if e.closed.Load() {
 		return out, errors.New("read verdict counters: dataplane closed")
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.verdictTotals == nil {
-		e.verdictTotals = verdictTotals{}
+	type hashRead struct {
+		k              policyVerdictKey
+		packets, bytes uint64
 	}
-	live := verdictTotals{}
+	var hash []hashRead
 	var k policyVerdictKey
 	var vals []policyVerdictValue
-	var retired []policyVerdictKey
 	it := e.objs.NpaVerdicts.Iterate()
 	for it.Next(&k, &vals) {
-		var sum VerdictCount
+		h := hashRead{k: k}
 		for _, v := range vals {
-			sum.Packets += v.Packets
-			sum.Bytes += v.Bytes
+			h.packets += v.Packets
+			h.bytes += v.Bytes
 		}
-		vc, known := e.resolve(&k)
-		vc.Packets, vc.Bytes = sum.Packets, sum.Bytes
-		if !known {
-			retired = append(retired, k) // a removed pod's late packets
-			continue
-		}
-		if rec := e.pods[k.Ifindex]; uint32(rec.state.Dir[vc.Direction]) != k.Gen {
-			e.verdictTotals.add(vc)
-			retired = append(retired, k)
-			continue
-		}
-		live.add(vc)
+		hash = append(hash, h)
 	}
 	if err := it.Err(); err != nil {
 		return out, fmt.Errorf("read verdict counters: %w", err)
 	}
-	for i := range retired {
-		// A packet judged by a retired word that counts after this delete makes
-		// its key again: the next read folds it.
-		if err := e.objs.NpaVerdicts.Delete(&retired[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, fmt.Errorf("delete retired verdict counter: %w", err)
-		}
-	}
 	// The allowed path's per-CPU slots, after the hash (policy.c: a move between the
 	// two reads is missed once, never counted twice).
-	referenced := map[uint32][2][]uint32{} // by ifindex: per direction, the gens the slots name
+	e.mu.Lock()
+	slots := maps.Clone(e.states.slots)
+	e.mu.Unlock()
+	type allowedRead struct {
+		k              policyVerdictKey
+		packets, bytes uint64
+	}
+	var allowed []allowedRead
 	var ac []policyAllowedCount
-	for ifindex, slot := range e.states.slots {
-		rec := e.pods[ifindex]
-		if rec == nil {
-			continue
-		}
-		refs := referenced[ifindex]
-		for d := range 2 {
-			if err := e.objs.NpaAllowed.Lookup(slot*2+uint32(d), &ac); err != nil {
+	for ifindex, slot := range slots {
+		for d := range uint32(2) {
+			if err := e.objs.NpaAllowed.Lookup(slot*2+d, &ac); err != nil {
 				return out, fmt.Errorf("read allowed counters of interface %d: %w", ifindex, err)
 			}
 			for _, a := range ac {
 				if a.Packets == 0 || wordOwner(a.Word) != ifindex {
 					continue // another pod's, moved to the hash once its next packet comes
 				}
-				k := policyVerdictKey{Ifindex: ifindex, Gen: uint32(a.Word), Dir: uint8(d), Reason: uint8(allowedReason(a.Word))}
-				vc, _ := e.resolve(&k)
-				vc.Packets, vc.Bytes = a.Packets, a.Bytes
-				live.add(vc)
-				refs[d] = append(refs[d], k.Gen)
+				allowed = append(allowed, allowedRead{k: policyVerdictKey{Ifindex: ifindex, Gen: uint32(a.Word), Dir: uint8(d),
+					Reason: uint8(allowedReason(a.Word))}, packets: a.Packets, bytes: a.Bytes})
 			}
 		}
-		referenced[ifindex] = refs
+	}
+	var lost []uint64
+	if err := e.objs.NpaVerdictsLost.Lookup(uint32(0), &lost); err != nil {
+		return out, fmt.Errorf("read lost verdict counter: %w", err)
+	}
+	for _, n := range lost {
+		out.Lost += n
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.verdictTotals == nil {
+		e.verdictTotals = verdictTotals{}
+	}
+	live := verdictTotals{}
+	referenced := map[uint32][2][]uint32{} // by ifindex: per direction, the gens still counted
+	refer := func(k *policyVerdictKey) {
+		refs := referenced[k.Ifindex]
+		refs[k.Dir&1] = append(refs[k.Dir&1], k.Gen)
+		referenced[k.Ifindex] = refs
+	}
+	retired := map[policyVerdictKey]uint64{}
+	var del []policyVerdictKey
+	for _, h := range hash {
+		vc, known := e.resolve(&h.k)
+		vc.Packets, vc.Bytes = h.packets, h.bytes
+		if !known {
+			del = append(del, h.k) // a removed pod's late packets
+			continue
+		}
+		if rec := e.pods[h.k.Ifindex]; uint32(rec.state.Dir[vc.Direction]) != h.k.Gen {
+			if last, ok := e.retiredSeen[h.k]; ok && last == h.packets {
+				e.verdictTotals.add(vc)
+				del = append(del, h.k)
+				continue
+			}
+			retired[h.k] = h.packets
+			refer(&h.k)
+		}
+		live.add(vc)
+	}
+	e.retiredSeen = retired
+	for i := range del {
+		// A packet judged by a retired word that counts after this delete makes
+		// its key again: a later read folds it.
+		if err := e.objs.NpaVerdicts.Delete(&del[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, fmt.Errorf("delete retired verdict counter: %w", err)
+		}
+	}
+	for _, a := range allowed {
+		if e.pods[a.k.Ifindex] == nil {
+			continue
+		}
+		vc, _ := e.resolve(&a.k)
+		vc.Packets, vc.Bytes = a.packets, a.bytes
+		live.add(vc)
+		refer(&a.k)
 	}
 	for ifindex, rec := range e.pods {
 		rec.pruneGens(referenced[ifindex])
@@ -360,13 +399,6 @@ func (e *EBPF) Verdicts() (VerdictCounts, error) {
 		out.Counts = append(out.Counts, *v)
 	}
 	sortCounts(out.Counts)
-	var lost []uint64
-	if err := e.objs.NpaVerdictsLost.Lookup(uint32(0), &lost); err != nil {
-		return out, fmt.Errorf("read lost verdict counter: %w", err)
-	}
-	for _, n := range lost {
-		out.Lost += n
-	}
 	return out, nil
 }
 
