@@ -153,6 +153,17 @@ func TestChartHoldsNoCRD(t *testing.T) {
 	}
 }
 
+// TestAuditModeNotes: audit mode enforces nothing, and the install says so (only
+// then).
+func TestAuditModeNotes(t *testing.T) {
+	if notes := render(t, cases[0]).Notes; strings.Contains(notes, "AUDIT MODE") {
+		t.Errorf("NOTES.txt warns of audit mode with the defaults:\n%s", notes)
+	}
+	if notes := render(t, cases[1]).Notes; !strings.Contains(notes, "AUDIT MODE (auditMode: true). NO NETWORK POLICY IS ENFORCED") {
+		t.Errorf("NOTES.txt does not warn that audit mode enforces nothing:\n%s", notes)
+	}
+}
+
 // TestBadValuesFailTheRender: values that would run a broken or weaker agent are
 // refused when rendering, naming the value.
 func TestBadValuesFailTheRender(t *testing.T) {
