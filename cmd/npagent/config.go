@@ -62,11 +62,13 @@ type config struct {
 	SlowTraceThreshold    time.Duration
 	FastTraceFraction     float64
 	DropFQDNAllowRules    bool    // leave out domainName allow rules instead of rejecting their object
+	AuditMode             bool    // --audit-mode: policy denials pass, counted as would_deny
 	MaxEntriesPerObject   int     // an object needing more map entries is rejected as bad input
 	MapEntriesV4          int     // capacity of each direction's IPv4 trie, shared by all pods
 	MapEntriesV6          int     // the same for IPv6
 	NamespaceEntryShare   float64 // percent of each trie one namespace's pods may hold; 0 or 100: no bound
 	ConntrackEntries      int     // --conntrack-entries: each of a pod's connection tables
+	VerdictSeriesLimit    int     // --verdict-series-limit: series of the verdict counters
 	MaxTriggerSkew        time.Duration
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
@@ -113,6 +115,8 @@ var flagEnv = map[string]string{
 	"max-entries-ipv6":        "NPAGENT_MAX_ENTRIES_IPV6",
 	"namespace-entry-share":   "NPAGENT_NAMESPACE_ENTRY_SHARE",
 	"conntrack-entries":       "NPAGENT_CONNTRACK_ENTRIES",
+	"audit-mode":              "NPAGENT_AUDIT_MODE",
+	"verdict-series-limit":    "NPAGENT_VERDICT_SERIES_LIMIT",
 	"max-trigger-skew":        "NPAGENT_MAX_TRIGGER_SKEW",
 	"watermark-max-age":       "NPAGENT_WATERMARK_MAX_AGE",
 	"debug-socket":            "NPAGENT_DEBUG_SOCKET",
@@ -182,9 +186,11 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (key=value) or json")
 	fs.DurationVar(&c.SlowTraceThreshold, "slow-trace-threshold", 0, "triggers at least this slow are always traced")
 	fs.Float64Var(&c.FastTraceFraction, "fast-trace-fraction", 1, "fraction (0..1) of faster triggers traced; every trigger is still measured")
+	fs.IntVar(&c.VerdictSeriesLimit, "verdict-series-limit", telemetry.DefaultVerdictSeriesLimit, "most series of npagent.policy.verdicts (per pod, direction, verdict, reason, policy and rule) this node exports; beyond it new series are folded into one overflow series (otel.metric.overflow=true) and counted (npagent.policy.verdicts.overflowed)")
 	fs.DurationVar(&c.WatermarkMaxAge, "watermark-max-age", time.Hour, "after a restart, objects the last process never saw are measured only for changes up to this long before the start (older ones: before_start); 0: no bound")
 	fs.DurationVar(&c.MaxTriggerSkew, "max-trigger-skew", 5*time.Second, "a trigger time later than this node's clock by more than this is suppressed as future, not consumed")
 	fs.StringVar(&c.DebugSocket, "debug-socket", defaultDebugSocket, "unix socket (mode 0600) serving the read-only debug API that npagent explain and npagent wait use; empty: none")
+	fs.BoolVar(&c.AuditMode, "audit-mode", false, "AUDIT MODE, NOTHING ENFORCED: packets the policy denies (default deny, admin and baseline Deny rules) pass and are counted as npagent.policy.verdicts{npagent.verdict=\"would_deny\"}; for a staged rollout only. The agent logs a warning at start, npagent.dataplane.audit_mode is 1, and the NpagentAuditMode alert fires. Restarting without it enforces at once")
 	fs.BoolVar(&c.DropFQDNAllowRules, "drop-fqdn-allow-rules", false, "leave out domainName (FQDN) rules that only allow, instead of rejecting their object (they cannot be enforced from the object; leaving them out only narrows the policy)")
 	fs.IntVar(&c.MaxEntriesPerObject, "max-entries-per-object", translate.DefaultMaxEntriesPerObject, "an object whose CIDRs and except blocks (both directions) exceed this is rejected as bad input (counted in invalid objects; its last valid version stays in force), so it cannot take the shared maps from other pods")
 	fs.IntVar(&c.MapEntriesV4, "max-entries-ipv4", bpfmaps.DefaultEntriesV4, "capacity of each direction's IPv4 policy map, shared by every pod on the node (a pod's entries count twice while a delta commit keeps two sets). Pinned maps keep the size they were created with: to change it, stop the agent and remove --bpffs-path (Resizing the maps: docs/how-to/resize-maps.md)")
@@ -210,9 +216,9 @@ var flagGroups = []struct {
 		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
 	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
 		"namespace-entry-share", "max-entries-per-object"}},
-	{"Enforcement", []string{"enforcing-mode", "node-egress", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
+	{"Enforcement", []string{"enforcing-mode", "node-egress", "audit-mode", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
 	{"Telemetry", []string{"metrics-addr", "trigger-annotation", "traceparent-annotation", "trace-parenting",
-		"slow-trace-threshold", "fast-trace-fraction", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
+		"slow-trace-threshold", "fast-trace-fraction", "verdict-series-limit", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
 	{"Health and debug", []string{"health-addr", "stall-timeout", "watch-stall-timeout", "debug-socket"}},
 	{"State", []string{"state-file", "watermark-max-age"}},
 }
@@ -395,6 +401,9 @@ func (c *config) validate() []error {
 	}
 	if !(c.NamespaceEntryShare >= 0 && c.NamespaceEntryShare <= 100) { // NaN too
 		errs = append(errs, fmt.Errorf("--namespace-entry-share: %v, need a percentage from 0 to 100 (0 or 100: no bound)", c.NamespaceEntryShare))
+	}
+	if c.VerdictSeriesLimit < 1 {
+		errs = append(errs, fmt.Errorf("--verdict-series-limit: %d, need at least 1", c.VerdictSeriesLimit))
 	}
 	if c.ConntrackEntries < 1 {
 		errs = append(errs, fmt.Errorf("--conntrack-entries: %d, need at least 1", c.ConntrackEntries))

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/netip"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -322,6 +324,7 @@ func printPod(w io.Writer, p *explain.PodExplain) {
 	if p.Ifindex != 0 {
 		fmt.Fprintf(w, "  interface   ifindex %d\n", p.Ifindex)
 	}
+	defer printPodVerdicts(w, p.Verdicts)
 	if len(p.Objects) == 0 {
 		return
 	}
@@ -330,6 +333,30 @@ func printPod(w io.Writer, p *explain.PodExplain) {
 	for _, o := range p.Objects {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", objectName(o.Kind, o.Namespace, o.Name), orDash(o.PolicyRef),
 			yesNo(o.Lists), orDash(o.ResourceVersion), o.State, yesNo(o.Programmed))
+	}
+	tw.Flush()
+}
+
+// printPodVerdicts prints the pod's verdict counters, the denials first.
+func printPodVerdicts(w io.Writer, vs []explain.PodVerdict) {
+	if len(vs) == 0 {
+		return
+	}
+	vs = slices.Clone(vs)
+	rank := map[string]int{"deny": 0, "would_deny": 1, "allow": 2}
+	slices.SortStableFunc(vs, func(a, b explain.PodVerdict) int { return rank[a.Verdict] - rank[b.Verdict] })
+	fmt.Fprintln(w, "  verdicts since the agent started (the kernel's counters):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  DIRECTION\tVERDICT\tREASON\tPOLICY\tRULE\tPACKETS\tBYTES")
+	for _, v := range vs {
+		policy, rule := "-", "-"
+		if v.Policy != "" {
+			policy = v.PolicyKind + " " + v.Policy
+		}
+		if v.Rule >= 0 {
+			rule = strconv.Itoa(v.Rule)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%d\n", v.Direction, v.Verdict, v.Reason, policy, rule, v.Packets, v.Bytes)
 	}
 	tw.Flush()
 }

@@ -169,8 +169,9 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	if tel != nil {
 		observeCounts(tel, ctrl, seenSet, nodes, dp)
+		observeVerdicts(tel, ctrl, dp, log)
 	}
-	debug.SetSource(ctrl)
+	debug.SetSource(verdictSource{Source: ctrl, read: dp.Verdicts})
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
@@ -200,6 +201,8 @@ func startTelemetry(ctx context.Context, cfg config, health *agentHealth, log *s
 		telemetry.WithServiceVersion(agentVersion()),
 		telemetry.WithSampling(cfg.SlowTraceThreshold, cfg.FastTraceFraction),
 		telemetry.WithTraceParenting(cfg.TraceParenting),
+		telemetry.WithVerdictSeriesLimit(cfg.VerdictSeriesLimit),
+		telemetry.WithAuditMode(cfg.AuditMode),
 		telemetry.WithLogger(log.With("component", "telemetry")),
 	)
 	if degraded != "" {
@@ -538,7 +541,12 @@ func openDataplane(cfg config, log *slog.Logger) (bpfmaps.Dataplane, error) {
 			"dataplane", dataplaneMemory)
 		return bpfmaps.NewMemoryWithLimits(mapLimits(cfg)), nil
 	}
-	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg), ConntrackEntries: cfg.ConntrackEntries, NodeEgress: cfg.NodeEgress})
+	if cfg.AuditMode {
+		log.Warn("AUDIT MODE: NETWORK POLICY IS NOT ENFORCED on this node: packets the policy denies pass, counted as would_deny (npagent.policy.verdicts); restart without --audit-mode to enforce",
+			"audit_mode", true)
+	}
+	dp, err := bpfmaps.OpenEBPF(bpfmaps.EBPFOptions{PinPath: cfg.BPFFSPath, Limits: mapLimits(cfg), ConntrackEntries: cfg.ConntrackEntries,
+		NodeEgress: cfg.NodeEgress, Audit: cfg.AuditMode})
 	if errors.Is(err, bpfmaps.ErrPinnedCapacity) {
 		return nil, fmt.Errorf("--dataplane=ebpf: %w (Limits.EntriesV4 is --max-entries-ipv4, Limits.EntriesV6 --max-entries-ipv6, ConntrackEntries --conntrack-entries; Resizing the maps: docs/how-to/resize-maps.md)", err)
 	}

@@ -56,6 +56,8 @@ var cases = []testCase{
 		"enforcingMode":         "strict",
 		"nodeEgress":            "policy",
 		"conntrackEntries":      8192,
+		"verdictSeriesLimit":    500,
+		"auditMode":             true,
 		"metrics":               map[string]any{"port": 9555},
 		"health":                map[string]any{"port": 9556},
 		"serviceAccount":        map[string]any{"name": "agent"},
@@ -148,6 +150,17 @@ func TestChartHoldsNoCRD(t *testing.T) {
 	notes := render(t, cases[0]).Notes
 	if !strings.Contains(notes, "CRDs are not in this chart") {
 		t.Errorf("NOTES.txt does not say the CRDs are not in the chart:\n%s", notes)
+	}
+}
+
+// TestAuditModeNotes: audit mode enforces nothing, and the install says so (only
+// then).
+func TestAuditModeNotes(t *testing.T) {
+	if notes := render(t, cases[0]).Notes; strings.Contains(notes, "AUDIT MODE") {
+		t.Errorf("NOTES.txt warns of audit mode with the defaults:\n%s", notes)
+	}
+	if notes := render(t, cases[1]).Notes; !strings.Contains(notes, "AUDIT MODE (auditMode: true). NO NETWORK POLICY IS ENFORCED") {
+		t.Errorf("NOTES.txt does not warn that audit mode enforces nothing:\n%s", notes)
 	}
 }
 
@@ -366,7 +379,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192", "--verdict-series-limit=500", "--audit-mode"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}

@@ -60,6 +60,7 @@ func TestMetricNames(t *testing.T) {
 		prom(telemetry.PodsIsolatedName, "_total"),
 		prom(telemetry.MapEntriesName, ""),
 		prom(telemetry.MapCapacityName, ""),
+		prom(telemetry.AuditModeName, ""),
 	} {
 		if !strings.Contains(rules, name) {
 			t.Errorf("%s does not use %s", rulesFile, name)

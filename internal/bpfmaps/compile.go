@@ -831,6 +831,7 @@ func (o *orderedCover) value(top *stackNode, p prefixKey) (int, error) {
 				if v.Count == maxPortRules {
 					return 0, overflowErr(&o.rules[ri], p, maxPortRules+1)
 				}
+				e.Rule = uint16(min(ri+1, maxRuleID))
 				v.Rules[v.Count] = e
 				top.from[v.Count] = int32(ri)
 				v.Count++

@@ -155,6 +155,7 @@ func orderedValueRef(v *policyRuleValue, rules []sourceRule, included []int, p p
 			if v.Count == maxPortRules {
 				return overflowErr(&rules[ri], p, maxPortRules+1)
 			}
+			e.Rule = uint16(min(ri+1, maxRuleID)) // the rule's id: its position by priority, plus one
 			v.Rules[v.Count] = e
 			v.Count++
 			if e.Proto == uint8(ProtocolAny) && e.Port == 0 {

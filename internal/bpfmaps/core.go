@@ -97,6 +97,9 @@ type podRecord struct {
 	state policyPodState
 	dirs  [2]dirRecord
 	addrs []netip.Addr // the pod's own addresses (PodPolicy.Addrs), normalized
+	// gens are what the direction's last commits credit verdict counts to, oldest
+	// first (verdicts.go).
+	gens [2][]genRecord
 }
 
 // dirRecord is a direction's committed state: the group set its word names, which
@@ -220,7 +223,11 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		oldAddrs = rec.addrs
 	}
 	if !plans[0].changed && !plans[1].changed {
-		return c.commitAddrs(idx, rec, oldAddrs, addrs, start)
+		res, err := c.commitAddrs(idx, rec, oldAddrs, addrs, start)
+		if err == nil {
+			c.attribute(rec, pols)
+		}
+		return res, err
 	}
 	if rec == nil && len(c.pods) >= c.limits.Pods {
 		return res, fmt.Errorf("commit pod %d: pod map holds %d pods, its capacity: %w", ifindex, len(c.pods), ErrCapacity)
@@ -324,6 +331,7 @@ func (c *core) commit(ifindex int, p PodPolicy, attach attachFunc) (CommitResult
 		}
 		c.unname(Direction(d), old.ref, &res)
 	}
+	c.attribute(rec, pols)
 	res.Cleanup = time.Since(t)
 	return res, nil
 }

@@ -126,6 +126,15 @@
 //     endpoints; neighbour discovery passes without policy only on the pod's link
 //     (hop limit 255, a link-scope peer or the node at the other end).
 //     DirectionPolicy.Verdict's doc is the reference for these cases.
+//   - Verdicts are counted (verdicts.go): every packet of a managed pod, per pod,
+//     direction and what decided it (VerdictReason: a namespaced allow credited to
+//     the direction's objects, an admin or baseline rule by its id in the entries, the
+//     default deny credited to the isolating objects, or a non-policy outcome), in
+//     per-CPU maps keyed by the state word that judged it, so user space credits each
+//     count to the commit in force then (its origins kept per commit), never to a
+//     later one. The common allowed path counts in an inlined per-CPU array, not a
+//     hash. EBPF.Verdicts reads them at collection time; nothing is done per packet
+//     in user space. The counters are not pinned: they start with the process.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into
 // PodPolicy values.

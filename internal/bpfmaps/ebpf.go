@@ -28,7 +28,7 @@ import (
 // builds for those architectures only. include/ stands in for the host's
 // asm/ headers, so no multiarch include path is needed and every host generates the
 // same bytes (include/README.md).
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type node_key4 -type node_key6 policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type node_key4 -type node_key6 -type verdict_key -type verdict_value -type allowed_count policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -75,6 +75,18 @@ type EBPFOptions struct {
 	// the pinned links to the programs it loads: a restart with another mode changes
 	// every adopted pod's at once.
 	NodeEgress NodeEgress
+	// VerdictEntries is the capacity of the verdict counters (one per pod, direction,
+	// reason, deciding rule and commit in force; Verdicts folds those of past commits
+	// and deletes them). A packet whose counter finds the map full is counted in
+	// VerdictCounts.Lost. Default DefaultVerdictEntries.
+	VerdictEntries int
+	// Audit: packets the policy denies (default deny, admin and baseline Deny rules)
+	// pass, counted as would-be denials (VerdictCount.Audited); the datapath's own
+	// drops (anti-spoofing, unparseable headers, other ethertypes, fragments) stay.
+	// For staged rollouts only: nothing is enforced. The programs are loaded with it
+	// and every OpenEBPF switches the pinned links to them, so opening again without
+	// it enforces at once.
+	Audit bool
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -100,6 +112,12 @@ type EBPF struct {
 	ctSpec     *ebpf.MapSpec
 	ctEntries  int
 	ctTimeouts ctTimeouts
+	// verdictTotals are the folded counts of commits no longer in force
+	// (verdicts.go); guarded by core.mu.
+	verdictTotals verdictTotals
+	// retiredSeen: keys of commits no longer in force and their packets at the last
+	// read, folded once unchanged (Verdicts); guarded by core.mu.
+	retiredSeen map[policyVerdictKey]uint64
 }
 
 // podLinks are a pod's two tcx attachments.
@@ -180,6 +198,12 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
 	}
+	// Verdict counters are not pinned (each process counts anew): no capacity to check.
+	if opts.VerdictEntries <= 0 {
+		opts.VerdictEntries = DefaultVerdictEntries
+	}
+	spec.Maps[policyMapNpaVerdicts].MaxEntries = uint32(opts.VerdictEntries)
+	spec.Maps[policyMapNpaAllowed].MaxEntries = uint32(limits.Pods * 2)
 	// Capacities first, by name and size: the load's own error would say neither
 	// which setting sizes the map nor how to resize.
 	spec.Maps[policyMapNpaCtTables].InnerMap.MaxEntries = uint32(opts.ConntrackEntries)
@@ -200,6 +224,9 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := setNodeEgressVariable(spec, opts.NodeEgress); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	if err := setAuditVariable(spec, opts.Audit); err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
 	}
 	if err := removeLegacyConntrack(opts.PinPath); err != nil {
@@ -286,7 +313,19 @@ func (e *EBPF) Remove(ifindex int) (CommitResult, error) {
 	if e.closed.Load() {
 		return CommitResult{}, fmt.Errorf("remove pod %d: dataplane closed", ifindex)
 	}
-	return e.remove(ifindex, e.detach)
+	e.mu.Lock()
+	slot, held := e.states.slots[uint32(ifindex)]
+	e.mu.Unlock()
+	res, err := e.remove(ifindex, e.detach)
+	if err == nil && !res.Skipped {
+		e.mu.Lock()
+		err = e.forgetVerdicts(uint32(ifindex), slot, held)
+		e.mu.Unlock()
+		if err != nil {
+			err = fmt.Errorf("remove pod %d: %w", ifindex, err)
+		}
+	}
+	return res, err
 }
 
 // Pods implements Dataplane.

@@ -75,6 +75,18 @@ func (n *NodeEgress) Set(s string) error {
 }
 
 // setNodeEgressVariable loads the programs with the mode (node_egress_policy).
+// setAuditVariable sets audit_mode (policy.c) for the programs about to be loaded.
+func setAuditVariable(spec *ebpf.CollectionSpec, audit bool) error {
+	v := uint32(0)
+	if audit {
+		v = 1
+	}
+	if err := spec.Variables[policyVarAuditMode].Set(v); err != nil {
+		return fmt.Errorf("set %s: %w", policyVarAuditMode, err)
+	}
+	return nil
+}
+
 func setNodeEgressVariable(spec *ebpf.CollectionSpec, mode NodeEgress) error {
 	v := uint32(0)
 	if mode == NodeEgressPolicy {

@@ -66,7 +66,11 @@ struct port_rule {
 	__u16 end_port;
 	__u8 proto; // 0 = any
 	__u8 action;
-	__u16 pad;
+	// The rule that put it here, for verdict counters: in the admin and baseline
+	// tiers the rule's position in its tier by priority, plus one; 0 in the namespaced
+	// tier (its values are unions of every allowing rule's ports, credited to the
+	// direction's objects). Part of the content: entry groups share it.
+	__u16 rule;
 };
 
 struct rule_value {
@@ -302,6 +306,143 @@ struct {
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } npa_pod_addrs SEC(".maps");
+
+// Verdict counters: per CPU, keyed by what decided a packet (REASON_*, the deciding
+// port rule's id) and the state word that judged it (its low 32 bits: sequence
+// number, set and flags), so user space attributes each count to the commit in force
+// when the packet was judged, never to a later one. Not pinned: counts start with the
+// process that loaded the programs, as its own telemetry does. A key that finds the
+// map full is counted in npa_verdicts_lost instead. Sized by the loader.
+struct verdict_key {
+	__u32 ifindex;
+	__u32 gen; // the judging state word's low 32 bits; 0: no policy was ever committed
+	__u16 rule; // port_rule.rule of the deciding entry, 0 if none
+	__u8 dir;
+	__u8 reason; // REASON_*
+};
+
+struct verdict_value {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct verdict_key);
+	__type(value, struct verdict_value);
+	__uint(max_entries, 1);
+} npa_verdicts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} npa_verdicts_lost SEC(".maps");
+
+// What decided a packet (VerdictReason in Go). Below REASON_DENIED it passed.
+#define REASON_NO_POLICY 1 // the direction has no policy
+#define REASON_ALLOW 2 // a namespaced allow entry
+#define REASON_ADMIN_ACCEPT 3 // an admin Accept rule
+#define REASON_BASELINE_ACCEPT 4 // a baseline Accept rule
+#define REASON_DEFAULT_ALLOW 5 // not isolated, and no admin or baseline rule decided
+#define REASON_CT_REPLY 6 // a reply of a connection the other direction allowed
+#define REASON_NODE 7 // traffic between the pod and its node
+#define REASON_ICMP_RELATED 8 // an ICMP error quoting a tracked connection
+#define REASON_NDP 9 // neighbour discovery on the link
+#define REASON_FRAGMENT 10 // a later fragment of a datagram whose first passed
+#define REASON_ARP 11
+#define REASON_DENIED 32
+#define REASON_DEFAULT_DENY 32 // isolated, and no rule allowed it
+#define REASON_ADMIN_DENY 33 // an admin Deny rule
+#define REASON_BASELINE_DENY 34 // a baseline Deny rule
+#define REASON_UNPARSEABLE 35 // headers that cannot be fully parsed
+#define REASON_SPOOFED 36 // a source (or ARP sender) that is not the pod's
+#define REASON_NOT_IP 37 // an ethertype other than IPv4, IPv6 and ARP
+#define REASON_FRAGMENT_DENIED 38 // a later fragment whose first did not pass
+#define REASON_UNSETTLED 39 // the state word kept changing while deciding
+// REASON_AUDITED marks a policy denial that passed in audit mode (would deny).
+#define REASON_AUDITED 64
+
+// audit_mode (set by the loader, EBPFOptions.Audit): 1, a packet the policy denies
+// (default deny, an admin or baseline Deny rule) passes and is counted with
+// REASON_AUDITED; the datapath's own drops (anti-spoofing, unparseable headers, other
+// ethertypes, fragments whose first was dropped) still drop. A load-time constant: off,
+// the verifier prunes it; every agent start loads the programs anew and switches the
+// pods' links, so a restart without it enforces again at once.
+volatile const __u32 audit_mode = 0;
+
+// count adds packets (bytes) to a verdict counter; what is dir | reason << 8 | rule
+// << 16. Per CPU: no atomic needed. Global, so the verifier checks it once, not at
+// each of enforce's outcomes (each would add its branches to enforce's).
+__attribute__((noinline)) int count(__u32 ifindex, __u32 gen, __u32 what, __u64 packets, __u64 bytes)
+{
+	struct verdict_key k = {.ifindex = ifindex, .gen = gen, .rule = what >> 16, .dir = what & 1, .reason = what >> 8};
+	struct verdict_value *v = bpf_map_lookup_elem(&npa_verdicts, &k);
+	if (!v) {
+		struct verdict_value z = {};
+		bpf_map_update_elem(&npa_verdicts, &k, &z, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&npa_verdicts, &k);
+		if (!v) {
+			__u32 zero = 0;
+			__u64 *lost = bpf_map_lookup_elem(&npa_verdicts_lost, &zero);
+			if (lost)
+				*lost += packets;
+			return 0;
+		}
+	}
+	v->packets += packets;
+	v->bytes += bytes;
+	return 0;
+}
+
+// The common path's counter: a packet allowed by its direction's own state with no
+// rule to name (REASON_NO_POLICY, REASON_ALLOW or REASON_DEFAULT_ALLOW: which one
+// follows from the word's flags) is counted in a per-CPU array slot per pod slot and
+// direction (key slot * 2 + dir), which the verifier inlines: no hash on the allowed
+// path. The slot names the word it counts for; a packet judged by another word (a
+// commit switched it, or another pod holds the slot now) first moves the slot's
+// counts into npa_verdicts under the old word, then counts anew. Only this CPU's
+// programs write its slot; user space reads npa_verdicts before these, so a move
+// between the two reads is missed once (counted at the next read), never counted
+// twice. Sized by the loader: pods * 2.
+struct allowed_count {
+	__u64 word; // the whole state word (owner included) the counts were judged by
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct allowed_count);
+	__uint(max_entries, 1);
+} npa_allowed SEC(".maps");
+
+// allowed_reason is the reason of a rule-less allow by a word's own state.
+static __always_inline __u32 allowed_reason(__u64 word)
+{
+	__u32 f = WORD_FLAGS(word);
+	if (!f)
+		return REASON_NO_POLICY;
+	return f & FLAG_ISOLATED ? REASON_ALLOW : REASON_DEFAULT_ALLOW;
+}
+
+static __always_inline void count_allowed(__u32 key, const int dir, __u64 word, __u32 len)
+{
+	struct allowed_count *a = bpf_map_lookup_elem(&npa_allowed, &key);
+	if (!a)
+		return;
+	if (__builtin_expect(a->word != word, 0)) {
+		if (a->packets)
+			count(WORD_OWNER(a->word), (__u32)a->word, dir | allowed_reason(a->word) << 8, a->packets, a->bytes);
+		a->packets = 0;
+		a->bytes = 0;
+		a->word = word;
+	}
+	a->packets++;
+	a->bytes += len;
+}
 
 // Never read: they put the connection table's key and value types into BTF for
 // bpf2go (the inner map is declared by sizes).
@@ -592,8 +733,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
 	return PARSE_NOT_IP;
 }
 
-// first_match returns the action of the first port rule matching, 0 if none (also for
-// a NULL v: an entry that is not there).
+// first_match returns the action of the first port rule matching, its rule id
+// (port_rule.rule) above it (action | rule << 8), 0 if none (also for a NULL v: an
+// entry that is not there).
 //
 // It is a global function (as evaluate is), so the verifier checks it once, on its
 // own, instead of at each call site with every path that leads there. Inlined, the
@@ -611,7 +753,7 @@ __attribute__((noinline)) int first_match(const struct rule_value *v, __u8 proto
 			break;
 		const struct port_rule *r = &v->rules[i];
 		if ((r->proto == 0 || r->proto == proto) && port >= r->port && port <= r->end_port)
-			return r->action;
+			return r->action | (__u32)r->rule << 8;
 	}
 	return 0;
 }
@@ -825,15 +967,15 @@ static __always_inline __u64 load_word(__u64 *p)
 // pod_state returns the pod's state, NULL if npagent does not manage the pod (now).
 // The pointer stays valid (array memory is never freed); the words' owner says
 // whether it is still this pod's.
-static __always_inline struct pod_state *pod_state(__u32 ifindex)
+static __always_inline struct pod_state *pod_state(__u32 ifindex, __u32 *s)
 {
 	__u32 *slot = bpf_map_lookup_elem(&npa_pod_slot, &ifindex);
 	if (!slot)
 		return 0;
 	// If the pod was removed since the lookup, the element may hold another pod's
 	// slot or a torn value by now: the owner check rejects the word it leads to.
-	__u32 s = *(volatile __u32 *)slot;
-	return bpf_map_lookup_elem(&npa_slot_state, &s);
+	*s = *(volatile __u32 *)slot;
+	return bpf_map_lookup_elem(&npa_slot_state, s);
 }
 
 // group_of reads the entry group the word names; after load_word, so ordered after it.
@@ -844,40 +986,56 @@ static __always_inline __u32 group_of(const struct pod_state *st, const int dir,
 
 enum { ALLOW = 1, DENY = 2 };
 
-// evaluate decides a packet by the entry set the word names. Its answer counts only
+// An evaluation's result: ALLOW or DENY, what decided it (REASON_*) and the deciding
+// rule's id (port_rule.rule).
+#define RESULT(v, reason, rule) ((int)((v) | (reason) << 2 | (__u32)(rule) << 16))
+#define RESULT_VERDICT(r) ((r) & 3)
+#define RESULT_REASON(r) (((__u32)(r) >> 2) & 0x3f)
+#define RESULT_RULE(r) ((__u32)(r) >> 16)
+
+// evaluate decides a packet by the entry set the word names (RESULT). Its answer counts only
 // if the word is unchanged afterwards (enforce checks). Global, as first_match is, so
 // the verifier checks it once rather than at each of enforce's MAX_ATTEMPTS calls.
 __attribute__((noinline)) int evaluate(int dir, __u32 group, __u64 word, const struct packet *p, __u16 port)
 {
 	if (!p)
-		return DENY;
+		return RESULT(DENY, REASON_UNSETTLED, 0);
 	const __u8 *peer = dir == DIR_INGRESS ? p->saddr : p->daddr;
 	__u32 base = TAG_SETS | GROUP_SET(group) << 2, flags = WORD_FLAGS(word);
 	__u32 id = GROUP_ID(group);
 	const struct rule_value *v;
 
+	if (!flags)
+		return RESULT(ALLOW, REASON_NO_POLICY, 0);
 	if (flags & FLAG_ADMIN) {
 		v = lookup(dir, id, base | TIER_ADMIN, p, peer);
 		if (v) {
-			int a = first_match(v, p->proto, port);
+			int m = first_match(v, p->proto, port);
+			int a = m & 0xff;
 			if (a == ACTION_ACCEPT)
-				return ALLOW;
+				return RESULT(ALLOW, REASON_ADMIN_ACCEPT, m >> 8);
 			if (a == ACTION_DENY)
-				return DENY;
+				return RESULT(DENY, REASON_ADMIN_DENY, m >> 8);
 		}
 	}
 	if (flags & FLAG_ISOLATED) {
 		if (!(flags & FLAG_NAMESPACED))
-			return DENY;
+			return RESULT(DENY, REASON_DEFAULT_DENY, 0);
 		v = lookup(dir, id, base | TIER_NAMESPACED, p, peer);
-		return v && first_match(v, p->proto, port) ? ALLOW : DENY;
+		int m = v ? first_match(v, p->proto, port) : 0;
+		if (m)
+			return RESULT(ALLOW, REASON_ALLOW, m >> 8);
+		return RESULT(DENY, REASON_DEFAULT_DENY, 0);
 	}
 	if (flags & FLAG_BASELINE) {
 		v = lookup(dir, id, base | TIER_BASELINE, p, peer);
-		if (v && first_match(v, p->proto, port) == ACTION_DENY)
-			return DENY;
+		int m = v ? first_match(v, p->proto, port) : 0;
+		if ((m & 0xff) == ACTION_DENY)
+			return RESULT(DENY, REASON_BASELINE_DENY, m >> 8);
+		if ((m & 0xff) == ACTION_ACCEPT)
+			return RESULT(ALLOW, REASON_BASELINE_ACCEPT, m >> 8);
 	}
-	return ALLOW;
+	return RESULT(ALLOW, REASON_DEFAULT_ALLOW, 0);
 }
 
 // ct_opens reports whether an allowed packet makes (or refreshes) an entry, ct_replies
@@ -1148,10 +1306,25 @@ static __always_inline void node_track(__u32 ifindex, __u64 *wp, const struct pa
 		ct_track(ifindex, DIR_INGRESS, p);
 }
 
+// pass and drop count a packet's verdict (count) and return it.
+static __always_inline int pass(struct __sk_buff *skb, __u32 ifindex, const int dir, __u64 word, __u32 reason,
+				__u32 rule)
+{
+	count(ifindex, (__u32)word, dir | reason << 8 | rule << 16, 1, skb->len);
+	return VERDICT_NEXT;
+}
+
+static __always_inline int drop(struct __sk_buff *skb, __u32 ifindex, const int dir, __u64 word, __u32 reason)
+{
+	count(ifindex, (__u32)word, dir | reason << 8, 1, skb->len);
+	return VERDICT_DROP;
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 {
 	__u32 ifindex = skb->ifindex;
-	struct pod_state *st = pod_state(ifindex);
+	__u32 slot = 0;
+	struct pod_state *st = pod_state(ifindex, &slot);
 	if (!st)
 		return VERDICT_NEXT; // not a pod npagent manages
 	__u64 *wp = &st->dir[dir];
@@ -1168,15 +1341,18 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// routes the IP packet), which the policy never judged. From a pod whose
 		// addresses are known, always: it would also pass a forged source. ARP from
 		// such a pod only with its own sender address (arp_own_sender).
-		if (skb->protocol == bpf_htons(ETH_P_ARP))
-			return dir == DIR_EGRESS && !arp_own_sender(skb, ifindex) ? VERDICT_DROP : VERDICT_NEXT;
+		if (skb->protocol == bpf_htons(ETH_P_ARP)) {
+			if (dir == DIR_EGRESS && !arp_own_sender(skb, ifindex))
+				return drop(skb, ifindex, dir, word, REASON_SPOOFED);
+			return pass(skb, ifindex, dir, word, REASON_ARP, 0);
+		}
 		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
-			return VERDICT_DROP;
-		return VERDICT_NEXT;
+			return drop(skb, ifindex, dir, word, REASON_NOT_IP);
+		return pass(skb, ifindex, dir, word, REASON_NO_POLICY, 0);
 	}
 	// Anti-spoofing, whatever the direction's flags.
 	if (dir == DIR_EGRESS && !own_source(ifindex, r, &p))
-		return VERDICT_DROP;
+		return drop(skb, ifindex, dir, word, REASON_SPOOFED);
 	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
 	if (r != PARSE_OK) {
 		// An IP packet whose headers cannot be fully read (truncated, or an IPv6
@@ -1186,13 +1362,13 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// rules), except between the pod and its node; a direction without any
 		// policy would allow whatever it carries.
 		if (!WORD_FLAGS(word))
-			return VERDICT_NEXT;
+			return pass(skb, ifindex, dir, word, REASON_NO_POLICY, 0);
 		if (r == PARSE_INCOMPLETE && node_peer(skb, dir, &p, peer))
-			return VERDICT_NEXT;
-		return VERDICT_DROP;
+			return pass(skb, ifindex, dir, word, REASON_NODE, 0);
+		return drop(skb, ifindex, dir, word, REASON_UNPARSEABLE);
 	}
 	if (p.ndp == NDP_ND && (link_ndp(&p, peer) || node_ndp(skb, dir, &p)))
-		return VERDICT_NEXT;
+		return pass(skb, ifindex, dir, word, REASON_NDP, 0);
 
 	__u64 now;
 	struct ct_key k = {};
@@ -1203,17 +1379,19 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// first fragment was denied, not seen yet (reordered) or seen more than
 		// ct_fragment_timeout_ns ago is dropped.
 		if (!WORD_FLAGS(word))
-			return VERDICT_NEXT;
+			return pass(skb, ifindex, dir, word, REASON_NO_POLICY, 0);
 		frag_key(&k, ifindex, dir, &p);
 		if (ct_live(ct_lookup(&k), bpf_ktime_get_ns()))
-			return VERDICT_NEXT;
-		return node_peer(skb, dir, &p, peer) ? VERDICT_NEXT : VERDICT_DROP;
+			return pass(skb, ifindex, dir, word, REASON_FRAGMENT, 0);
+		if (node_peer(skb, dir, &p, peer))
+			return pass(skb, ifindex, dir, word, REASON_NODE, 0);
+		return drop(skb, ifindex, dir, word, REASON_FRAGMENT_DENIED);
 	}
 
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
-	int verdict = DENY;
+	int res = RESULT(DENY, REASON_UNSETTLED, 0);
 	for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-		verdict = evaluate(dir, group_of(st, dir, word), word, &p, port);
+		res = evaluate(dir, group_of(st, dir, word), word, &p, port);
 		__u64 w = load_word(wp);
 		if (w == word)
 			break;
@@ -1222,10 +1400,10 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		if (WORD_OWNER(w) != ifindex)
 			return VERDICT_NEXT; // the pod was removed meanwhile
 		word = w;
-		verdict = DENY; // fail closed if the word keeps changing
+		res = RESULT(DENY, REASON_UNSETTLED, 0); // fail closed if the word keeps changing
 	}
 
-	if (verdict == ALLOW) {
+	if (RESULT_VERDICT(res) == ALLOW) {
 		// Remember the connection so its replies pass the other direction — only if
 		// that direction has a policy (isolated, or admin or baseline rules) that could
 		// deny them: a reply through an open direction needs no entry. Every allowed
@@ -1239,6 +1417,13 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p) &&
 		    !(dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr)))
 			ct_track(ifindex, dir, &p);
+		// Allowed with no rule to name: REASON_NO_POLICY, REASON_ALLOW or
+		// REASON_DEFAULT_ALLOW, the one allowed_reason(word) gives (tier rules'
+		// ids start at 1).
+		if (RESULT_RULE(res) == 0)
+			count_allowed(slot * 2 + dir, dir, word, skb->len);
+		else
+			pass(skb, ifindex, dir, word, RESULT_REASON(res), RESULT_RULE(res));
 		return passed(ifindex, dir, word, &p);
 	}
 	// Denied by this direction's policy: pass a reply of a connection the other
@@ -1254,18 +1439,26 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		struct ct_value *v = ct_lookup(&k);
 		if (ct_live(v, now)) {
 			ct_seen(v, &p, now, 0);
+			pass(skb, ifindex, dir, word, REASON_CT_REPLY, 0);
 			return passed(ifindex, dir, word, &p);
 		}
 	}
 	if (node_peer(skb, dir, &p, peer)) {
 		if (dir == DIR_INGRESS && node_egress_policy)
 			node_track(ifindex, wp, &p);
+		pass(skb, ifindex, dir, word, REASON_NODE, 0);
 		return passed(ifindex, dir, word, &p);
 	}
 	// An ICMP error quoting a tracked connection (RELATED). Last: only ICMP errors
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))
+		return pass(skb, ifindex, dir, word, REASON_ICMP_RELATED, 0);
+	if (audit_mode) {
+		count(ifindex, (__u32)word, dir | (RESULT_REASON(res) | REASON_AUDITED) << 8 | RESULT_RULE(res) << 16, 1,
+		      skb->len);
 		return VERDICT_NEXT;
+	}
+	count(ifindex, (__u32)word, dir | RESULT_REASON(res) << 8 | RESULT_RULE(res) << 16, 1, skb->len);
 	return VERDICT_DROP;
 }
 

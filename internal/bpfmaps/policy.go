@@ -131,6 +131,9 @@ type TierRule struct {
 	Priority int32
 	Action   Action
 	Rule     Rule
+	// Origin names the rule for verdict counters (VerdictCount.Rule); not part of
+	// the content.
+	Origin Origin
 }
 
 // DirectionPolicy is everything that applies to one pod in one direction.
@@ -144,6 +147,10 @@ type DirectionPolicy struct {
 	AllowSets []*RuleSet
 	Admin     []TierRule // admin tier: lower Priority first; Accept/Deny decide, Pass → namespaced
 	Baseline  []TierRule // baseline tier: applies only when !Isolated
+	// Sources name the namespaced objects whose rules Allow and AllowSets hold (and
+	// that isolate the direction), for verdict counters (VerdictCount.Sources); not
+	// part of the content.
+	Sources []Origin
 }
 
 // PodPolicy is a pod's policy in both directions. Ingress is about packets the pod
@@ -364,6 +371,8 @@ type Dataplane interface {
 	UsageReporter
 	// EntryCounter: what a policy would hold before it is committed (namespace shares).
 	EntryCounter
+	// VerdictReader: the datapath's verdict counters (none for Memory).
+	VerdictReader
 }
 
 var _ Dataplane = (*Memory)(nil)

@@ -20,6 +20,13 @@ type policyAddrKey struct {
 	Addr    [16]uint8
 }
 
+type policyAllowedCount struct {
+	_       structs.HostLayout
+	Word    uint64
+	Packets uint64
+	Bytes   uint64
+}
+
 type policyCtKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -87,7 +94,7 @@ type policyPortRule struct {
 	EndPort uint16
 	Proto   uint8
 	Action  uint8
-	Pad     uint16
+	Rule    uint16
 }
 
 type policyRuleValue struct {
@@ -97,10 +104,26 @@ type policyRuleValue struct {
 	Rules [24]policyPortRule
 }
 
+type policyVerdictKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Gen     uint32
+	Rule    uint16
+	Dir     uint8
+	Reason  uint8
+}
+
+type policyVerdictValue struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	policyMapNpaAllowed           = "npa_allowed"
 	policyMapNpaCtTables          = "npa_ct_tables"
 	policyMapNpaEgV4              = "npa_eg_v4"
 	policyMapNpaEgV6              = "npa_eg_v6"
@@ -111,8 +134,11 @@ const (
 	policyMapNpaPodAddrs          = "npa_pod_addrs"
 	policyMapNpaPodSlot           = "npa_pod_slot"
 	policyMapNpaSlotState         = "npa_slot_state"
+	policyMapNpaVerdicts          = "npa_verdicts"
+	policyMapNpaVerdictsLost      = "npa_verdicts_lost"
 	policyProgFromPod             = "from_pod"
 	policyProgToPod               = "to_pod"
+	policyVarAuditMode            = "audit_mode"
 	policyVarCtClosingTimeoutNs   = "ct_closing_timeout_ns"
 	policyVarCtFragmentTimeoutNs  = "ct_fragment_timeout_ns"
 	policyVarCtKeyType            = "ct_key_type"
@@ -173,22 +199,26 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaCtTables  *ebpf.MapSpec `ebpf:"npa_ct_tables"`
-	NpaEgV4      *ebpf.MapSpec `ebpf:"npa_eg_v4"`
-	NpaEgV6      *ebpf.MapSpec `ebpf:"npa_eg_v6"`
-	NpaInV4      *ebpf.MapSpec `ebpf:"npa_in_v4"`
-	NpaInV6      *ebpf.MapSpec `ebpf:"npa_in_v6"`
-	NpaNodeV4    *ebpf.MapSpec `ebpf:"npa_node_v4"`
-	NpaNodeV6    *ebpf.MapSpec `ebpf:"npa_node_v6"`
-	NpaPodAddrs  *ebpf.MapSpec `ebpf:"npa_pod_addrs"`
-	NpaPodSlot   *ebpf.MapSpec `ebpf:"npa_pod_slot"`
-	NpaSlotState *ebpf.MapSpec `ebpf:"npa_slot_state"`
+	NpaAllowed      *ebpf.MapSpec `ebpf:"npa_allowed"`
+	NpaCtTables     *ebpf.MapSpec `ebpf:"npa_ct_tables"`
+	NpaEgV4         *ebpf.MapSpec `ebpf:"npa_eg_v4"`
+	NpaEgV6         *ebpf.MapSpec `ebpf:"npa_eg_v6"`
+	NpaInV4         *ebpf.MapSpec `ebpf:"npa_in_v4"`
+	NpaInV6         *ebpf.MapSpec `ebpf:"npa_in_v6"`
+	NpaNodeV4       *ebpf.MapSpec `ebpf:"npa_node_v4"`
+	NpaNodeV6       *ebpf.MapSpec `ebpf:"npa_node_v6"`
+	NpaPodAddrs     *ebpf.MapSpec `ebpf:"npa_pod_addrs"`
+	NpaPodSlot      *ebpf.MapSpec `ebpf:"npa_pod_slot"`
+	NpaSlotState    *ebpf.MapSpec `ebpf:"npa_slot_state"`
+	NpaVerdicts     *ebpf.MapSpec `ebpf:"npa_verdicts"`
+	NpaVerdictsLost *ebpf.MapSpec `ebpf:"npa_verdicts_lost"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyVariableSpecs struct {
+	AuditMode            *ebpf.VariableSpec `ebpf:"audit_mode"`
 	CtClosingTimeoutNs   *ebpf.VariableSpec `ebpf:"ct_closing_timeout_ns"`
 	CtFragmentTimeoutNs  *ebpf.VariableSpec `ebpf:"ct_fragment_timeout_ns"`
 	CtKeyType            *ebpf.VariableSpec `ebpf:"ct_key_type"`
@@ -219,20 +249,24 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaCtTables  *ebpf.Map `ebpf:"npa_ct_tables"`
-	NpaEgV4      *ebpf.Map `ebpf:"npa_eg_v4"`
-	NpaEgV6      *ebpf.Map `ebpf:"npa_eg_v6"`
-	NpaInV4      *ebpf.Map `ebpf:"npa_in_v4"`
-	NpaInV6      *ebpf.Map `ebpf:"npa_in_v6"`
-	NpaNodeV4    *ebpf.Map `ebpf:"npa_node_v4"`
-	NpaNodeV6    *ebpf.Map `ebpf:"npa_node_v6"`
-	NpaPodAddrs  *ebpf.Map `ebpf:"npa_pod_addrs"`
-	NpaPodSlot   *ebpf.Map `ebpf:"npa_pod_slot"`
-	NpaSlotState *ebpf.Map `ebpf:"npa_slot_state"`
+	NpaAllowed      *ebpf.Map `ebpf:"npa_allowed"`
+	NpaCtTables     *ebpf.Map `ebpf:"npa_ct_tables"`
+	NpaEgV4         *ebpf.Map `ebpf:"npa_eg_v4"`
+	NpaEgV6         *ebpf.Map `ebpf:"npa_eg_v6"`
+	NpaInV4         *ebpf.Map `ebpf:"npa_in_v4"`
+	NpaInV6         *ebpf.Map `ebpf:"npa_in_v6"`
+	NpaNodeV4       *ebpf.Map `ebpf:"npa_node_v4"`
+	NpaNodeV6       *ebpf.Map `ebpf:"npa_node_v6"`
+	NpaPodAddrs     *ebpf.Map `ebpf:"npa_pod_addrs"`
+	NpaPodSlot      *ebpf.Map `ebpf:"npa_pod_slot"`
+	NpaSlotState    *ebpf.Map `ebpf:"npa_slot_state"`
+	NpaVerdicts     *ebpf.Map `ebpf:"npa_verdicts"`
+	NpaVerdictsLost *ebpf.Map `ebpf:"npa_verdicts_lost"`
 }
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
+		m.NpaAllowed,
 		m.NpaCtTables,
 		m.NpaEgV4,
 		m.NpaEgV6,
@@ -243,6 +277,8 @@ func (m *policyMaps) Close() error {
 		m.NpaPodAddrs,
 		m.NpaPodSlot,
 		m.NpaSlotState,
+		m.NpaVerdicts,
+		m.NpaVerdictsLost,
 	)
 }
 
@@ -250,6 +286,7 @@ func (m *policyMaps) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyVariables struct {
+	AuditMode            *ebpf.Variable `ebpf:"audit_mode"`
 	CtClosingTimeoutNs   *ebpf.Variable `ebpf:"ct_closing_timeout_ns"`
 	CtFragmentTimeoutNs  *ebpf.Variable `ebpf:"ct_fragment_timeout_ns"`
 	CtKeyType            *ebpf.Variable `ebpf:"ct_key_type"`

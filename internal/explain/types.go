@@ -250,4 +250,22 @@ type PodExplain struct {
 	// StrictDenied: strict mode denies the pod (node traffic excepted) until a
 	// policy selecting it is committed.
 	StrictDenied bool `json:"strictDenied,omitempty"`
+	// Verdicts are what the dataplane decided for the pod's packets since the agent
+	// started, read from the kernel's counters (the interface's; none without one).
+	Verdicts []PodVerdict `json:"verdicts,omitempty"`
+}
+
+// PodVerdict is one of a pod's verdict counters: packets of one direction decided
+// one way, and what decided them.
+type PodVerdict struct {
+	Direction string `json:"direction"` // ingress, egress
+	Verdict   string `json:"verdict"`   // allow, deny, would_deny (audit mode)
+	Reason    string `json:"reason"`
+	// PolicyKind and Policy name the deciding object (several isolating objects
+	// joined by "+"); Rule is the deciding rule's index, -1 when none.
+	PolicyKind string `json:"policyKind,omitempty"`
+	Policy     string `json:"policy,omitempty"`
+	Rule       int    `json:"rule"`
+	Packets    uint64 `json:"packets"`
+	Bytes      uint64 `json:"bytes"`
 }

@@ -98,6 +98,13 @@
 //     and the attribute sets they are exported under are built once; distinct
 //     field names are capped (beyond the cap they fold into "other"), so
 //     cardinality stays bounded.
+//   - Verdict counters (verdicts.go) are read from the dataplane's owner at
+//     collection (ObserveVerdicts) and exported as npagent.policy.verdicts
+//     (packets) and npagent.policy.verdict.bytes, by pod, direction, verdict,
+//     reason, policy and rule. At most WithVerdictSeriesLimit series: later
+//     ones fold into one otel.metric.overflow series per direction and verdict,
+//     kept as a sum of increases (it never goes down when a folded counter
+//     goes away), and are counted (npagent.policy.verdicts.overflowed).
 //
 // Export: OTLP for traces and metrics, configured by the standard
 // OTEL_EXPORTER_OTLP_* variables (endpoint, protocol, TLS, headers, timeout,

@@ -29,6 +29,8 @@ type config struct {
 	logger         *slog.Logger
 	sdkLogs        bool // WithLogger was given: the SDK's own errors go to logger too
 	parenting      Parenting
+	verdictSeries  int
+	audit          bool
 }
 
 // Option configures New. Options are sealed: only this package can make them.
@@ -47,6 +49,16 @@ func defaultConfig() config {
 		logger:        slog.New(slog.DiscardHandler),
 	}
 }
+
+// WithVerdictSeriesLimit bounds the series of the verdict counters
+// (ObserveVerdicts): past n, new series are folded into one overflow series per
+// direction and verdict (attribute otel.metric.overflow=true) and counted.
+// Default DefaultVerdictSeriesLimit.
+func WithVerdictSeriesLimit(n int) Option { return func(c *config) { c.verdictSeries = n } }
+
+// WithAuditMode says the dataplane runs in audit mode: the AuditModeName gauge is 1.
+// Default false.
+func WithAuditMode(on bool) Option { return func(c *config) { c.audit = on } }
 
 // WithNodeName sets k8s.node.name on the resource (over OTEL_RESOURCE_ATTRIBUTES)
 // and on every root span. Default: unset (omitted from spans; the resource keeps

@@ -171,6 +171,12 @@ func renderMetricsReference(t *testing.T) string {
 	tel.PodProgrammed(&report.PodRecord{Namespace: "ns", Name: "p", UID: "pu", Node: "node", NetworkReady: ready,
 		Source: report.SourceReadyToStartContainers, Programmed: ready.Add(40 * time.Millisecond), Objects: []string{"PolicyEndpoint ns/n"}})
 	tel.PodUnselected()
+	if err := tel.ObserveVerdicts(func() VerdictCounts {
+		return VerdictCounts{Counts: []Verdict{{Direction: "ingress", Denied: true, Reason: "policy_default_deny", Namespace: "ns",
+			Pod: "p", PolicyKind: "PolicyEndpoint", PolicyName: "n", Rule: -1, Packets: 1, Bytes: 60}}, Lost: 1}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	rm := tel.collect(t)
 	prom := prometheusNames(t, tel)
 

@@ -65,6 +65,7 @@ type Telemetry struct {
 	watch     watchInstruments                     // per-informer watch health, from the same Counts
 	dataplane dataplaneInstruments                 // the dataplane's counts and map use, from the same Counts
 	pod       podInstruments                       // new pods' enforcement windows (pod.go)
+	verdicts  verdictExport                        // the dataplane's verdict counters (ObserveVerdicts)
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -322,6 +323,7 @@ func (t *Telemetry) buildInstruments() error {
 	observed = append(observed, t.watch.build(m, check)...)
 	observed = append(observed, t.dataplane.build(m, check)...)
 	observed = append(observed, t.pod.build(m, check)...)
+	check(t.buildAuditGauge(m))
 	if len(errs) > 0 {
 		return fmt.Errorf("telemetry instruments: %w", errors.Join(errs...))
 	}

@@ -56,6 +56,9 @@ type Compiled struct {
 	UID             types.UID
 	ResourceVersion string
 	Pods            []netip.Addr // local pods (hostIP == node IP), sorted, no duplicates
+	// PodNames names the local pods as the object's endpoints do, for telemetry
+	// (the verdict counters' k8s.pod.name).
+	PodNames map[netip.Addr]PodName
 	// Policy is the policy the object is a chunk of (spec.policyRef): the controller
 	// splits one policy into several objects, and a pod any of them selects gets the
 	// rules of all of them. Zero when policyRef has no name: the object stands alone.
@@ -196,7 +199,7 @@ func (o Options) PolicyEndpoint(pe *v1alpha1.PolicyEndpoint, nodeIP netip.Addr) 
 		Policy:          PolicyOf(report.KindPolicyEndpoint, pe.Namespace, pe.Spec.PolicyRef.Name),
 	}
 	var err error
-	if c.Pods, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+	if c.Pods, c.PodNames, err = localPods(pe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
 		return nil, err
 	}
 	// A namespaced policy selects pods of its own namespace only: an endpoint of
@@ -266,7 +269,7 @@ func (o Options) ClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, node
 		return nil, spec.child("tier").errorf(string(c.Tier), "want Admin or Baseline")
 	}
 	var err error
-	if c.Pods, err = localPods(cpe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
+	if c.Pods, c.PodNames, err = localPods(cpe.Spec.PodSelectorEndpoints, nodeIP, spec.child("podSelectorEndpoints")); err != nil {
 		return nil, err
 	}
 	for d, rules := range [2][]v1alpha1.ClusterEndpointInfo{cpe.Spec.Ingress, cpe.Spec.Egress} {
@@ -287,7 +290,7 @@ func (o Options) ClusterPolicyEndpoint(cpe *v1alpha1.ClusterPolicyEndpoint, node
 			if err != nil {
 				return nil, err
 			}
-			c.TierRules[d] = append(c.TierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r})
+			c.TierRules[d] = append(c.TierRules[d], bpfmaps.TierRule{Priority: cpe.Spec.Priority, Action: action, Rule: r, Origin: c.origin(i)})
 		}
 	}
 	if err := o.checkEntries(c); err != nil {
@@ -317,26 +320,37 @@ func (o Options) domainRule(cidr v1alpha1.NetworkAddress, name v1alpha1.DomainNa
 	return p.child("domainName").errorf(string(name), "an FQDN rule cannot be enforced from the object alone (no addresses)")
 }
 
+// PodName is a pod's namespace and name as an object's endpoint gives them.
+type PodName struct{ Namespace, Name string }
+
 // localPods returns the IPs of the pods running on this node (hostIP == nodeIP), sorted
-// and without duplicates. Every endpoint is validated, local or not: the object is the
-// same on every node, so every agent rejects it alike.
-func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]netip.Addr, error) {
+// and without duplicates, and their names (nil when none). Every endpoint is
+// validated, local or not: the object is the same on every node, so every agent
+// rejects it alike.
+func localPods(eps []v1alpha1.PodEndpoint, nodeIP netip.Addr, p fieldPath) ([]netip.Addr, map[netip.Addr]PodName, error) {
 	var pods []netip.Addr
+	var names map[netip.Addr]PodName
 	for i := range eps {
 		host, err := netip.ParseAddr(string(eps[i].HostIP))
 		if err != nil || host.Zone() != "" {
-			return nil, p.index(i).child("hostIP").errorf(string(eps[i].HostIP), "not an IP address")
+			return nil, nil, p.index(i).child("hostIP").errorf(string(eps[i].HostIP), "not an IP address")
 		}
 		pod, err := netip.ParseAddr(string(eps[i].PodIP))
 		if err != nil || pod.Zone() != "" {
-			return nil, p.index(i).child("podIP").errorf(string(eps[i].PodIP), "not an IP address")
+			return nil, nil, p.index(i).child("podIP").errorf(string(eps[i].PodIP), "not an IP address")
 		}
 		if host.Unmap() == nodeIP {
 			pods = append(pods, pod.Unmap())
+			if eps[i].Name != "" {
+				if names == nil {
+					names = map[netip.Addr]PodName{}
+				}
+				names[pod.Unmap()] = PodName{Namespace: eps[i].Namespace, Name: eps[i].Name}
+			}
 		}
 	}
 	slices.SortFunc(pods, netip.Addr.Compare)
-	return slices.Compact(pods), nil
+	return slices.Compact(pods), names, nil
 }
 
 // Rejected is what can be read of a version that did not compile, for its pods: they
@@ -529,6 +543,13 @@ func (c *Compiled) BuildSets(prev *Compiled) error {
 	return nil
 }
 
+// origin names the object, or its rule index (-1: the object as a whole), for the
+// dataplane's verdict counters; Policy is its policyRef's name when it has one.
+func (c *Compiled) origin(index int) bpfmaps.Origin {
+	return bpfmaps.Origin{UID: string(c.UID), Kind: c.Key.Kind.String(), Namespace: c.Key.Namespace, Name: c.Key.Name,
+		Policy: c.Policy.Name, Index: index}
+}
+
 // MergePodPolicy is the policy of one pod: every object selecting it, merged.
 // Namespaced policy: a direction is isolated if any object isolates it, and its allow
 // rules are the union of theirs. Cluster policy: each object's rules go to its tier,
@@ -548,9 +569,11 @@ func MergePodPolicy(objs []*Compiled) bpfmaps.PodPolicy {
 				case !o.Isolated[d]:
 				case o.Sets[d] != nil:
 					dirs[d].Isolated = true
+					dirs[d].Sources = append(dirs[d].Sources, o.origin(-1))
 					dirs[d].AllowSets = append(dirs[d].AllowSets, o.Sets[d])
 				default:
 					dirs[d].Isolated = true
+					dirs[d].Sources = append(dirs[d].Sources, o.origin(-1))
 					dirs[d].Allow = append(dirs[d].Allow, o.Allow[d]...)
 				}
 			case report.KindClusterPolicyEndpoint:

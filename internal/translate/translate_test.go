@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -334,8 +335,10 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []bpfmaps.TierRule{
-		{Priority: 10, Action: bpfmaps.ActionDeny, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("169.254.169.254/32")}},
-		{Priority: 10, Action: bpfmaps.ActionPass, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}}},
+		{Priority: 10, Action: bpfmaps.ActionDeny, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("169.254.169.254/32")},
+			Origin: bpfmaps.Origin{Kind: "ClusterPolicyEndpoint", Name: "deny-metadata", Index: 0}},
+		{Priority: 10, Action: bpfmaps.ActionPass, Rule: bpfmaps.Rule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Ports: []bpfmaps.PortRule{{Protocol: bpfmaps.ProtocolUDP, Port: 53}}},
+			Origin: bpfmaps.Origin{Kind: "ClusterPolicyEndpoint", Name: "deny-metadata", Index: 1}},
 	}
 	if !reflect.DeepEqual(c.TierRules[bpfmaps.Egress], want) {
 		t.Errorf("egress tier rules:\n got %+v\nwant %+v", c.TierRules[bpfmaps.Egress], want)
@@ -359,12 +362,16 @@ func TestCompileClusterPolicyEndpoint(t *testing.T) {
 
 func TestLocalPodsIPv6AndMappedHost(t *testing.T) {
 	node6 := netip.MustParseAddr("fd00::10")
-	pods, err := localPods([]v1alpha1.PodEndpoint{pod("fd00::10", "fd01::5"), pod("fd00::11", "fd01::6")}, node6, root("spec"))
+	pods, names, err := localPods([]v1alpha1.PodEndpoint{pod("fd00::10", "fd01::5"), pod("fd00::11", "fd01::6")}, node6, root("spec"))
 	if err != nil || len(pods) != 1 || pods[0] != netip.MustParseAddr("fd01::5") {
 		t.Errorf("ipv6: pods %v err %v", pods, err)
 	}
+	// The local pods' names, for the verdict counters; only the local ones.
+	if want := map[netip.Addr]PodName{netip.MustParseAddr("fd01::5"): {Namespace: "shop", Name: "p-fd01::5"}}; !reflect.DeepEqual(names, want) {
+		t.Errorf("ipv6: names %v, want %v", names, want)
+	}
 	// A hostIP written as an IPv4-mapped IPv6 address is the same node.
-	pods, err = localPods([]v1alpha1.PodEndpoint{pod("::ffff:192.0.2.10", "10.1.0.5")}, testNode, root("spec"))
+	pods, _, err = localPods([]v1alpha1.PodEndpoint{pod("::ffff:192.0.2.10", "10.1.0.5")}, testNode, root("spec"))
 	if err != nil || len(pods) != 1 {
 		t.Errorf("mapped: pods %v err %v", pods, err)
 	}
@@ -440,6 +447,23 @@ func TestMergePodPolicy(t *testing.T) {
 	// Admin rules ordered by priority across objects.
 	if len(in.Admin) != 2 || in.Admin[0].Priority != 10 || in.Admin[1].Priority != 20 {
 		t.Errorf("admin tier order: %+v", in.Admin)
+	}
+	// Verdict counters credit the isolating objects and each admin rule's object.
+	srcName := func(os []bpfmaps.Origin) (names []string) {
+		for _, o := range os {
+			names = append(names, fmt.Sprintf("%s %s/%s#%d", o.Kind, o.Namespace, o.Name, o.Index))
+		}
+		return names
+	}
+	if got, want := srcName(in.Sources), []string{"PolicyEndpoint shop/metrics#-1", "PolicyEndpoint shop/web#-1"}; !slices.Equal(got, want) {
+		t.Errorf("ingress sources %q, want %q", got, want)
+	}
+	if got, want := srcName(out.Sources), []string{"PolicyEndpoint shop/metrics#-1"}; !slices.Equal(got, want) {
+		t.Errorf("egress sources %q, want %q", got, want)
+	}
+	if got, want := srcName([]bpfmaps.Origin{in.Admin[0].Origin, in.Admin[1].Origin}),
+		[]string{"ClusterPolicyEndpoint /a-allow#0", "ClusterPolicyEndpoint /b-deny#0"}; !slices.Equal(got, want) {
+		t.Errorf("admin rule origins %q, want %q", got, want)
 	}
 
 	// Deterministic whatever the input order: the dataplane's hash skip depends on it.
