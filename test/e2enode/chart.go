@@ -12,6 +12,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
@@ -71,7 +72,7 @@ func (n *Node) InstallAgent(t *testing.T, ns, name string, values map[string]any
 		Name:   ns,
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"},
 	}}, metav1.CreateOptions{})
-	if err != nil {
+	if err != nil && !apierrors.IsAlreadyExists(err) { // a reinstall: the namespace stays
 		t.Fatalf("create namespace %s: %v", ns, err)
 	}
 	ch, err := loader.Load(charts.Dir("npagent"))

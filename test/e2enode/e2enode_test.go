@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/podcond"
 	"github.com/npagent/npagent/internal/testenv"
 	"github.com/npagent/npagent/internal/testenv/otlptest"
 )
@@ -170,6 +171,35 @@ func TestNode(t *testing.T) {
 		return
 	}
 
+	// The pod condition as the kubelet sees it (the chart turns it on): a pod that
+	// gates its readiness on npagent.io/PolicyProgrammed, in strict mode with no policy
+	// yet, runs but is not Ready (denied by strict mode); a policy selecting it makes
+	// it Ready — no Service would have sent it traffic before its policy was in force.
+	t.Run("ReadinessGate", func(t *testing.T) {
+		ctx := context.Background()
+		gated := n.runGatedPod(t, "pe", "gated", map[string]string{"app": "gated"})
+		if c := policyCondition(gated); c == nil || c.Status != corev1.ConditionFalse || c.Reason != podcond.ReasonDeniedByStrictMode {
+			t.Fatalf("gated pod's %s = %+v, want False %s", podcond.Type, c, podcond.ReasonDeniedByStrictMode)
+		}
+		n.steadyGated(t, gated, 3*time.Second)
+		pe := ingressPE("gated-ingress", gated, []*corev1.Pod{gated})
+		written := time.Now()
+		if err := n.CP.Client.Create(ctx, pe); err != nil {
+			t.Fatalf("create PolicyEndpoint: %v", err)
+		}
+		p := n.WaitPod(t, "pe", "gated", time.Minute, func(p *corev1.Pod) error {
+			if c := policyCondition(p); c == nil || c.Status != corev1.ConditionTrue {
+				return fmt.Errorf("%s = %+v", podcond.Type, c)
+			}
+			return ready(p)
+		})
+		c := policyCondition(p)
+		t.Logf("gated pod Ready %v after its PolicyEndpoint was written (%s %s: %s)", time.Since(written).Round(time.Millisecond), c.Status, c.Reason, c.Message)
+	})
+	if t.Failed() {
+		return
+	}
+
 	// A rolling upgrade to a new image: the DaemonSet's one pod is replaced (the old
 	// one gone before the new one is up) while clients connect every 100 ms; the
 	// pinned programs judge throughout, so no allowed connection fails and no denied
@@ -268,18 +298,84 @@ func TestNode(t *testing.T) {
 			t.Fatalf("after helm uninstall: daemonsets %v, err %v", len(dss.Items), err)
 		}
 		n.matrix(t, pods["server"], []*corev1.Pod{pods["allowed"], pods["denied"]}, map[string]bool{"allowed": true, "denied": true}, 30*time.Second)
+
+		// A new install starts clean (no pins, no state) and enforces the policies
+		// that are there: the server's ingress policy lets allowed through again, and
+		// stops denied.
+		n.InstallAgent(t, "npagent", "npagent", values(version))
+		n.AgentPod(t, "npagent", 3*time.Minute)
+		n.matrix(t, pods["server"], []*corev1.Pod{pods["allowed"], pods["denied"]}, map[string]bool{"allowed": true, "denied": false}, 30*time.Second)
 	})
 
-	// Through two upgrades and a restart in strict mode, each trigger was reported
-	// once: the agent's seen-set state (a host path) outlived every pod.
+	// Through two upgrades, a restart in strict mode and a reinstall, each trigger was
+	// reported once: the agent's seen-set state (a host path) outlived every pod, and
+	// the reinstalled agent, with no state, reports no trigger older than its start.
 	dups, distinct := sink.duplicates()
 	if len(dups) > 0 {
 		t.Errorf("triggers reported more than once across the agent's restarts: %v", dups)
 	}
-	if distinct < 3 {
-		t.Errorf("%d distinct triggers reported, want the 3 PolicyEndpoints written", distinct)
+	if distinct < 4 {
+		t.Errorf("%d distinct triggers reported, want the 4 PolicyEndpoints written", distinct)
 	}
-	t.Logf("%d triggers reported, each once, across 2 upgrades", distinct)
+	t.Logf("%d triggers reported, each once, across 2 upgrades and a reinstall", distinct)
+}
+
+// runGatedPod creates a pod like RunPod's whose readiness is gated on the pod
+// condition, and waits until it runs with an IP and its condition is written (not
+// until it is Ready: the gate decides that).
+func (n *Node) runGatedPod(t *testing.T, ns, name string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+			ReadinessGates:                []corev1.PodReadinessGate{{ConditionType: podcond.Type}},
+			Containers: []corev1.Container{{
+				Name: "workload", Image: WorkloadImage, ImagePullPolicy: corev1.PullNever, Args: []string{"serve"},
+				StartupProbe: probe(30), LivenessProbe: probe(3), ReadinessProbe: probe(3),
+			}},
+		},
+	}
+	if _, err := n.Kube.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s/%s: %v", ns, name, err)
+	}
+	return n.WaitPod(t, ns, name, 2*time.Minute, func(p *corev1.Pod) error {
+		if p.Status.PodIP == "" || policyCondition(p) == nil {
+			return errPending(p)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.ContainersReady && c.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return errPending(p)
+	})
+}
+
+// steadyGated checks pod stays not Ready for d while its containers are ready: the
+// readiness gate holds it.
+func (n *Node) steadyGated(t *testing.T, pod *corev1.Pod, d time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		p, err := n.Kube.CoreV1().Pods(pod.Namespace).Get(context.Background(), pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready(p) == nil {
+			t.Fatalf("pod %s Ready with its policy not programmed (%s = %+v)", pod.Name, podcond.Type, policyCondition(p))
+		}
+	}
+	t.Logf("pod %s: containers ready, pod not Ready for %v (the readiness gate)", pod.Name, d)
+}
+
+// policyCondition is the pod's npagent.io/PolicyProgrammed condition, nil if none.
+func policyCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == podcond.Type {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // strictValues is v with enforcingMode strict.
