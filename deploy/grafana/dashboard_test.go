@@ -142,6 +142,8 @@ var instruments = []string{
 	promName(telemetry.MapCapacityName, ""),
 	promName(telemetry.SpansDroppedName, "_total"),
 	promName(telemetry.MetricExportsFailedName, "_total"),
+	promName(telemetry.VerdictsName, "_total"),
+	promName(telemetry.PodLatencyName, "_seconds"),
 }
 
 // recordingRules returns the names the rules file records.
@@ -306,6 +308,13 @@ var labels = []string{
 	promName(string(telemetry.OutcomeKey), ""),
 	promName(string(telemetry.RequestKey), ""),
 	promName(string(telemetry.MapKey), ""),
+	promName(string(telemetry.NamespaceKey), ""),
+	promName(string(telemetry.PodKey), ""),
+	promName(string(telemetry.PolicyNameKey), ""),
+	promName(string(telemetry.RuleKey), ""),
+	promName(string(telemetry.VerdictKey), ""),
+	promName(string(telemetry.DirectionKey), ""),
+	promName(string(telemetry.VerdictReasonKy), ""),
 	"instance", "cluster", "quantile",
 }
 
