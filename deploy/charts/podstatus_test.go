@@ -133,6 +133,16 @@ func TestPodStatusAdmission(t *testing.T) {
 			t.Errorf("the refused patch wrote %s", cond.Type)
 		}
 	}
+	// Nor other parts of the status: the containers' statuses, the pod's message.
+	for name, body := range map[string]string{
+		"a container's status": `{"status":{"containerStatuses":[{"name":"c","ready":true,"restartCount":0,"image":"x","imageID":"","started":true,"state":{"running":{}}}]}}`,
+		"the pod's message":    `{"status":{"message":"all is well"}}`,
+	} {
+		_, err := nodeA.CoreV1().Pods("default").Patch(ctx, "mine", types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "not the containers' statuses or the pod's message") {
+			t.Errorf("patch %s: err = %v, want Forbidden", name, err)
+		}
+	}
 	// RBAC: the agent may not patch pods themselves, nor other subresources.
 	if _, err := nodeA.CoreV1().Pods("default").Patch(ctx, "mine", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("patch a pod's labels: err = %v, want Forbidden", err)
