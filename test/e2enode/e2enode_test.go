@@ -325,17 +325,8 @@ func TestNode(t *testing.T) {
 // until it is Ready: the gate decides that).
 func (n *Node) runGatedPod(t *testing.T, ns, name string, labels map[string]string) *corev1.Pod {
 	t.Helper()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
-		Spec: corev1.PodSpec{
-			TerminationGracePeriodSeconds: new(int64),
-			ReadinessGates:                []corev1.PodReadinessGate{{ConditionType: podcond.Type}},
-			Containers: []corev1.Container{{
-				Name: "workload", Image: WorkloadImage, ImagePullPolicy: corev1.PullNever, Args: []string{"serve"},
-				StartupProbe: probe(30), LivenessProbe: probe(3), ReadinessProbe: probe(3),
-			}},
-		},
-	}
+	pod := workloadPod(ns, name, labels)
+	pod.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podcond.Type}}
 	if _, err := n.Kube.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create pod %s/%s: %v", ns, name, err)
 	}
@@ -466,7 +457,21 @@ func packWorkload(t *testing.T, dir string) string {
 func (n *Node) RunPod(t *testing.T, ns, name string, labels map[string]string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
-	pod := &corev1.Pod{
+	pod := workloadPod(ns, name, labels)
+	if _, err := n.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s/%s: %v", ns, name, err)
+	}
+	return n.WaitPod(t, ns, name, 2*time.Minute, func(p *corev1.Pod) error {
+		if p.Status.PodIP == "" {
+			return errPending(p)
+		}
+		return ready(p)
+	})
+}
+
+// workloadPod is a pod running the workload's server, with its probes.
+func workloadPod(ns, name string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: new(int64),
@@ -483,15 +488,6 @@ func (n *Node) RunPod(t *testing.T, ns, name string, labels map[string]string) *
 			}},
 		},
 	}
-	if _, err := n.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create pod %s/%s: %v", ns, name, err)
-	}
-	return n.WaitPod(t, ns, name, 2*time.Minute, func(p *corev1.Pod) error {
-		if p.Status.PodIP == "" {
-			return errPending(p)
-		}
-		return ready(p)
-	})
 }
 
 func probe(failures int32) *corev1.Probe {
