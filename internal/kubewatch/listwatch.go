@@ -185,13 +185,7 @@ type deliveredItem struct {
 // list is the reflector's List: retried until the apiserver answers it.
 func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 	if opts.Continue == "" {
-		l.mu.Lock()
-		if l.lists++; l.lists > 1 {
-			l.health.relists[report.RelistRestart].Add(1)
-		}
-		l.listing = map[string]deliveredItem{}
-		l.mu.Unlock()
-		l.observer.BeginList() // once per list: its pages are one list
+		l.beginList() // once per list: its pages are one list
 	}
 	delay := retryInitial
 	for {
@@ -214,6 +208,19 @@ func (l *listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.
 			return nil, err
 		}
 	}
+}
+
+// beginList starts a list the reflector asked for (a List's first page, or a WatchList
+// stream): counted (every one after the first is the reflector's relist), collected
+// apart from what was delivered until it completes, and told to the observer.
+func (l *listWatch) beginList() {
+	l.mu.Lock()
+	if l.lists++; l.lists > 1 {
+		l.health.relists[report.RelistRestart].Add(1)
+	}
+	l.listing = map[string]deliveredItem{}
+	l.mu.Unlock()
+	l.observer.BeginList()
 }
 
 // listed records a page of the list in progress, tells the observer which of its
@@ -344,13 +351,7 @@ func rvGone(err error) bool {
 func (l *listWatch) watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
 	if initial {
-		l.mu.Lock()
-		if l.lists++; l.lists > 1 {
-			l.health.relists[report.RelistRestart].Add(1)
-		}
-		l.listing = map[string]deliveredItem{}
-		l.mu.Unlock()
-		l.observer.BeginList()
+		l.beginList()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := l.open(ctx, opts)
