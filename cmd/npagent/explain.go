@@ -324,6 +324,7 @@ func printPod(w io.Writer, p *explain.PodExplain) {
 	if p.Ifindex != 0 {
 		fmt.Fprintf(w, "  interface   ifindex %d\n", p.Ifindex)
 	}
+	printPodWindow(w, p.Window)
 	defer printPodVerdicts(w, p.Verdicts)
 	if len(p.Objects) == 0 {
 		return
@@ -335,6 +336,24 @@ func printPod(w io.Writer, p *explain.PodExplain) {
 			yesNo(o.Lists), orDash(o.ResourceVersion), o.State, yesNo(o.Programmed))
 	}
 	tw.Flush()
+}
+
+// printPodWindow prints the new pod's enforcement window: how long its network was
+// usable before its policy was in force (in strict mode, how long it stayed denied).
+func printPodWindow(w io.Writer, win *explain.PodWindow) {
+	if win == nil {
+		return
+	}
+	ready := win.NetworkReady.UTC().Format(time.RFC3339Nano)
+	switch {
+	case win.Unselected:
+		fmt.Fprintf(w, "  window      network ready %s (%s), no policy selected it: counted, not measured\n", ready, win.Source)
+		return
+	case win.Programmed.IsZero():
+		fmt.Fprintf(w, "  window      network ready %s (%s), no policy in force yet\n", ready, win.Source)
+		return
+	}
+	fmt.Fprintf(w, "  window      network ready %s (%s), policy in force %s later\n", ready, win.Source, win.Programmed.Sub(win.NetworkReady))
 }
 
 // printPodVerdicts prints the pod's verdict counters, the denials first.

@@ -198,102 +198,7 @@ func TestProberFlipLatency(t *testing.T) {
 	}
 	reported(created, pe.ResourceVersion) // programs attach here; the flips only switch
 
-	// The pod's receiver and the peer's sender.
-	rx, err := netlab.In(l.pod, func() (*net.UDPConn, error) {
-		return net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(l.podIP), Port: proberPort})
-	})
-	if err != nil {
-		t.Fatalf("listen in the pod: %v", err)
-	}
-	defer rx.Close()
-	// Room for seconds of datagrams, past net.core.rmem_max (SO_RCVBUFFORCE, as
-	// root): a receiver delayed by the machine's load must not drop any, or the
-	// allowed runs would show holes the policy did not make.
-	if raw, err := rx.SyscallConn(); err != nil {
-		t.Fatal(err)
-	} else if err := raw.Control(func(fd uintptr) {
-		if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20); err != nil {
-			t.Errorf("SO_RCVBUFFORCE: %v", err)
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := netlab.In(l.peer, func() (*net.UDPConn, error) {
-		return net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(l.podIP), Port: proberPort})
-	})
-	if err != nil {
-		t.Fatalf("dial from the peer: %v", err)
-	}
-	defer tx.Close()
-
-	type arrival struct {
-		seq        uint64
-		sent, read time.Time
-	}
-	var (
-		arrivals []arrival
-		rxDone   = make(chan struct{})
-	)
-	go func() {
-		defer close(rxDone)
-		buf := make([]byte, 64)
-		for {
-			n, err := rx.Read(buf)
-			now := time.Now()
-			if err != nil {
-				return
-			}
-			if n == 16 {
-				arrivals = append(arrivals, arrival{binary.BigEndian.Uint64(buf), time.Unix(0, int64(binary.BigEndian.Uint64(buf[8:]))), now})
-			}
-		}
-	}()
-	var (
-		sends    []probe
-		stop     atomic.Bool
-		txDone   = make(chan struct{})
-		txErrors int
-		txPolicy = make(chan error, 1)
-	)
-	go func() {
-		defer close(txDone)
-		// A thread of its own, sleeping with nanosleep (the runtime's timers wake
-		// late and in bursts at sub-millisecond periods), real-time so the tests
-		// and builds sharing the machine do not delay its wake-ups and sends. It
-		// sleeps between sends, so it takes a few percent of one CPU. The thread
-		// is discarded afterwards (the goroutine exits locked).
-		runtime.LockOSThread()
-		txPolicy <- unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 10}, 0)
-		start := time.Now()
-		buf := make([]byte, 16)
-		for seq := uint64(0); !stop.Load(); seq++ {
-			if d := time.Until(start.Add(time.Duration(seq) * proberInterval)); d > 0 {
-				ts := unix.NsecToTimespec(int64(d))
-				_ = unix.Nanosleep(&ts, nil)
-			}
-			sent := time.Now()
-			binary.BigEndian.PutUint64(buf, seq)
-			binary.BigEndian.PutUint64(buf[8:], uint64(sent.UnixNano()))
-			if _, err := tx.Write(buf); err != nil {
-				txErrors++
-			}
-			sends = append(sends, probe{sent: sent, written: time.Now()})
-		}
-	}()
-	if err := <-txPolicy; err != nil {
-		t.Logf("the sender runs without SCHED_FIFO (%v): its gaps may be wider", err)
-	}
-	var stopOnce sync.Once
-	stopProber := func() {
-		stopOnce.Do(func() {
-			stop.Store(true)
-			<-txDone
-			time.Sleep(50 * time.Millisecond) // the last datagrams' way to the pod
-			rx.Close()
-			<-rxDone
-		})
-	}
-	defer stopProber()
+	pr := startProber(t, l)
 	time.Sleep(proberPeriod) // the first datagrams find the ARP entries made
 
 	flips := make([]flip, 2*n)
@@ -308,38 +213,22 @@ func TestProberFlipLatency(t *testing.T) {
 		flips[i] = flip{toAllow: allow, trigger: trigger, committed: r.Committed, cleanup: r.Attempts[len(r.Attempts)-1].Phases.Cleanup}
 		time.Sleep(time.Until(trigger.Add(proberPeriod)))
 	}
-	stopProber()
-
-	// Each datagram's fate, checked against what it carried.
-	ps := sends
-	for _, a := range arrivals {
-		if a.seq >= uint64(len(ps)) || !a.sent.Equal(ps[a.seq].sent) || !ps[a.seq].arrived.IsZero() {
-			t.Fatalf("datagram %d arrived with send time %v: not one the peer sent once (sent %d)", a.seq, a.sent, len(ps))
-		}
-		ps[a.seq].arrived = a.read
-	}
-	if txErrors > 0 {
-		t.Errorf("%d of %d sends failed", txErrors, len(ps))
-	}
+	ps := pr.stop(t)
 	var maxTransit time.Duration
 	for _, p := range ps {
 		if !p.arrived.IsZero() {
 			maxTransit = max(maxTransit, p.arrived.Sub(p.sent))
 		}
 	}
-	firstAt := func(at time.Time) int {
-		i, _ := slices.BinarySearchFunc(ps, at, func(p probe, at time.Time) int { return p.sent.Compare(at) })
-		return i
-	}
 	var errs []string
 	for i := range flips {
 		f := &flips[i]
 		end := len(ps)
 		if i+1 < len(flips) {
-			end = firstAt(flips[i+1].trigger)
+			end = firstAt(ps, flips[i+1].trigger)
 		}
 		var err error
-		if f.lo, f.hi, err = flipWindow(ps, firstAt(f.trigger), end, f.toAllow); err != nil {
+		if f.lo, f.hi, err = flipWindow(ps, firstAt(ps, f.trigger), end, f.toAllow); err != nil {
 			errs = append(errs, fmt.Sprintf("flip %d: %v", i, err))
 		}
 	}
@@ -398,6 +287,140 @@ func TestProberFlipLatency(t *testing.T) {
 	if len(errs) > 0 {
 		t.Errorf("reported commits disagree with the packets:\n%s", strings.Join(errs, "\n"))
 	}
+}
+
+// prober is a peer sending a datagram to the lab's pod every proberInterval, and
+// the pod's receiver recording which arrived.
+type prober struct {
+	rx, tx   *net.UDPConn
+	stopped  atomic.Bool
+	once     sync.Once
+	txDone   chan struct{}
+	rxDone   chan struct{}
+	sends    []probe
+	txErrors int
+	arrivals []arrival
+	fates    []probe
+}
+
+// arrival is one datagram the pod read: its sequence number and send time, as
+// carried, and when it was read.
+type arrival struct {
+	seq        uint64
+	sent, read time.Time
+}
+
+// startProber starts sending from the lab's peer to its pod's UDP proberPort; the
+// sender is stopped at cleanup if stop was not called.
+func startProber(t *testing.T, l *nodeLab) *prober {
+	t.Helper()
+	rx, err := netlab.In(l.pod, func() (*net.UDPConn, error) {
+		return net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(l.podIP), Port: proberPort})
+	})
+	if err != nil {
+		t.Fatalf("listen in the pod: %v", err)
+	}
+	// Room for seconds of datagrams, past net.core.rmem_max (SO_RCVBUFFORCE, as
+	// root): a receiver delayed by the machine's load must not drop any, or the
+	// allowed runs would show holes the policy did not make.
+	if raw, err := rx.SyscallConn(); err != nil {
+		t.Fatal(err)
+	} else if err := raw.Control(func(fd uintptr) {
+		if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20); err != nil {
+			t.Errorf("SO_RCVBUFFORCE: %v", err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := netlab.In(l.peer, func() (*net.UDPConn, error) {
+		return net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(l.podIP), Port: proberPort})
+	})
+	if err != nil {
+		rx.Close()
+		t.Fatalf("dial from the peer: %v", err)
+	}
+	p := &prober{rx: rx, tx: tx, txDone: make(chan struct{}), rxDone: make(chan struct{})}
+	go p.receive()
+	txPolicy := make(chan error, 1)
+	go p.send(txPolicy)
+	if err := <-txPolicy; err != nil {
+		t.Logf("the sender runs without SCHED_FIFO (%v): its gaps may be wider", err)
+	}
+	t.Cleanup(func() { p.stop(t) })
+	return p
+}
+
+func (p *prober) receive() {
+	defer close(p.rxDone)
+	buf := make([]byte, 64)
+	for {
+		n, err := p.rx.Read(buf)
+		now := time.Now()
+		if err != nil {
+			return
+		}
+		if n == 16 {
+			p.arrivals = append(p.arrivals, arrival{binary.BigEndian.Uint64(buf), time.Unix(0, int64(binary.BigEndian.Uint64(buf[8:]))), now})
+		}
+	}
+}
+
+func (p *prober) send(policy chan<- error) {
+	defer close(p.txDone)
+	// A thread of its own, sleeping with nanosleep (the runtime's timers wake
+	// late and in bursts at sub-millisecond periods), real-time so the tests
+	// and builds sharing the machine do not delay its wake-ups and sends. It
+	// sleeps between sends, so it takes a few percent of one CPU. The thread
+	// is discarded afterwards (the goroutine exits locked).
+	runtime.LockOSThread()
+	policy <- unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 10}, 0)
+	start := time.Now()
+	buf := make([]byte, 16)
+	for seq := uint64(0); !p.stopped.Load(); seq++ {
+		if d := time.Until(start.Add(time.Duration(seq) * proberInterval)); d > 0 {
+			ts := unix.NsecToTimespec(int64(d))
+			_ = unix.Nanosleep(&ts, nil)
+		}
+		sent := time.Now()
+		binary.BigEndian.PutUint64(buf, seq)
+		binary.BigEndian.PutUint64(buf[8:], uint64(sent.UnixNano()))
+		if _, err := p.tx.Write(buf); err != nil {
+			p.txErrors++
+		}
+		p.sends = append(p.sends, probe{sent: sent, written: time.Now()})
+	}
+}
+
+// stop stops the sender, lets the last datagrams arrive, and returns every
+// datagram's fate, checked against what it carried.
+func (p *prober) stop(t *testing.T) []probe {
+	t.Helper()
+	p.once.Do(func() {
+		p.stopped.Store(true)
+		<-p.txDone
+		time.Sleep(50 * time.Millisecond) // the last datagrams' way to the pod
+		p.rx.Close()
+		<-p.rxDone
+		p.tx.Close()
+		ps := p.sends
+		for _, a := range p.arrivals {
+			if a.seq >= uint64(len(ps)) || !a.sent.Equal(ps[a.seq].sent) || !ps[a.seq].arrived.IsZero() {
+				t.Fatalf("datagram %d arrived with send time %v: not one the peer sent once (sent %d)", a.seq, a.sent, len(ps))
+			}
+			ps[a.seq].arrived = a.read
+		}
+		if p.txErrors > 0 {
+			t.Errorf("%d of %d sends failed", p.txErrors, len(ps))
+		}
+		p.fates = ps
+	})
+	return p.fates
+}
+
+// firstAt is the index of the first datagram sent at or after at.
+func firstAt(ps []probe, at time.Time) int {
+	i, _ := slices.BinarySearchFunc(ps, at, func(p probe, at time.Time) int { return p.sent.Compare(at) })
+	return i
 }
 
 // TestProberFlipWindow checks the step finder on made-up fates: a clean step each

@@ -253,6 +253,24 @@ type PodExplain struct {
 	// Verdicts are what the dataplane decided for the pod's packets since the agent
 	// started, read from the kernel's counters (the interface's; none without one).
 	Verdicts []PodVerdict `json:"verdicts,omitempty"`
+	// Window is the pod's new-pod enforcement window as this process saw it; nil
+	// when the agent does not measure it (no pod condition) or has not seen the pod.
+	Window *PodWindow `json:"window,omitempty"`
+}
+
+// PodWindow is a new pod's enforcement window: from its network becoming usable to
+// the switch that first put a policy selecting it in force on this node.
+type PodWindow struct {
+	NetworkReady time.Time `json:"networkReady"`
+	// Source says where NetworkReady comes from: ready_to_start_containers (the
+	// pod's condition) or first_seen_ip (when this process first saw its address).
+	Source string `json:"source"`
+	// Programmed is when the window closed; zero while it is open, or when it
+	// closed without a policy (nothing selects the pod).
+	Programmed time.Time `json:"programmed,omitzero"`
+	// Unselected: no policy selected the pod when its condition was first
+	// computed; the window is counted, not measured.
+	Unselected bool `json:"unselected,omitempty"`
 }
 
 // PodVerdict is one of a pod's verdict counters: packets of one direction decided

@@ -186,6 +186,7 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 		c.addMerged(byKey, ip, &out)
 	}
 	c.podObjects(&out, byKey, lists, ip)
+	out.Window = c.podWindowOf(out.Namespace, out.Name)
 	return out
 }
 

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/podcond"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/translate"
@@ -28,6 +29,9 @@ import (
 type podWindow struct {
 	start  time.Time
 	source string
+	// programmed is the switch that closed the window as reported; zero until then.
+	programmed time.Time
+	unselected bool // closed counted: no policy selected the pod
 }
 
 // observePod tells the pod seen-set about a pod with addresses, at event time.
@@ -61,6 +65,26 @@ func (c *Controller) observePod(obj any, addrs []netip.Addr) {
 	ps.Observe(string(pod.UID), w.start, now)
 }
 
+// podWindowOf is the window of the pod namespace/name, for explain; nil when the
+// agent does not measure windows or has not seen the pod with an address.
+func (c *Controller) podWindowOf(namespace, name string) *explain.PodWindow {
+	if c.cfg.PodSeen == nil || c.podStatus == nil || c.podWatch == nil || name == "" {
+		return nil
+	}
+	obj, exists, err := c.podWatch.informer.GetStore().GetByKey(namespace + "/" + name)
+	pod, ok := obj.(*corev1.Pod)
+	if err != nil || !exists || !ok {
+		return nil
+	}
+	c.podStatus.mu.Lock()
+	w, seen := c.podStatus.windows[pod.UID]
+	c.podStatus.mu.Unlock()
+	if !seen {
+		return nil
+	}
+	return &explain.PodWindow{NetworkReady: w.start, Source: w.source, Programmed: w.programmed, Unselected: w.unselected}
+}
+
 // forgetPod drops a deleted pod's window.
 func (c *Controller) forgetPod(obj any) {
 	pod, ok := obj.(*corev1.Pod)
@@ -88,6 +112,12 @@ func (c *Controller) podWindowEnd(pod *corev1.Pod, addrs []netip.Addr, cond podc
 	switch cond.Reason {
 	case podcond.ReasonNoPolicy:
 		ps.NoLocalWork(uid, trigger)
+		s.mu.Lock()
+		if w, ok := s.windows[pod.UID]; ok {
+			w.unselected = true
+			s.windows[pod.UID] = w
+		}
+		s.mu.Unlock()
 		if s.sink != nil {
 			s.sink.PodUnselected()
 		}
@@ -114,7 +144,10 @@ func (c *Controller) podWindowEnd(pod *corev1.Pod, addrs []netip.Addr, cond podc
 		return
 	}
 	s.mu.Lock()
-	source := s.windows[pod.UID].source
+	w := s.windows[pod.UID]
+	w.programmed = reports[len(reports)-1].ProgrammedAt()
+	s.windows[pod.UID] = w
+	source := w.source
 	s.mu.Unlock()
 	objects, parents := c.selectingObjects(facts)
 	for _, r := range reports {
