@@ -44,6 +44,9 @@ func agentAccess(mode reconcile.EnforcingMode, podCondition bool) []access {
 	if mode == reconcile.EnforcingStrict || podCondition {
 		need = append(need, access{"", "pods", watchList})
 	}
+	if podCondition {
+		need = append(need, access{"", "namespaces", watchList})
+	}
 	return need
 }
 

@@ -484,13 +484,15 @@ func equalJSON(a, b any) bool {
 }
 
 // TestClusterRoleByEnforcingMode: only strict mode, which watches the node's pods,
-// may read pods; standard reads the policy endpoint objects and nodes (its own
-// Node's addresses) alone.
+// or the pod condition may read pods; standard reads the policy endpoint objects
+// and nodes (its own Node's addresses) alone; the pod condition adds patching
+// pods/status and reading namespaces (their labels: cluster policies' subjects).
 func TestClusterRoleByEnforcingMode(t *testing.T) {
 	endpoints := rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.aws"}, Resources: []string{"policyendpoints", "clusterpolicyendpoints"}, Verbs: []string{"get", "list", "watch"}}
 	pods := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}
 	nodes := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}
 	podStatus := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}}
+	namespaces := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}}
 	for _, tc := range []struct {
 		mode         string
 		podCondition bool
@@ -498,8 +500,8 @@ func TestClusterRoleByEnforcingMode(t *testing.T) {
 	}{
 		{"standard", false, []rbacv1.PolicyRule{endpoints, nodes}},
 		{"strict", false, []rbacv1.PolicyRule{endpoints, nodes, pods}},
-		{"standard", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus}},
-		{"strict", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus}},
+		{"standard", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus, namespaces}},
+		{"strict", true, []rbacv1.PolicyRule{endpoints, nodes, pods, podStatus, namespaces}},
 	} {
 		mode, want := tc.mode, tc.want
 		r, err := Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"enforcingMode": mode,

@@ -3,8 +3,9 @@
 // them; deploy/charts' tests fail when they are stale, and check them in a real
 // kube-apiserver). namespace.yaml is the namespace, labelled to allow the privileged
 // pod (hostNetwork, hostPath); rbac.yaml a service account allowed to get, list and
-// watch PolicyEndpoints, ClusterPolicyEndpoints, its Node and pods, and to patch
-// pods/status (the pod condition, docs/how-to/pod-status.md), nothing else;
+// watch PolicyEndpoints, ClusterPolicyEndpoints, its Node, pods and namespaces (their
+// labels: cluster policies' subjects), and to patch pods/status (the pod condition,
+// docs/how-to/pod-status.md), nothing else;
 // pod-status-policy.yaml the ValidatingAdmissionPolicy narrowing that patch to the pods
 // of the node the agent's token is bound to and to its own condition; daemonset.yaml one
 // agent per node on the host network with CAP_BPF and CAP_NET_ADMIN only, the host's

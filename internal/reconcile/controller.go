@@ -121,6 +121,9 @@ type Controller struct {
 	// podWatch is the watch of this node's pods, in strict mode or with PodStatus
 	// (nil otherwise; see pods.go). One informer serves both.
 	podWatch *podWatch
+	// namespaces are the cluster's namespaces' labels, with the pod condition: a
+	// ClusterPolicyEndpoint's subject selects pods by them (namespaces.go).
+	namespaces *namespaceWatch
 	// podStatus writes the pod condition (nil without PodStatus; see podstatus.go).
 	podStatus *podStatus
 
@@ -258,6 +261,9 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		if c.podStatus, err = c.newPodStatus(restConfig, cfg.Sink); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
+		if c.namespaces, err = newNamespaceWatch(restConfig, c.namespaceRelabeled); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -281,6 +287,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.podWatch != nil {
 		defer c.podWatch.queue.ShutDown()
 		wg.Go(func() { c.podWatch.informer.RunWithContext(ctx) })
+	}
+	if c.namespaces != nil {
+		wg.Go(func() { c.namespaces.informer.RunWithContext(ctx) })
 	}
 	if c.podStatus != nil {
 		defer c.podStatus.queue.ShutDown()
@@ -339,6 +348,9 @@ func (c *Controller) HasSynced() bool {
 		}
 	}
 	if c.podStatus != nil && !c.podStatus.reg.HasSynced() {
+		return false
+	}
+	if c.namespaces != nil && !c.namespaces.reg.HasSynced() {
 		return false
 	}
 	return c.podWatch == nil || c.podWatch.reg.HasSynced()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,9 +337,10 @@ func findCondition(conds []corev1.PodCondition) *corev1.PodCondition {
 	return nil
 }
 
-// statusCandidate is a PolicyEndpoint of the pod's namespace, as the informer's cache
-// holds it, that may select the pod: it lists one of its addresses on this node, or
-// its podSelector matches the pod's labels.
+// statusCandidate is an object, as the informer's cache holds it, that may select
+// the pod: it lists one of its addresses on this node, or its podSelector (a
+// PolicyEndpoint of the pod's namespace) or subject (a ClusterPolicyEndpoint)
+// selects the pod.
 type statusCandidate struct {
 	key     translate.Key
 	policy  translate.PolicyKey
@@ -359,14 +361,7 @@ func (c *Controller) podFacts(pod *corev1.Pod, addrs []netip.Addr) podcond.Facts
 			key:    translate.Key{Kind: report.KindPolicyEndpoint, Namespace: pe.Namespace, Name: pe.Name},
 			policy: translate.PolicyOf(report.KindPolicyEndpoint, pe.Namespace, pe.Spec.PolicyRef.Name),
 		}
-		for _, ep := range pe.Spec.PodSelectorEndpoints {
-			host, err1 := netip.ParseAddr(string(ep.HostIP))
-			ip, err2 := netip.ParseAddr(string(ep.PodIP))
-			if err1 == nil && err2 == nil && host.Unmap() == c.cfg.NodeIP && slices.Contains(addrs, ip.Unmap()) {
-				cand.lists = true
-				break
-			}
-		}
+		cand.lists = c.listsOnNode(pe.Spec.PodSelectorEndpoints, addrs)
 		if pe.Spec.PodSelector != nil {
 			if sel, err := metav1.LabelSelectorAsSelector(pe.Spec.PodSelector); err == nil && sel.Matches(labels.Set(pod.Labels)) {
 				cand.selects = true
@@ -376,7 +371,62 @@ func (c *Controller) podFacts(pod *corev1.Pod, addrs []netip.Addr) podcond.Facts
 			cands = append(cands, cand)
 		}
 	}
+	cands = append(cands, c.clusterCandidates(pod, addrs)...)
 	return c.pods.facts(addrs, cands, c.cfg.EnforcingMode == EnforcingStrict, c.cachedVersion)
+}
+
+// clusterCandidates are the ClusterPolicyEndpoints that may select the pod: they
+// list one of its addresses on this node, or their subject selects it.
+func (c *Controller) clusterCandidates(pod *corev1.Pod, addrs []netip.Addr) []statusCandidate {
+	if c.namespaces == nil {
+		return nil
+	}
+	nsLabels, _ := c.namespaces.labelsOf(pod.Namespace)
+	var cands []statusCandidate
+	for _, o := range c.informers[report.KindClusterPolicyEndpoint].GetStore().List() {
+		cpe, ok := o.(*v1alpha1.ClusterPolicyEndpoint)
+		if !ok {
+			continue
+		}
+		cand := statusCandidate{
+			key:     translate.Key{Kind: report.KindClusterPolicyEndpoint, Name: cpe.Name},
+			policy:  translate.PolicyOf(report.KindClusterPolicyEndpoint, "", cpe.Spec.PolicyRef.Name),
+			lists:   c.listsOnNode(cpe.Spec.PodSelectorEndpoints, addrs),
+			selects: subjectSelects(cpe.Spec.Subject, nsLabels, labels.Set(pod.Labels)),
+		}
+		if cand.lists || cand.selects || cand.policy != (translate.PolicyKey{}) {
+			cands = append(cands, cand)
+		}
+	}
+	return cands
+}
+
+// listsOnNode reports whether endpoints list one of addrs on this node.
+func (c *Controller) listsOnNode(endpoints []v1alpha1.PodEndpoint, addrs []netip.Addr) bool {
+	for _, ep := range endpoints {
+		host, err1 := netip.ParseAddr(string(ep.HostIP))
+		ip, err2 := netip.ParseAddr(string(ep.PodIP))
+		if err1 == nil && err2 == nil && host.Unmap() == c.cfg.NodeIP && slices.Contains(addrs, ip.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// namespaceRelabeled queues the pods of a namespace whose labels changed: a
+// cluster policy's subject may select them now, or no longer.
+func (c *Controller) namespaceRelabeled(namespace string) {
+	s := c.podStatus
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key := range s.addrsOf {
+		if strings.HasPrefix(key, namespace+"/") {
+			s.queue.Add(key)
+		}
+	}
 }
 
 // cachedVersion is the uid and resourceVersion of the key's object in the informer's

@@ -272,3 +272,81 @@ func TestPodFactsChunkNotSynced(t *testing.T) {
 		t.Fatalf("condition with every chunk synced = %+v, want True", got)
 	}
 }
+
+// TestPodConditionClusterSubject: a pod that only a ClusterPolicyEndpoint selects,
+// by its subject, is Pending until the controller lists it — not NoPolicy, which is
+// True and would open a readiness gate before the cluster policy is in force —
+// then Programmed. Relabeling the namespace out of a subject makes a pod it
+// selected, and nothing lists, NoPolicy; back in, Pending again.
+func TestPodConditionClusterSubject(t *testing.T) {
+	cp := sharedCP(t)
+	ctx := context.Background()
+	const node, ns = "192.0.2.57", "pcs"
+	mine := "node-" + node
+	createNamespace(t, cp, ns)
+	label := func(team string) {
+		t.Helper()
+		var n corev1.Namespace
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels["team"] = team
+		if err := cp.Client.Update(ctx, &n); err != nil {
+			t.Fatalf("label namespace %s team=%s: %v", ns, team, err)
+		}
+	}
+	label("blue")
+	resolver := newLookupTableResolver("10.57.0.1", 31, "10.57.0.2", 32)
+	startAgent(t, cp, agentOptions{nodeIP: node, dp: bpfmaps.NewMemory(), resolver: resolver, podStatus: true})
+
+	blue := &v1alpha1.ClusterPolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "pcs-blue"},
+		Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "blue"}, Tier: v1alpha1.TierAdmin, Priority: 5,
+			Subject: v1alpha1.ClusterPolicySubject{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}}},
+			Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.2.66.0/24"}},
+		},
+	}
+	create(t, cp, blue)
+	db := &v1alpha1.ClusterPolicyEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "pcs-db"},
+		Spec: v1alpha1.ClusterPolicyEndpointSpec{
+			PolicyRef: v1alpha1.ClusterPolicyReference{Name: "db"}, Tier: v1alpha1.TierAdmin, Priority: 6,
+			Subject: v1alpha1.ClusterPolicySubject{Pods: &v1alpha1.NamespacedPod{
+				NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}},
+				PodSelector:       metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}},
+			Ingress: []v1alpha1.ClusterEndpointInfo{{Action: v1alpha1.ClusterRuleActionDeny, CIDR: "10.2.67.0/24"}},
+		},
+	}
+	create(t, cp, db)
+
+	// The namespace subject selects web; nothing lists it yet.
+	createPod(t, cp, ns, "web", mine, "10.57.0.1")
+	waitCondition(t, cp, ns, "web", podcond.False, podcond.ReasonPending, "pcs-blue")
+	update(t, cp, blue, func(c *v1alpha1.ClusterPolicyEndpoint) {
+		c.Spec.PodSelectorEndpoints = []v1alpha1.PodEndpoint{pod(node, "10.57.0.1")}
+		c.Spec.PodSelectorEndpoints[0].Namespace = ns
+	})
+	waitCondition(t, cp, ns, "web", podcond.True, podcond.ReasonProgrammed, "pcs-blue")
+
+	// The pods subject selects store by namespace AND pod labels: both pending.
+	store := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Labels: map[string]string{"app": "db"}},
+		Spec: corev1.PodSpec{NodeName: mine, Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}}}
+	if err := cp.Client.Create(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	store.Status.PodIP, store.Status.PodIPs = "10.57.0.2", []corev1.PodIP{{IP: "10.57.0.2"}}
+	if err := cp.Client.Status().Update(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, cp, ns, "store", podcond.False, podcond.ReasonPending, "pcs-blue", "pcs-db")
+
+	// Out of both subjects, nothing selects store: NoPolicy. Back in: Pending.
+	label("green")
+	waitCondition(t, cp, ns, "store", podcond.True, podcond.ReasonNoPolicy)
+	label("blue")
+	waitCondition(t, cp, ns, "store", podcond.False, podcond.ReasonPending, "pcs-blue", "pcs-db")
+}
