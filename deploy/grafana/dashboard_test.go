@@ -143,6 +143,7 @@ var instruments = []string{
 	promName(telemetry.SpansDroppedName, "_total"),
 	promName(telemetry.MetricExportsFailedName, "_total"),
 	promName(telemetry.VerdictsName, "_total"),
+	promName(telemetry.PodLatencyName, "_seconds"),
 	promName(telemetry.AuditModeName, ""),
 }
 

@@ -46,6 +46,9 @@ type options struct {
 	duration         time.Duration
 	hostIP           netip.Addr
 	localPodIPs      []netip.Addr
+	nodeName         string
+	newPodIPs        []netip.Addr
+	newPodsAt        float64
 	remotePods       int
 	recreateFraction float64
 	triggerKey       string
@@ -67,7 +70,8 @@ type summary struct {
 	Errors          int     `json:"errors"`
 	Objects         int     `json:"objects"`
 	Seconds         float64 `json:"seconds"`
-	Traced          bool    `json:"traced"` // spans exported over OTLP
+	Traced          bool    `json:"traced"`   // spans exported over OTLP
+	NewPods         int     `json:"new_pods"` // Pod objects started mid-run (--new-pod-ips)
 }
 
 func main() {
@@ -99,7 +103,7 @@ func main() {
 
 func parseOptions(args []string) (options, error) {
 	var o options
-	var hostIP, podIPs string
+	var hostIP, podIPs, newPodIPs string
 	fs := flag.NewFlagSet("churn", flag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file [$KUBECONFIG]")
 	fs.StringVar(&o.namespace, "namespace", "default", "namespace of the PolicyEndpoints")
@@ -110,6 +114,9 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 30*time.Second, "how long to write, from the start (the creates always complete)")
 	fs.StringVar(&hostIP, "host-ip", "", "hostIP of the local pods: the node IP of the npagent under test (required)")
 	fs.StringVar(&podIPs, "local-pod-ips", "", "comma-separated pod IPs on --host-ip, assigned to objects in turn (required)")
+	fs.StringVar(&o.nodeName, "node-name", "", "node of the new pods (spec.nodeName): the npagent under test's --node-name (required with --new-pod-ips)")
+	fs.StringVar(&newPodIPs, "new-pod-ips", "", "comma-separated IPs on --host-ip of pods that start mid-run: a Pod object each, then listed by the objects as the controller lists a new pod")
+	fs.Float64Var(&o.newPodsAt, "new-pods-at", 0.3, "when the first new pod starts, as a fraction of --duration; the others follow one by one, evenly, until 0.9 of it")
 	fs.IntVar(&o.remotePods, "remote-pods", 2, "pods per object on other nodes (198.51.100.0/24), which the agent must ignore")
 	fs.Float64Var(&o.recreateFraction, "recreate-fraction", 0.1, "fraction of the changes that delete and recreate the object (new UID)")
 	fs.StringVar(&o.triggerKey, "trigger-annotation", v1alpha1.AnnotationLastChangeTriggerTime, "trigger time annotation")
@@ -136,6 +143,23 @@ func parseOptions(args []string) (options, error) {
 			continue
 		}
 		o.localPodIPs = append(o.localPodIPs, ip)
+	}
+	for s := range strings.SplitSeq(newPodIPs, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--new-pod-ips: %q is not an IP address", s))
+			continue
+		}
+		o.newPodIPs = append(o.newPodIPs, ip)
+	}
+	if len(o.newPodIPs) > 0 && o.nodeName == "" {
+		errs = append(errs, errors.New("--new-pod-ips needs --node-name (the pods' spec.nodeName)"))
+	}
+	if !(o.newPodsAt >= 0 && o.newPodsAt <= 0.9) {
+		errs = append(errs, fmt.Errorf("--new-pods-at: %v is outside 0..0.9", o.newPodsAt))
 	}
 	if len(o.localPodIPs) == 0 {
 		errs = append(errs, errors.New("--local-pod-ips: need at least one IP"))
@@ -171,7 +195,15 @@ type driver struct {
 	tracer trace.Tracer // nil: traceparents with random ids
 	log    *slog.Logger
 	sum    summary
+	// newPodsStarted counts the new pods started (one by one, in order): the
+	// objects' writes list those.
+	newPodsStarted int
 }
+
+// newPodLabel labels each new pod with its name; the changing objects that will
+// list new pod j select it by that label, so it is selected (its condition
+// Pending) before they list it, and programmed once every one of them does.
+const newPodLabel = "churn.npagent.io/new-pod"
 
 func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 	start := time.Now()
@@ -185,6 +217,9 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 	rc.QPS, rc.Burst = float32(max(4*o.rate, 50)), int(max(4*o.rate, 100))
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return summary{}, err
+	}
+	if err := corev1.AddToScheme(scheme); err != nil {
 		return summary{}, err
 	}
 	c, err := client.New(rc, client.Options{Scheme: scheme})
@@ -231,6 +266,9 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 	}
 	log.Info("churn: changing", "until", start.Add(o.duration).Format(time.RFC3339))
 	for time.Since(start) < o.duration && wait() {
+		if j := d.newPodsStarted; j < len(o.newPodIPs) && time.Since(start) >= d.newPodStart(j) {
+			d.startNewPod(ctx, j)
+		}
 		i := rng.IntN(o.objects)
 		if rng.Float64() < o.recreateFraction {
 			d.recreate(ctx, i)
@@ -241,6 +279,13 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 	if o.cleanup {
 		for i := range o.objects + o.static {
 			d.delete(context.WithoutCancel(ctx), i)
+		}
+		for j := range d.sum.NewPods {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: newPodName(j), Namespace: o.namespace}}
+			if err := d.c.Delete(context.WithoutCancel(ctx), pod, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+				d.sum.Errors++
+				d.log.Error("delete Pod", "name", o.namespace+"/"+pod.Name, "err", err)
+			}
 		}
 	}
 	d.sum.Objects = o.objects + o.static
@@ -254,6 +299,50 @@ func churn(ctx context.Context, o options, log *slog.Logger) (summary, error) {
 }
 
 func (d *driver) name(i int) string { return fmt.Sprintf("%s%03d", d.opts.prefix, i) }
+
+func newPodName(j int) string { return fmt.Sprintf("new-%d", j) }
+
+// newPodStart is when, from the start, new pod j starts: the first at
+// --new-pods-at of the run, the others evenly until 0.9 of it, so the new-pod
+// window's histogram keeps growing (a rate over it has points) and one may start
+// while the apiserver restarts.
+func (d *driver) newPodStart(j int) time.Duration {
+	o := d.opts
+	step := (0.9 - o.newPodsAt) / float64(len(o.newPodIPs))
+	return time.Duration((o.newPodsAt + float64(j)*step) * float64(o.duration))
+}
+
+// startNewPod starts new pod j as a kubelet does, minus the containers: a Pod
+// object on --node-name, then its IP in the status (the network is usable: the
+// agent's new-pod window starts). Then every object selecting it lists it, as the
+// controller does once it sees the pod; the window ends at the commit that has
+// them all programmed.
+func (d *driver) startNewPod(ctx context.Context, j int) {
+	o := d.opts
+	ip := o.newPodIPs[j]
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: newPodName(j), Namespace: o.namespace, Labels: map[string]string{newPodLabel: newPodName(j)}},
+		Spec:       corev1.PodSpec{NodeName: o.nodeName, Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+	d.newPodsStarted++
+	err := d.retry(ctx, func() error {
+		if err := d.c.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, HostIP: o.hostIP.String(), PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}
+		return d.c.Status().Update(ctx, pod)
+	})
+	if err != nil {
+		d.sum.Errors++
+		d.log.Error("start Pod", "name", o.namespace+"/"+pod.Name, "ip", ip, "err", err)
+		return
+	}
+	d.sum.NewPods++
+	for i := j; i < o.objects; i += len(o.newPodIPs) {
+		d.update(ctx, i, 0)
+	}
+	d.log.Info("churn: new pod started and listed", "pod", o.namespace+"/"+pod.Name, "ip", ip, "node", o.nodeName)
+}
 
 // stamp starts the change's span (when tracing) and returns the annotations of a
 // write made now: the trigger time and the traceparent.
@@ -293,6 +382,16 @@ func (d *driver) spec(i, variant int) v1alpha1.PolicyEndpointSpec {
 		HostIP: v1alpha1.NetworkAddress(o.hostIP.String()), PodIP: v1alpha1.NetworkAddress(o.localPodIPs[i%len(o.localPodIPs)].String()),
 		Name: fmt.Sprintf("local-%d", i%len(o.localPodIPs)), Namespace: o.namespace,
 	}}
+	var selector *metav1.LabelSelector
+	if len(o.newPodIPs) > 0 && i < o.objects { // the static objects never list new pods
+		selector = &metav1.LabelSelector{MatchLabels: map[string]string{newPodLabel: newPodName(i % len(o.newPodIPs))}}
+	}
+	if j := i % max(1, len(o.newPodIPs)); selector != nil && j < d.newPodsStarted {
+		pods = append(pods, v1alpha1.PodEndpoint{
+			HostIP: v1alpha1.NetworkAddress(o.hostIP.String()), PodIP: v1alpha1.NetworkAddress(o.newPodIPs[j].String()),
+			Name: newPodName(j), Namespace: o.namespace,
+		})
+	}
 	for r := range o.remotePods {
 		pods = append(pods, v1alpha1.PodEndpoint{
 			HostIP: "198.51.100.1", PodIP: v1alpha1.NetworkAddress(fmt.Sprintf("198.51.100.%d", r+2)),
@@ -303,6 +402,7 @@ func (d *driver) spec(i, variant int) v1alpha1.PolicyEndpointSpec {
 	port := int32(1024 + variant)
 	return v1alpha1.PolicyEndpointSpec{
 		PolicyRef:            v1alpha1.PolicyReference{Name: d.name(i), Namespace: o.namespace},
+		PodSelector:          selector,
 		PodIsolation:         []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 		PodSelectorEndpoints: pods,
 		Ingress: []v1alpha1.EndpointInfo{

@@ -27,7 +27,7 @@
 # with the logs).
 #
 # Knobs (environment): DEMO_OBJECTS (20), DEMO_STATIC_OBJECTS (10), DEMO_RATE writes/s (20), DEMO_DURATION s (40),
-# DEMO_PODS (3), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_RESTART_APISERVER (1; 0: no
+# DEMO_PODS (3), DEMO_NEW_PODS (2: pods that start mid-run, for the new-pod window), DEMO_DATAPLANE (auto|ebpf|memory), DEMO_RESTART_APISERVER (1; 0: no
 # restart, and then every written trigger must be accounted for), DEMO_KEEP (0),
 # DEMO_TRACE_PARENTING (link: npagent's default, a span link to the writer's trace; child).
 set -euo pipefail
@@ -38,6 +38,7 @@ STATIC=${DEMO_STATIC_OBJECTS:-10} # created once: the relist re-delivers them un
 RATE=${DEMO_RATE:-20}
 DURATION=${DEMO_DURATION:-40} # seconds
 PODS=${DEMO_PODS:-3}
+NEW_PODS=${DEMO_NEW_PODS:-2} # their networks exist from the start; their Pod objects start mid-run
 DATAPLANE=${DEMO_DATAPLANE:-auto}
 RESTART=${DEMO_RESTART_APISERVER:-1}
 KEEP=${DEMO_KEEP:-0}
@@ -196,7 +197,7 @@ wait_until "the collector's OTLP port (see $LOGS/collector.log)" 60 port_open "$
 
 # --- pods: network namespaces behind veths, with host routes as a CNI makes them -----
 POD_IPS=()
-for i in $(seq "$PODS"); do
+for i in $(seq $((PODS + NEW_PODS))); do
 	ns="npdemo-$SUFFIX-$i" host="npd${SUFFIX}h$i" peer="npd${SUFFIX}p$i"
 	ip4="10.252.$((SUFFIX % 250)).$((i + 1))"
 	ip netns add "$ns"
@@ -212,7 +213,9 @@ for i in $(seq "$PODS"); do
 	ip route add "$ip4/32" dev "$host"
 	POD_IPS+=("$ip4")
 done
-log "pods: ${POD_IPS[*]} (netns npdemo-$SUFFIX-*, host veths npd${SUFFIX}h*)"
+NEW_POD_IPS=("${POD_IPS[@]:$PODS}")
+POD_IPS=("${POD_IPS[@]:0:$PODS}")
+log "pods: ${POD_IPS[*]}, starting mid-run: ${NEW_POD_IPS[*]:-none} (netns npdemo-$SUFFIX-*, host veths npd${SUFFIX}h*)"
 
 # --- npagent -----------------------------------------------------------------------
 AGENT_URL="http://127.0.0.1:$AGENT"               # /metrics
@@ -223,7 +226,7 @@ start_agent() {
 	start npagent "$WORK/bin/npagent" --kubeconfig="$KUBECONFIG_FILE" --node-name="$NODE_NAME" --node-ip="$NODE_IP" \
 		--dataplane="$1" --bpffs-path="$BPFFS" --state-file="$WORK/npagent/seen.state" \
 		--metrics-addr="127.0.0.1:$AGENT" --health-addr="127.0.0.1:$AGENT_HEALTH" --resync-period=15s --trace-parenting="$PARENTING" \
-		--debug-socket="$WORK/npagent/debug.sock"
+		--debug-socket="$WORK/npagent/debug.sock" --pod-condition
 	local deadline=$((SECONDS + 60))
 	until http_ok "$AGENT_HEALTH_URL/readyz"; do
 		alive npagent || return 1
@@ -266,7 +269,12 @@ POD_CSV="$(
 	IFS=,
 	echo "${POD_IPS[*]}"
 )"
+NEW_POD_CSV="$(
+	IFS=,
+	echo "${NEW_POD_IPS[*]}"
+)"
 start churn "$WORK/bin/churn" --kubeconfig="$KUBECONFIG_FILE" --host-ip="$NODE_IP" --local-pod-ips="$POD_CSV" \
+	--node-name="$NODE_NAME" --new-pod-ips="$NEW_POD_CSV" \
 	--objects="$OBJECTS" --static-objects="$STATIC" --rate="$RATE" --duration="${DURATION}s" --summary-file="$WORK/churn.json"
 if [[ $RESTART == 1 ]]; then
 	sleep $((DURATION / 2))
@@ -279,6 +287,17 @@ fi
 wait "${PID[churn]}" || die "churn driver failed (see $LOGS/churn.log)"
 unset "PID[churn]"
 log "churn done: $(cat "$WORK/churn.json")"
+
+# --- a denied packet, so the verdict panels show one --------------------------------
+# Pod 1 sends pod 2 UDP to port 9, which none of pod 2's policies allows. The host
+# forwards between them on pod 1's veth only (its forwarding and proxy ARP; the
+# host's global ip_forward is left as it is), and pod 2's ingress drops it.
+if [[ $DATAPLANE == ebpf && ${#POD_IPS[@]} -ge 2 ]]; then
+	sysctl -qw "net.ipv4.conf.npd${SUFFIX}h1.forwarding=1" "net.ipv4.conf.npd${SUFFIX}h1.proxy_arp=1"
+	ip netns exec "npdemo-$SUFFIX-1" bash -c "for i in 1 2 3 4 5; do echo denied >/dev/udp/${POD_IPS[1]}/9; sleep 0.2; done" ||
+		log "could not send pod 1's datagrams to pod 2"
+	log "sent 5 datagrams from pod ${POD_IPS[0]} to ${POD_IPS[1]}:9/udp, which its policies deny"
+fi
 
 # --- follow the chain ---------------------------------------------------------------
 log "verifying: npagent /metrics -> collector -> Prometheus (histogram, exemplars, SLO rules, dashboard queries) -> Jaeger (trace)"

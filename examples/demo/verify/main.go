@@ -23,6 +23,9 @@
 //     and equal them when the apiserver was not restarted (--apiserver-restarted=false);
 //   - npagent counted relist deliveries (the apiserver restart happened) and
 //     suppressed re-deliveries as redelivered;
+//   - every pod the churn driver started mid-run is one point of
+//     npagent_pod_enforcement_latency_seconds (its new-pod window, observed once
+//     across the apiserver restart's relist), and none was counted unselected;
 //   - the cluster p50, p90 and p99 recording rule has a value for each;
 //   - with --dashboard, every panel query answers with a number, for "All"
 //     and for each node the instance variable lists, and every
@@ -58,6 +61,8 @@ const (
 	suppressedMetric = "npagent_policy_programming_suppressed_total"
 	pendingMetric    = "npagent_seen_pending"
 	deliveriesMetric = "npagent_policy_deliveries_total"
+	podWindowMetric  = "npagent_pod_enforcement_latency_seconds"
+	unselectedMetric = "npagent_pod_enforcement_unselected_total"
 )
 
 func main() {
@@ -119,6 +124,7 @@ type churnSummary struct {
 	Retries         int `json:"retries"`
 	Errors          int `json:"errors"`
 	Objects         int `json:"objects"`
+	NewPods         int `json:"new_pods"`
 }
 
 func (v *verifier) run(churnFile string) error {
@@ -165,7 +171,12 @@ func (v *verifier) run(churnFile string) error {
 	}
 	p50, err50 := v.query("histogram_quantile(0.5, sum(" + latencyMetric + "))")
 	p99, err99 := v.query("histogram_quantile(0.99, sum(" + latencyMetric + "))")
-	if err := errors.Join(err50, err99); err != nil {
+	var podP99 float64
+	var errPod error
+	if churn.NewPods > 0 {
+		podP99, errPod = v.query("histogram_quantile(0.99, sum(" + podWindowMetric + "))")
+	}
+	if err := errors.Join(err50, err99, errPod); err != nil {
 		v.fail("latency quantiles: %v", err)
 	}
 	promSuppressed, err := v.queryVector("sum by (reason) (" + suppressedMetric + ")")
@@ -227,6 +238,12 @@ func (v *verifier) run(churnFile string) error {
 	}
 	fmt.Println()
 	fmt.Printf("exemplars in Prometheus: %d\n", len(exemplars))
+	windows, unselected := sampleSum(agentMetrics, podWindowMetric+"_count"), sampleSum(agentMetrics, unselectedMetric)
+	fmt.Printf("new-pod windows: %.0f observed (p99 %s) of %d pods started mid-run, %.0f counted unselected\n",
+		windows, seconds(podP99), churn.NewPods, unselected)
+	if windows != float64(churn.NewPods) || unselected != 0 {
+		v.fail("%d pods started mid-run: want as many new-pod windows observed (got %.0f) and none counted unselected (got %.0f)", churn.NewPods, windows, unselected)
+	}
 
 	if reported == 0 {
 		v.fail("npagent reported no trigger")
