@@ -284,3 +284,42 @@ func BenchmarkJudge(b *testing.B) {
 		})
 	}
 }
+
+// TestJudgeAfterRestart: a new process judges from the pinned state it adopted —
+// the same verdict and reason — but cannot name the objects of a commit it did not
+// make (Attributed false) until the policy is committed again (an unchanged
+// re-commit writes nothing and restores the attribution); an interface without
+// state is unmanaged.
+func TestJudgeAfterRestart(t *testing.T) {
+	pin := testPinPath(t)
+	e := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	ifindex := dummyInterface(t)
+	web := Origin{UID: "u", Kind: "PolicyEndpoint", Namespace: "ns", Name: "web", Index: -1}
+	pol := widePolicy(3, 80)
+	pol.Ingress.Sources = []Origin{web}
+	if _, err := e.Commit(ifindex, pol); err != nil {
+		t.Fatal(err)
+	}
+	probe := Probe{Ifindex: ifindex, Direction: Ingress, Src: netip.MustParseAddr("10.0.0.2"), Dst: netip.MustParseAddr("10.9.0.1"), Proto: ProtocolTCP, Port: 81}
+	check := func(e *EBPF, attributed bool) {
+		t.Helper()
+		j, err := e.Judge(probe)
+		if err != nil || !j.Managed || j.Reason != ReasonDefaultDeny || j.Passes() || j.Attributed != attributed ||
+			(attributed && (len(j.Sources) != 1 || j.Sources[0] != web)) || (!attributed && len(j.Sources) != 0) {
+			t.Fatalf("judged %+v, %v; want default deny, attributed %v", j, err, attributed)
+		}
+	}
+	check(e, true)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e2 := openTestEBPF(t, EBPFOptions{PinPath: pin})
+	check(e2, false)
+	if res, err := e2.Commit(ifindex, pol); err != nil || !res.Skipped {
+		t.Fatalf("unchanged re-commit: %+v, %v; want skipped", res, err)
+	}
+	check(e2, true)
+	if j, err := e2.Judge(Probe{Ifindex: ifindex + 1000, Direction: Egress, Src: probe.Dst, Dst: probe.Src, Proto: ProtocolUDP, Port: 53}); err != nil || j.Managed || !j.Passes() {
+		t.Fatalf("no state: %+v, %v; want unmanaged", j, err)
+	}
+}
