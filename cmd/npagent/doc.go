@@ -9,6 +9,7 @@
 //	npagent --node-ip=10.0.0.5 [flags]   # run the agent
 //	npagent version                      # print the version
 //	npagent explain [--json] pe/<ns>/<name> | cpe/<name> | pod/<ns>/<name> | <pod IP>
+//	npagent explain verdict --from <ip|pod/ns/name> --to <ip|pod/ns/name> --port <n>/<proto>|icmp
 //	npagent wait (--pod <ns>/<name> | --ip <addr>) [--policy <ns>/<name>]... [--timeout D]
 //
 // Every flag falls back to an environment variable when absent (--node-ip to
@@ -53,7 +54,10 @@
 //     reconcile loop exists and its caches synced (explain then exits 3, "agent
 //     starting", not 1 for an object it has not read yet). A socket that cannot be made degrades (listed by
 //     /readyz), it does not stop the agent. explain prints what it answers for an
-//     object or a pod; wait polls it until a pod's objects are programmed (exit 0),
+//     object or a pod, and explain verdict whether a packet would pass this node's
+//     programs and what decides it (verdicts.go: the ends resolved by the reconcile
+//     loop, the packet judged from the kernel's maps by bpfmaps.Judger; exit 1 when
+//     denied); wait polls it until a pod's objects are programmed (exit 0),
 //     the timeout (1) or, when the agent never answers, 3; a bad command line is 2.
 //   - SIGTERM or SIGINT: stop taking work, finish the commit in flight, persist the
 //     seen-set to --state-file, flush telemetry within --shutdown-timeout, exit 0.

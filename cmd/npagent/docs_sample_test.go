@@ -88,6 +88,9 @@ func TestCommandUsageInDocs(t *testing.T) {
 		{"<!-- explain-usage -->", func(stderr *bytes.Buffer) {
 			_ = runExplain(context.Background(), []string{"-h"}, noEnv, io.Discard, stderr)
 		}},
+		{"<!-- explain-verdict-usage -->", func(stderr *bytes.Buffer) {
+			_ = runExplain(context.Background(), []string{"verdict", "-h"}, noEnv, io.Discard, stderr)
+		}},
 		{"<!-- wait-usage -->", func(stderr *bytes.Buffer) { _, _ = parseWaitArgs([]string{"-h"}, noEnv, stderr) }},
 		{"<!-- cleanup-usage -->", func(stderr *bytes.Buffer) {
 			_ = runCleanup(context.Background(), []string{"-h"}, noEnv, io.Discard, stderr)
@@ -100,4 +103,26 @@ func TestCommandUsageInDocs(t *testing.T) {
 		}
 		checkBlock(t, "docs/reference/cli.md", c.marker, stderr.String())
 	}
+}
+
+// TestExplainVerdictSampleInDocs: the explain verdict sample in docs/reference/cli.md
+// is what printVerdict prints for it.
+func TestExplainVerdictSampleInDocs(t *testing.T) {
+	v := explain.VerdictExplain{Node: "ip-10-0-1-7", At: time.Date(2026, 12, 1, 2, 50, 41, 0, time.UTC),
+		From:     explain.VerdictEnd{Query: "pod/shop/web-0", IP: "10.0.1.23", Namespace: "shop", Name: "web-0", Pod: true, Local: true, Ifindex: 14},
+		To:       explain.VerdictEnd{Query: "pod/shop/db-0", IP: "10.0.1.31", Namespace: "shop", Name: "db-0", Pod: true, Local: true, Ifindex: 17},
+		Protocol: "TCP", Port: 5432, Verdict: explain.VerdictDeny,
+		Checks: []explain.VerdictCheck{
+			{Direction: "egress", Pod: "shop/web-0", Ifindex: 14, Managed: true, Verdict: "allow", Reason: "policy_allow", Generation: 41, Isolated: true,
+				Objects: []explain.VerdictObject{{Kind: "PolicyEndpoint", Namespace: "shop", Name: "web-abc12", UID: "76d8634b-5b1e-4c2a-9f4e-2d1c3a0b9e11", Policy: "web", Rule: -1}},
+				Match:   "TCP 5432", Attributed: true, Why: "allowed by the namespaced policy of pe/shop/web-abc12 (entry TCP 5432)"},
+			{Direction: "ingress", Pod: "shop/db-0", Ifindex: 17, Managed: true, Verdict: "deny", Reason: "default_deny", Generation: 73, Isolated: true,
+				Objects:    []explain.VerdictObject{{Kind: "PolicyEndpoint", Namespace: "shop", Name: "db-x7k2p", UID: "0c1f3e52-9d4b-4f7a-8a61-5b2e9c7d1f08", Policy: "db", Rule: -1}},
+				Attributed: true, Why: "default deny: isolated by pe/shop/db-x7k2p, and no allow rule matches"},
+		},
+		Notes: []string{"judged as a new flow's first packet (TCP SYN, UDP datagram, ICMP echo request): packets of a connection one direction allowed pass the other as replies (conntrack_reply)"},
+	}
+	var b bytes.Buffer
+	printVerdict(&b, &v)
+	checkBlock(t, "docs/reference/cli.md", "<!-- explain-verdict-sample -->", b.String())
 }

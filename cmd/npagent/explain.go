@@ -94,19 +94,24 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // runExplain is `npagent explain`: what the agent on this node knows of an object
 // or a pod, as a short report or (--json) the agent's JSON.
 func runExplain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "verdict" {
+		return runExplainVerdict(ctx, args[1:], getenv, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("npagent explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("debug-socket", debugSocketDefault(getenv), "the agent's debug socket [$"+flagEnv["debug-socket"]+"]")
 	asJSON := fs.Bool("json", false, "print the agent's JSON answer")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: npagent explain [--json] [--debug-socket PATH] TARGET
+       npagent explain verdict --from FROM --to TO --port PORT [--json]
 
 TARGET is pe/<namespace>/<name>, cpe/<name>, pod/<namespace>/<name> or a pod IP.
 Asks the npagent on this node (over its debug socket) what it knows: an object's
 versions seen here, pending triggers and their age, failed attempts, the last
 reports with their phases, the writer's trace id; a pod's objects and whether each is
 programmed here. Exit: 0 shown, 1 object or pod unknown to the agent, 2 usage,
-3 agent unreachable or still starting (caches not synced).
+3 agent unreachable or still starting (caches not synced). For
+"would this packet pass, and what decides it": npagent explain verdict --help.
 
 Flags:
 `)

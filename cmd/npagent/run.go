@@ -171,7 +171,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 		observeCounts(tel, ctrl, seenSet, nodes, dp)
 		observeVerdicts(tel, ctrl, dp, log)
 	}
-	debug.SetSource(verdictSource{Source: ctrl, read: dp.Verdicts})
+	debug.SetSource(verdictSource{Source: ctrl, read: dp.Verdicts, judge: dp.Judge})
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)

@@ -99,3 +99,96 @@ func TestExplainPodVerdicts(t *testing.T) {
 		t.Errorf("a pod without an interface: verdicts %+v, want none", got)
 	}
 }
+
+// podsByQuery answers each pod query from a table (by IP, or namespace/name).
+type podsByQuery map[string]explain.PodExplain
+
+func (podsByQuery) HasSynced() bool { return true }
+func (podsByQuery) ExplainObject(report.Kind, string, string) explain.ObjectExplain {
+	return explain.ObjectExplain{}
+}
+func (p podsByQuery) ExplainPod(q explain.PodQuery) explain.PodExplain {
+	k := q.Namespace + "/" + q.Name
+	if q.IP.IsValid() {
+		k = q.IP.String()
+	}
+	if pod, ok := p[k]; ok {
+		return pod
+	}
+	out := explain.PodExplain{Node: "n", OnNode: true, Synced: true}
+	if q.IP.IsValid() {
+		out.IP = q.IP.String()
+	}
+	return out
+}
+
+// ExplainVerdict judges the packet at each end that is a pod with state on this
+// node, egress then ingress, with the dataplane's judgement named: the deciding
+// rule's object and index, or the isolating objects; strict mode is said as such;
+// an end on another node, or unknown, is a note; an unresolvable pod or two
+// families are errors.
+func TestExplainVerdictSource(t *testing.T) {
+	web := bpfmaps.Origin{UID: "u1", Kind: "PolicyEndpoint", Namespace: "shop", Name: "web-abcde", Policy: "web", Index: -1}
+	admin := bpfmaps.Origin{UID: "u3", Kind: "ClusterPolicyEndpoint", Name: "deny-metadata", Index: 2}
+	pods := podsByQuery{
+		"shop/web-1": {Node: "n", Namespace: "shop", Name: "web-1", IP: "10.1.0.5", OnNode: true, Synced: true, Ifindex: 7},
+		"10.1.0.5":   {Node: "n", Namespace: "shop", Name: "web-1", IP: "10.1.0.5", OnNode: true, Synced: true, Ifindex: 7},
+		"shop/db-0":  {Node: "n", Namespace: "shop", Name: "db-0", IP: "10.2.0.9", OnNode: false, HostIP: "10.0.0.2", Synced: true},
+		"shop/new-0": {Node: "n", Namespace: "shop", Name: "new-0", IP: "10.1.0.6", OnNode: true, Synced: true, Ifindex: 8, StrictDenied: true},
+	}
+	var probes []bpfmaps.Probe
+	judge := func(p bpfmaps.Probe) (bpfmaps.Judgement, error) {
+		probes = append(probes, p)
+		switch {
+		case p.Ifindex == 8:
+			return bpfmaps.Judgement{Managed: true, Isolated: true, Reason: bpfmaps.ReasonDefaultDeny, Attributed: true}, nil
+		case p.Direction == bpfmaps.Egress:
+			return bpfmaps.Judgement{Managed: true, Admin: true, Reason: bpfmaps.ReasonAdminDeny, Rule: admin, Attributed: true,
+				Match: &bpfmaps.PortMatch{Protocol: bpfmaps.ProtocolTCP, Port: 80, EndPort: 80, Action: bpfmaps.ActionDeny}}, nil
+		}
+		return bpfmaps.Judgement{Managed: true, Isolated: true, Namespaced: true, Reason: bpfmaps.ReasonAllow, Sources: []bpfmaps.Origin{web}, Attributed: true,
+			Match: &bpfmaps.PortMatch{Protocol: bpfmaps.ProtocolTCP, Port: 8000, EndPort: 8080, Action: bpfmaps.ActionAccept}}, nil
+	}
+	src := verdictSource{Source: pods, judge: judge}
+	ip := func(s string) explain.PodQuery { return explain.PodQuery{IP: netip.MustParseAddr(s)} }
+	pod := func(ns, name string) explain.PodQuery { return explain.PodQuery{Namespace: ns, Name: name} }
+
+	// From a peer outside to the local pod: its ingress only.
+	v, err := src.ExplainVerdict(explain.VerdictQuery{From: ip("192.0.2.1"), To: pod("shop", "web-1"), Protocol: "tcp", Port: 8080})
+	if err != nil || v.Verdict != explain.VerdictAllow || len(v.Checks) != 1 {
+		t.Fatalf("peer to pod: %+v, %v; want allowed by one check", v, err)
+	}
+	c := v.Checks[0]
+	want := explain.VerdictCheck{Direction: "ingress", Pod: "shop/web-1", Ifindex: 7, Managed: true, Verdict: "allow", Reason: "policy_allow",
+		Isolated: true, Objects: []explain.VerdictObject{{Kind: "PolicyEndpoint", Namespace: "shop", Name: "web-abcde", UID: "u1", Policy: "web", Rule: -1}},
+		Match: "TCP 8000-8080", Attributed: true, Why: "allowed by the namespaced policy of pe/shop/web-abcde (entry TCP 8000-8080)"}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("check\n got %+v\nwant %+v", c, want)
+	}
+	if p := probes[0]; p.Direction != bpfmaps.Ingress || p.Ifindex != 7 || p.Src != netip.MustParseAddr("192.0.2.1") || p.Dst != netip.MustParseAddr("10.1.0.5") ||
+		p.Proto != bpfmaps.ProtocolTCP || p.Port != 8080 {
+		t.Errorf("probe %+v", p)
+	}
+	if !strings.Contains(strings.Join(v.Notes, "\n"), "192.0.2.1 is not a pod this agent knows") {
+		t.Errorf("notes %q: want the peer named as no pod", v.Notes)
+	}
+	// From the local pod to one on another node: its egress (an admin Deny), and a note.
+	v, err = src.ExplainVerdict(explain.VerdictQuery{From: pod("shop", "web-1"), To: pod("shop", "db-0"), Protocol: "tcp", Port: 80})
+	if err != nil || v.Verdict != explain.VerdictDeny || len(v.Checks) != 1 || v.Checks[0].Direction != "egress" ||
+		v.Checks[0].Why != "admin deny by cpe/deny-metadata rule 2 (entry TCP 80)" ||
+		!strings.Contains(strings.Join(v.Notes, "\n"), "shop/db-0 is on node 10.0.0.2: its ingress is judged there") {
+		t.Errorf("pod to a pod on another node: %+v, %v", v, err)
+	}
+	// Strict mode, said as such; ICMP is ICMPv4 for IPv4 ends.
+	v, err = src.ExplainVerdict(explain.VerdictQuery{From: pod("shop", "web-1"), To: pod("shop", "new-0"), Protocol: "icmp"})
+	if err != nil || v.Verdict != explain.VerdictDeny || len(v.Checks) != 2 || v.Protocol != "ICMP" ||
+		!strings.Contains(v.Checks[1].Why, "strict mode") {
+		t.Errorf("to a strict-denied pod: %+v, %v", v, err)
+	}
+	if _, err := src.ExplainVerdict(explain.VerdictQuery{From: pod("shop", "nope"), To: ip("10.1.0.5"), Protocol: "tcp", Port: 80}); err == nil || !strings.Contains(err.Error(), "shop/nope") {
+		t.Errorf("unknown pod: %v, want an error naming it", err)
+	}
+	if _, err := src.ExplainVerdict(explain.VerdictQuery{From: ip("fd00::1"), To: ip("10.1.0.5"), Protocol: "tcp", Port: 80}); err == nil {
+		t.Error("two families: no error")
+	}
+}

@@ -123,9 +123,12 @@ func (c *core) keptAddrs(idx uint32, old, next []netip.Addr) []netip.Addr {
 // packets), an IPv6 link-local source toward a link-local or ff02::/16 destination,
 // or IPv4 0.0.0.0 for DHCP (UDP 68 → 67).
 func sourceAllowed(addrs []netip.Addr, src, dst netip.Addr, proto Protocol, sport, dport uint16, icmpv6 uint8) bool {
-	if len(addrs) == 0 || slices.Contains(addrs, src) {
-		return true
-	}
+	return len(addrs) == 0 || slices.Contains(addrs, src) || spoofExempt(src, dst, proto, sport, dport, icmpv6)
+}
+
+// spoofExempt reports whether a packet from the pod may carry src though it is not
+// one of the pod's addresses (spoof_exempt in policy.c).
+func spoofExempt(src, dst netip.Addr, proto Protocol, sport, dport uint16, icmpv6 uint8) bool {
 	if src.Is6() {
 		if src.IsLinkLocalUnicast() {
 			return dst.IsLinkLocalUnicast() || (dst.Is6() && dst.As16()[0] == 0xff && dst.As16()[1] == 0x02)

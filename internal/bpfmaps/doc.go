@@ -135,6 +135,12 @@
 //     later one. The common allowed path counts in an inlined per-CPU array, not a
 //     hash. EBPF.Verdicts reads them at collection time; nothing is done per packet
 //     in user space. The counters are not pinned: they start with the process.
+//   - A packet can be judged from the maps (judge.go, Judger): Judge reads back the
+//     state the kernel holds — the pod's word and entry group, the LPM tries' longest
+//     match for the peer (the kernel matches on Lookup), the node set, the pod's
+//     addresses, the programs' audit and node-egress modes — in enforce's order, and
+//     credits the decision as the counter it would move is credited. The verdict
+//     matrix checks it against what the programs did with every probe.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into
 // PodPolicy values.

@@ -684,7 +684,8 @@ func TestVerdictMatrix(t *testing.T) {
 	}
 	start := time.Now()
 	var mismatches []matrixProbe
-	probes, allowed := 0, 0
+	var misjudged []string
+	probes, allowed, judged := 0, 0, 0
 	failed := map[string]matrixScenario{}
 	for _, sc := range matrixScenarios() {
 		all, got := lab.run(t, e, sc)
@@ -697,8 +698,22 @@ func TestVerdictMatrix(t *testing.T) {
 				mismatches = append(mismatches, p)
 				failed[sc.name] = sc
 			}
+			// Judge, reading the state back from the maps, answers what the
+			// programs did (the scenario is still committed).
+			if matrixJudged(p.variant) {
+				judged++
+				if passes, js := lab.judgeProbe(t, e, &p); passes != got[p.key] {
+					misjudged = append(misjudged, fmt.Sprintf("%s: %s %s %s→%s %v %d %v: arrived %v, judged %+v",
+						sc.name, p.pod, p.dir, p.key.src, p.key.dst, p.key.proto, p.key.dport, p.variant, got[p.key], js))
+				}
+			}
 		}
 	}
+	if len(misjudged) > 0 {
+		t.Errorf("Judge differs from the programs on %d of %d probes:\n%s", len(misjudged), judged,
+			strings.Join(misjudged[:min(len(misjudged), 20)], "\n"))
+	}
+	t.Logf("Judge agreed with the programs on %d probes", judged-len(misjudged))
 	t.Logf("%d probes (%d allowed by the reference) in %v", probes, allowed, time.Since(start).Round(time.Millisecond))
 	if probes < 2000 || allowed < probes/10 || allowed > probes*9/10 {
 		t.Errorf("the matrix proves little: %d probes, %d allowed", probes, allowed)

@@ -373,6 +373,8 @@ type Dataplane interface {
 	EntryCounter
 	// VerdictReader: the datapath's verdict counters (none for Memory).
 	VerdictReader
+	// Judger: what the datapath would decide for a packet, read from its state.
+	Judger
 }
 
 var _ Dataplane = (*Memory)(nil)

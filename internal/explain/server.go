@@ -2,6 +2,7 @@ package explain
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 //	GET /v1/object/cpe/{name}              ObjectExplain
 //	GET /v1/pod/{namespace}/{name}         PodExplain
 //	GET /v1/podip/{ip}                     PodExplain
+//	GET /v1/verdict?from=&to=&port=        VerdictExplain (VerdictQuery.Path)
 //
 // Until the reconcile loop exists (the agent waits for the apiserver) and its caches
 // synced, every request is answered 503 with an ErrorBody saying the agent is
@@ -83,6 +85,17 @@ func (s *Server) Handler() http.Handler {
 			return nil, fmt.Errorf("%q is not an IP address", r.PathValue("ip"))
 		}
 		return e.ExplainPod(PodQuery{IP: ip}), nil
+	}))
+	mux.HandleFunc("GET /v1/verdict", with(func(e Source, r *http.Request) (any, error) {
+		vs, ok := e.(VerdictSource)
+		if !ok {
+			return nil, errors.New("this agent does not judge packets (no dataplane to read)")
+		}
+		q, err := parseVerdictQuery(r.URL.Query())
+		if err != nil {
+			return nil, err
+		}
+		return vs.ExplainVerdict(q)
 	}))
 	return mux
 }

@@ -77,3 +77,54 @@ func TestServerAndClient(t *testing.T) {
 		t.Errorf("no agent: %v; want ErrUnreachable", err)
 	}
 }
+
+type verdictFake struct {
+	fakeSource
+	got *VerdictQuery
+}
+
+func (f verdictFake) ExplainVerdict(q VerdictQuery) (VerdictExplain, error) {
+	*f.got = q
+	return VerdictExplain{Verdict: VerdictDeny, Protocol: q.Protocol, Port: q.Port}, nil
+}
+
+// TestServerVerdict: GET /v1/verdict hands the source the query the client built
+// (pod and IP ends, port and protocol, icmp without a port); a malformed query is
+// 400 naming the parameter; a source that cannot judge packets says so (400).
+func TestServerVerdict(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Server
+	srv := &http.Server{Handler: s.Handler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	ctx := context.Background()
+	c := NewClient(sock)
+	s.SetSource(fakeSource{})
+	q := VerdictQuery{From: PodQuery{Namespace: "shop", Name: "web-1"}, To: PodQuery{IP: netip.MustParseAddr("fd00::5")}, Protocol: "udp", Port: 53}
+	var v VerdictExplain
+	if err := c.Get(ctx, q.Path(), &v); err == nil || !strings.Contains(err.Error(), "does not judge packets") {
+		t.Errorf("a source without verdicts: %v; want 400 saying so", err)
+	}
+	var got VerdictQuery
+	s.SetSource(verdictFake{got: &got})
+	for _, want := range []VerdictQuery{q, {From: PodQuery{IP: netip.MustParseAddr("10.0.0.1")}, To: PodQuery{Namespace: "a", Name: "b"}, Protocol: "icmp"}} {
+		if err := c.Get(ctx, want.Path(), &v); err != nil || got != want || v.Verdict != VerdictDeny {
+			t.Errorf("query %+v: source got %+v, answer %+v, %v", want, got, v, err)
+		}
+	}
+	for path, param := range map[string]string{
+		"/v1/verdict?from=10.0.0.1&to=pod/a/b&port=80":      "port",
+		"/v1/verdict?from=pod/a&to=pod/a/b&port=80/tcp":     "from",
+		"/v1/verdict?from=10.0.0.1&to=x&port=80/tcp":        "to",
+		"/v1/verdict?from=10.0.0.1&to=pod/a/b&port=0/tcp":   "port",
+		"/v1/verdict?from=10.0.0.1&to=pod/a/b&port=80/icmp": "port",
+	} {
+		if err := c.Get(ctx, path, &v); err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), param+":") {
+			t.Errorf("%s: %v; want 400 naming %s", path, err, param)
+		}
+	}
+}
