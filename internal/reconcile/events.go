@@ -102,7 +102,7 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 }
 
 // triggerMissingHint says why an object lacks the trigger annotation and what to do.
-const triggerMissingHint = "the controller that wrote it does not stamp the change's trigger time; a release of the AWS Network Policy Controller that stamps it is needed (or --trigger-annotation names another annotation)"
+const triggerMissingHint = "the controller that wrote it does not stamp the change's trigger time; the AWS Network Policy Controller stamps it in v1.1.10 (upgrade it, or --trigger-annotation names another annotation)"
 
 // observe counts a delivery and tells the seen-set about its trigger. It reports
 // whether the seen-set accepted a new trigger (false without annotation).
