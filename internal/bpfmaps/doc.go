@@ -135,6 +135,12 @@
 //     later one. The common allowed path counts in an inlined per-CPU array, not a
 //     hash. EBPF.Verdicts reads them at collection time; nothing is done per packet
 //     in user space. The counters are not pinned: they start with the process.
+//   - Flow events (flowevents.go): one raw event per denied packet (and, in
+//     FlowEventsAll, per connection entry an allowed packet makes) through a BPF ring
+//     buffer, after a per-pod token bucket in the program; what the bucket or a full
+//     buffer refuses is counted per CPU (FlowEventsSuppressed), never waited for.
+//     OpenFlowEvents sets the mode and rate and reads them; AttributeFlow credits an
+//     event as the counters are credited.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into
 // PodPolicy values.

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,14 +21,14 @@ import (
 
 // Flow events: the dataplane's denials (and, when asked, new allowed flows), named
 // by the reconcile loop (report.FlowEvent), emitted as OpenTelemetry log records
-// (event name FlowEventName) through the Logs SDK's batch processor: its queue is
+// (event name FlowLogEvent) through the Logs SDK's batch processor: its queue is
 // bounded and drops the oldest record when full, so a dead collector never blocks
 // the caller. Attribute names follow the semantic conventions where they exist;
 // the rest share the verdict counters' npagent.* names, so a log record and the
 // counter series it belongs to join on the same attributes.
 const (
-	// FlowEventName is every flow record's event name.
-	FlowEventName = "npagent.flow"
+	// FlowLogEvent is every flow record's event name (not an instrument).
+	FlowLogEvent = "npagent.flow"
 
 	// FlowEventsEmittedName counts flow events named and handed to the log
 	// records (and the file, when configured).
@@ -165,11 +166,11 @@ func FlowMessage(ev *report.FlowEvent) string {
 	return s
 }
 
-func endpoint(a interface{ String() string }, port uint16) string {
+func endpoint(a netip.Addr, port uint16) string {
 	if port == 0 {
 		return a.String()
 	}
-	return fmt.Sprintf("[%s]:%d", a, port)
+	return netip.AddrPortFrom(a, port).String()
 }
 
 // flowLogs is the flow records' provider and its counters.
@@ -249,7 +250,7 @@ func (t *Telemetry) Flow(ev *report.FlowEvent) {
 		return
 	}
 	var r otellog.Record
-	r.SetEventName(FlowEventName)
+	r.SetEventName(FlowLogEvent)
 	r.SetTimestamp(ev.Time)
 	r.SetObservedTimestamp(time.Now())
 	sev, text := otellog.SeverityInfo, "INFO"

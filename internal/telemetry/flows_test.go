@@ -101,8 +101,8 @@ func TestFlowsThroughRealCollector(t *testing.T) {
 				t.Errorf("record attribute %s = %q, want %q (all: %v)", k, attrs[k], v, attrs)
 			}
 		}
-		if r.GetEventName() != FlowEventName || r.GetSeverityText() != "WARN" || r.GetTimeUnixNano() == 0 {
-			t.Errorf("record event name %q, severity %q, time %d: want %s, WARN, set", r.GetEventName(), r.GetSeverityText(), r.GetTimeUnixNano(), FlowEventName)
+		if r.GetEventName() != FlowLogEvent || r.GetSeverityText() != "WARN" || r.GetTimeUnixNano() == 0 {
+			t.Errorf("record event name %q, severity %q, time %d: want %s, WARN, set", r.GetEventName(), r.GetSeverityText(), r.GetTimeUnixNano(), FlowLogEvent)
 		}
 		if b := r.GetBody().GetStringValue(); !strings.Contains(b, "ingress deny pod shop/web-1") || !strings.Contains(b, "by PolicyEndpoint shop/web") {
 			t.Errorf("record body %q", b)
