@@ -11,8 +11,8 @@ import (
 )
 
 // startFlows starts the flow event pipeline (--flow-events) when the dataplane
-// reports events and something receives them: telemetry's log records and
-// counters, and --flow-log-file. stop waits for it to hand over what it read (ctx
+// reports events and something receives them: telemetry's log records (when OTLP
+// logs are on), and --flow-log-file; the counters are exported then. stop waits for it to hand over what it read (ctx
 // done first) and closes the file. A failure to start is logged: flow events are
 // telemetry, never a reason to stop enforcing.
 func startFlows(ctx context.Context, cfg config, ctrl *reconcile.Controller, dp bpfmaps.Dataplane, tel *telemetry.Telemetry, log *slog.Logger) (stop func()) {
@@ -26,7 +26,7 @@ func startFlows(ctx context.Context, cfg config, ctrl *reconcile.Controller, dp 
 		return stop
 	}
 	var sinks []report.FlowSink
-	if tel != nil {
+	if tel != nil && tel.FlowsExported() {
 		sinks = append(sinks, tel)
 	}
 	var file *telemetry.FlowFile
@@ -40,6 +40,8 @@ func startFlows(ctx context.Context, cfg config, ctrl *reconcile.Controller, dp 
 		}
 	}
 	if len(sinks) == 0 {
+		log.Info("flow events off: nothing receives them (no OTLP logs endpoint: OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_LOGS_ENDPOINT; no --flow-log-file)",
+			"flow_events", cfg.FlowEvents.String())
 		return stop
 	}
 	flows, err := ctrl.StartFlows(ctx, src, reconcile.FlowOptions{Node: cfg.NodeName, Sinks: sinks,

@@ -242,6 +242,10 @@ func (e *countingLogExporter) Export(ctx context.Context, records []sdklog.Recor
 
 var _ report.FlowSink = (*Telemetry)(nil)
 
+// FlowsExported reports whether Flow exports anything: a log exporter is
+// configured (OTLP logs on, or WithLogExporter).
+func (t *Telemetry) FlowsExported() bool { return t.flows.logger != nil }
+
 // Flow emits a flow event as a log record (report.FlowSink): severity WARN for a
 // denial, INFO for a would-be denial and a new flow. Without a log exporter it
 // does nothing. Never blocks.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	sdklog "go.opentelemetry.io/otel/sdk/log"
 	collogspb "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	logspb "go.opentelemetry.io/proto/otlp/logs/v1"
@@ -213,3 +214,25 @@ func jsonString(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// Without a log exporter Flow exports nothing, and says so.
+func TestFlowsExportedOnlyWithALogExporter(t *testing.T) {
+	if newInMemory(t).FlowsExported() {
+		t.Error("FlowsExported without OTLP logs or a log exporter")
+	}
+	tel, err := New(context.Background(), WithOTLP(false), WithLogExporter(nopLogExporter{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	if !tel.FlowsExported() {
+		t.Error("not FlowsExported with a log exporter")
+	}
+	tel.Flow(sampleFlow(0)) // never blocks
+}
+
+type nopLogExporter struct{}
+
+func (nopLogExporter) Export(context.Context, []sdklog.Record) error { return nil }
+func (nopLogExporter) Shutdown(context.Context) error                { return nil }
+func (nopLogExporter) ForceFlush(context.Context) error              { return nil }
