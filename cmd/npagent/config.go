@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -73,9 +74,15 @@ type config struct {
 	WatermarkMaxAge       time.Duration
 	DebugSocket           string // unix socket of the debug API; "" = none
 	EnforcingMode         reconcile.EnforcingMode
-	PodCondition          bool               // write npagent.io/PolicyProgrammed on this node's pods
-	PodConditionQPS       float64            // bound on those writes per second
-	NodeEgress            bpfmaps.NodeEgress // a pod's packets to its node: exempt (allow) or judged by its egress policy
+	PodCondition          bool                  // write npagent.io/PolicyProgrammed on this node's pods
+	PodConditionQPS       float64               // bound on those writes per second
+	NodeEgress            bpfmaps.NodeEgress    // a pod's packets to its node: exempt (allow) or judged by its egress policy
+	FlowEvents            bpfmaps.FlowEventMode // --flow-events: off, deny or all
+	FlowEventsRate        float64               // per pod, events per second; 0: no limit
+	FlowEventsBurst       int
+	FlowLogFile           string // "" = no JSON lines file
+	FlowLogMaxSize        int    // megabytes before rotation
+	FlowLogMaxFiles       int    // rotated files kept
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -123,6 +130,12 @@ var flagEnv = map[string]string{
 	"enforcing-mode":          "NPAGENT_ENFORCING_MODE",
 	"pod-condition":           "NPAGENT_POD_CONDITION",
 	"pod-condition-qps":       "NPAGENT_POD_CONDITION_QPS",
+	"flow-events":             "NPAGENT_FLOW_EVENTS",
+	"flow-events-rate":        "NPAGENT_FLOW_EVENTS_RATE",
+	"flow-events-burst":       "NPAGENT_FLOW_EVENTS_BURST",
+	"flow-log-file":           "NPAGENT_FLOW_LOG_FILE",
+	"flow-log-max-size":       "NPAGENT_FLOW_LOG_MAX_SIZE",
+	"flow-log-max-files":      "NPAGENT_FLOW_LOG_MAX_FILES",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -154,7 +167,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 
 // rawFlags are the flags parsed as text: convert turns them into config's values.
 type rawFlags struct {
-	nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode string
+	nodeIP, nodeCIDRs, nodeAddrIfaces, podIfPrefixes, logLevel, parenting, enforcingMode, flowEvents string
 }
 
 // newFlagSet defines the agent's flags on c (and raw, for those converted after
@@ -200,6 +213,12 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.BoolVar(&c.PodCondition, "pod-condition", false, "write the condition npagent.io/PolicyProgrammed on this node's pods (True once every object selecting the pod is programmed here; pods may gate readiness on it; docs/how-to/pod-status.md); watches this node's pods and needs RBAC to list and watch pods and patch pods/status")
 	fs.Float64Var(&c.PodConditionQPS, "pod-condition-qps", 5, "most pods/status patches per second (burst twice this): a pod's changes are coalesced, and a restart or relist writes nothing when nothing changed")
 	fs.IntVar(&c.ConntrackEntries, "conntrack-entries", bpfmaps.DefaultConntrackEntries, "capacity of each of a pod's two connection tables, for the connections it opened and those peers opened (connections whose replies pass an isolated direction; a side opening more evicts its own oldest, never the other side's nor another pod's; plus a quarter-size fragment table: about 140 bytes of kernel memory per entry, 1.2 MiB per pod at 4096). Pinned tables keep their size: to change it, stop the agent and remove --bpffs-path (Resizing the maps: docs/how-to/resize-maps.md)")
+	fs.StringVar(&raw.flowEvents, "flow-events", bpfmaps.FlowEventsDeny.String(), "flow events, emitted as OpenTelemetry log records (event npagent.flow, over OTLP when an endpoint is set) and to --flow-log-file: deny (one per denied packet, and per would-be denial in audit mode), all (also one per newly tracked allowed flow: its first packet through an isolated direction's connection tracking) or off. Rate-limited per pod in the datapath (--flow-events-rate); what is suppressed is counted (npagent.flow.events.suppressed)")
+	fs.Float64Var(&c.FlowEventsRate, "flow-events-rate", 100, "most flow events per second one pod produces on average (a token bucket in the datapath, per pod): a flood from one pod cannot starve another's events or the agent. 0: no limit")
+	fs.IntVar(&c.FlowEventsBurst, "flow-events-burst", 200, "most flow events one pod produces at once (the token bucket's depth), at least 1")
+	fs.StringVar(&c.FlowLogFile, "flow-log-file", "", "also write flow events as JSON lines (the log records' attribute names, plus time, severity and body) to this node-local file, rotated by size; an absolute path whose directory exists. Empty: no file")
+	fs.IntVar(&c.FlowLogMaxSize, "flow-log-max-size", 10, "megabytes --flow-log-file grows to before it is rotated")
+	fs.IntVar(&c.FlowLogMaxFiles, "flow-log-max-files", 5, "rotated --flow-log-file files kept besides the current one (older ones are removed)")
 	// Parse prints nothing: a bad flag is reported once, by exitCode, with a
 	// one-line hint; the usage is printed only when asked for (-h, --help).
 	fs.SetOutput(io.Discard)
@@ -219,6 +238,7 @@ var flagGroups = []struct {
 	{"Enforcement", []string{"enforcing-mode", "node-egress", "audit-mode", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
 	{"Telemetry", []string{"metrics-addr", "trigger-annotation", "traceparent-annotation", "trace-parenting",
 		"slow-trace-threshold", "fast-trace-fraction", "verdict-series-limit", "max-trigger-skew", "log-level", "log-format", "shutdown-timeout"}},
+	{"Flow events", []string{"flow-events", "flow-events-rate", "flow-events-burst", "flow-log-file", "flow-log-max-size", "flow-log-max-files"}},
 	{"Health and debug", []string{"health-addr", "stall-timeout", "watch-stall-timeout", "debug-socket"}},
 	{"State", []string{"state-file", "watermark-max-age"}},
 }
@@ -327,6 +347,11 @@ func (raw *rawFlags) convert(c *config) []error {
 	} else {
 		c.EnforcingMode = m
 	}
+	if m, err := bpfmaps.ParseFlowEventMode(raw.flowEvents); err != nil {
+		errs = append(errs, fmt.Errorf("--flow-events: %q is not deny, all or off", raw.flowEvents))
+	} else {
+		c.FlowEvents = m
+	}
 	if c.NodeName == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -401,6 +426,21 @@ func (c *config) validate() []error {
 	}
 	if !(c.NamespaceEntryShare >= 0 && c.NamespaceEntryShare <= 100) { // NaN too
 		errs = append(errs, fmt.Errorf("--namespace-entry-share: %v, need a percentage from 0 to 100 (0 or 100: no bound)", c.NamespaceEntryShare))
+	}
+	if !(c.FlowEventsRate >= 0) || math.IsInf(c.FlowEventsRate, 0) { // NaN too
+		errs = append(errs, fmt.Errorf("--flow-events-rate: %v, need 0 (no limit) or more events per second", c.FlowEventsRate))
+	}
+	if c.FlowEventsBurst < 1 {
+		errs = append(errs, fmt.Errorf("--flow-events-burst: %d, need at least 1", c.FlowEventsBurst))
+	}
+	if c.FlowLogFile != "" && !filepath.IsAbs(c.FlowLogFile) {
+		errs = append(errs, fmt.Errorf("--flow-log-file: %q, need an absolute path", c.FlowLogFile))
+	}
+	if c.FlowLogMaxSize < 1 {
+		errs = append(errs, fmt.Errorf("--flow-log-max-size: %d, need at least 1 (megabytes)", c.FlowLogMaxSize))
+	}
+	if c.FlowLogMaxFiles < 1 {
+		errs = append(errs, fmt.Errorf("--flow-log-max-files: %d, need at least 1", c.FlowLogMaxFiles))
 	}
 	if c.VerdictSeriesLimit < 1 {
 		errs = append(errs, fmt.Errorf("--verdict-series-limit: %d, need at least 1", c.VerdictSeriesLimit))

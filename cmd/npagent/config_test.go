@@ -61,6 +61,11 @@ func TestParseConfigDefaults(t *testing.T) {
 		DebugSocket:           "/run/npagent/debug.sock",
 		EnforcingMode:         reconcile.EnforcingStandard, // as the AWS agent: open until programmed
 		PodConditionQPS:       5,                           // the condition itself is off unless asked for (the chart does)
+		FlowEvents:            bpfmaps.FlowEventsDeny,      // denials reported, rate-limited per pod
+		FlowEventsRate:        100,
+		FlowEventsBurst:       200,
+		FlowLogMaxSize:        10, // the file itself is off unless asked for
+		FlowLogMaxFiles:       5,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -108,6 +113,12 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_NODE_EGRESS":             "policy",
 		"NPAGENT_POD_CONDITION":           "true",
 		"NPAGENT_POD_CONDITION_QPS":       "2.5",
+		"NPAGENT_FLOW_EVENTS":             "all",
+		"NPAGENT_FLOW_EVENTS_RATE":        "20",
+		"NPAGENT_FLOW_EVENTS_BURST":       "40",
+		"NPAGENT_FLOW_LOG_FILE":           "/var/log/npagent/flows.log",
+		"NPAGENT_FLOW_LOG_MAX_SIZE":       "50",
+		"NPAGENT_FLOW_LOG_MAX_FILES":      "3",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -161,6 +172,12 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		NodeEgress:           bpfmaps.NodeEgressPolicy,
 		PodCondition:         true,
 		PodConditionQPS:      2.5,
+		FlowEvents:           bpfmaps.FlowEventsAll,
+		FlowEventsRate:       20,
+		FlowEventsBurst:      40,
+		FlowLogFile:          "/var/log/npagent/flows.log",
+		FlowLogMaxSize:       50,
+		FlowLogMaxFiles:      3,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
@@ -202,6 +219,12 @@ func TestParseConfigRejectsBadValuesNamingTheFlag(t *testing.T) {
 		{"NaN namespace share", []string{"--namespace-entry-share=NaN"}, nil, []string{"--namespace-entry-share", "NaN"}},
 		{"no connection table entries", []string{"--conntrack-entries=0"}, nil, []string{"--conntrack-entries"}},
 		{"no verdict series", []string{"--verdict-series-limit=0"}, nil, []string{"--verdict-series-limit"}},
+		{"bad flow events", []string{"--flow-events=some"}, nil, []string{"--flow-events", `"some"`}},
+		{"negative flow event rate", nil, map[string]string{"NPAGENT_FLOW_EVENTS_RATE": "-1"}, []string{"--flow-events-rate", "-1"}},
+		{"no flow event burst", []string{"--flow-events-burst=0"}, nil, []string{"--flow-events-burst"}},
+		{"relative flow log file", []string{"--flow-log-file=flows.log"}, nil, []string{"--flow-log-file", "absolute"}},
+		{"no flow log size", []string{"--flow-log-max-size=0"}, nil, []string{"--flow-log-max-size"}},
+		{"no flow log files", []string{"--flow-log-max-files=0"}, nil, []string{"--flow-log-max-files"}},
 		{"bad metrics addr", []string{"--metrics-addr=9090"}, nil, []string{"--metrics-addr", `"9090"`}},
 		{"bad health addr", []string{"--health-addr=9438"}, nil, []string{"--health-addr", `"9438"`}},
 		{"health addr shared with metrics", []string{"--health-addr=127.0.0.1:9437", "--metrics-addr=127.0.0.1:9437"}, nil, []string{"--health-addr", "listener of their own"}},
@@ -492,6 +515,21 @@ func TestClientGoLogsRoutedIntoTheAgentLog(t *testing.T) {
 
 // TestParseConfigEnforcingMode: --enforcing-mode reaches the config from the flag or
 // $NPAGENT_ENFORCING_MODE, the flag winning.
+func TestParseConfigFlowEvents(t *testing.T) {
+	env := map[string]string{"NODE_IP": "10.0.0.5", "NODE_NAME": "n", "NPAGENT_FLOW_EVENTS": "all", "NPAGENT_FLOW_LOG_FILE": "/var/log/npagent/flows.log"}
+	c, err := parseConfig([]string{"--flow-events-rate=5", "--flow-events-burst=10", "--flow-log-max-files=2"}, envMap(env), &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("parseConfig: %v", err)
+	}
+	if c.FlowEvents != bpfmaps.FlowEventsAll || c.FlowEventsRate != 5 || c.FlowEventsBurst != 10 || c.FlowLogFile != "/var/log/npagent/flows.log" ||
+		c.FlowLogMaxFiles != 2 {
+		t.Errorf("flow events config %v rate %v burst %d file %q files %d", c.FlowEvents, c.FlowEventsRate, c.FlowEventsBurst, c.FlowLogFile, c.FlowLogMaxFiles)
+	}
+	if c, err := parseConfig([]string{"--flow-events=off"}, envMap(env), &bytes.Buffer{}); err != nil || c.FlowEvents != bpfmaps.FlowEventsOff {
+		t.Errorf("--flow-events=off over the environment: %v, %v", c.FlowEvents, err)
+	}
+}
+
 func TestParseConfigEnforcingMode(t *testing.T) {
 	tests := []struct {
 		name string

@@ -172,6 +172,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 		observeVerdicts(tel, ctrl, dp, log)
 	}
 	debug.SetSource(verdictSource{Source: ctrl, read: dp.Verdicts, judge: dp.Judge})
+	stopFlows := startFlows(runCtx, cfg, ctrl, dp, tel, log.With("component", "flows"))
 	health.setLoop(ctrl, func() error {
 		if err := dp.Ready(); err != nil {
 			return fmt.Errorf("dataplane %s not ready: %w", cfg.Dataplane, err)
@@ -180,6 +181,8 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 
 	runErr := ctrl.Run(runCtx)
+	cancelRun() // stops the flow events too, if Run returned on its own
+	stopFlows()
 	health.setStopping()
 	if ctx.Err() != nil {
 		log.Info("signal received: stopped taking work, in-flight commits finished")

@@ -58,6 +58,7 @@ var cases = []testCase{
 		"conntrackEntries":      8192,
 		"verdictSeriesLimit":    500,
 		"auditMode":             true,
+		"flowEvents":            map[string]any{"mode": "all", "rate": 10, "burst": 20, "file": map[string]any{"enabled": true, "hostPath": "/var/log/np", "maxSizeMB": 5, "maxFiles": 2}},
 		"metrics":               map[string]any{"port": 9555},
 		"health":                map[string]any{"port": 9556},
 		"serviceAccount":        map[string]any{"name": "agent"},
@@ -298,8 +299,10 @@ func TestDaemonSet(t *testing.T) {
 			if r, ok := mounts["/run/npagent"]; !ok || hostPaths[r.Name] != "/run/npagent" {
 				t.Errorf("/run/npagent is not the host's /run/npagent")
 			}
+			// With flowEvents.file.enabled, also the flow log's directory.
+			delete(hostPaths, "flowlog")
 			if len(hostPaths) != 3 {
-				t.Errorf("host paths %v, want /sys/fs/bpf, /var/lib/npagent and /run/npagent only", hostPaths)
+				t.Errorf("host paths %v, want /sys/fs/bpf, /var/lib/npagent and /run/npagent only (and the flow log's)", hostPaths)
 			}
 			if !slices.Contains(ctr.Args, "--state-file=/var/lib/npagent/seen.state") || !slices.Contains(ctr.Args, "--bpffs-path=/sys/fs/bpf/npagent") {
 				t.Errorf("args %v: the state file and the pins are not on the host paths", ctr.Args)
@@ -366,9 +369,14 @@ func TestDaemonSet(t *testing.T) {
 			switch c.name {
 			case "defaults":
 				wantImage = "npagent:0.1.0"
-				for _, a := range []string{"--enforcing-mode=standard", "--node-egress=allow"} {
+				for _, a := range []string{"--enforcing-mode=standard", "--node-egress=allow", "--flow-events=deny", "--flow-events-rate=100", "--flow-events-burst=200"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("defaults: args %v, want %s", ctr.Args, a)
+					}
+				}
+				for _, a := range ctr.Args {
+					if strings.HasPrefix(a, "--flow-log-file") {
+						t.Errorf("defaults: %s, want no flow log file", a)
 					}
 				}
 				if hasEnv(ctr, "OTEL_EXPORTER_OTLP_CERTIFICATE") || envByName(t, ctr, "OTEL_EXPORTER_OTLP_INSECURE").Value != "true" {
@@ -379,10 +387,22 @@ func TestDaemonSet(t *testing.T) {
 				}
 			case "custom":
 				wantImage = "registry.example.com/npagent@" + testDigest
-				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192", "--verdict-series-limit=500", "--audit-mode"} {
+				for _, a := range []string{"--workers=4", "--resync-period=5m", "--drop-fqdn-allow-rules", "--pod-interface-prefixes=eni,vlan", "--node-address-interfaces=veth*,cilium_host", "--enforcing-mode=strict", "--node-egress=policy", "--conntrack-entries=8192", "--verdict-series-limit=500", "--audit-mode",
+					"--flow-events=all", "--flow-events-rate=10", "--flow-events-burst=20", "--flow-log-file=/var/log/npagent/flows.log", "--flow-log-max-size=5", "--flow-log-max-files=2"} {
 					if !slices.Contains(ctr.Args, a) {
 						t.Errorf("args %v, want %s", ctr.Args, a)
 					}
+				}
+				flowlog := false
+				for _, v := range pod.Volumes {
+					if v.Name == "flowlog" && v.HostPath != nil && v.HostPath.Path == "/var/log/np" {
+						flowlog = true
+					}
+				}
+				if !flowlog || !slices.ContainsFunc(ctr.VolumeMounts, func(m corev1.VolumeMount) bool {
+					return m.Name == "flowlog" && m.MountPath == "/var/log/npagent" && !m.ReadOnly
+				}) {
+					t.Errorf("custom: no flow log hostPath /var/log/np mounted at /var/log/npagent: %+v %+v", pod.Volumes, ctr.VolumeMounts)
 				}
 				if envByName(t, ctr, "OTEL_SERVICE_NAME").Value != "npagent-prod" || envByName(t, ctr, "OTEL_RESOURCE_ATTRIBUTES").Value != "k8s.cluster.name=prod" {
 					t.Error("custom: extraEnv or clusterName missing")

@@ -141,6 +141,12 @@
 //     addresses, the programs' audit and node-egress modes — in enforce's order, and
 //     credits the decision as the counter it would move is credited. The verdict
 //     matrix checks it against what the programs did with every probe.
+//   - Flow events (flowevents.go): one raw event per denied packet (and, in
+//     FlowEventsAll, per connection entry an allowed packet makes) through a BPF ring
+//     buffer, after a per-pod token bucket in the program; what the bucket or a full
+//     buffer refuses is counted per CPU (FlowEventsSuppressed), never waited for.
+//     OpenFlowEvents sets the mode and rate and reads them; AttributeFlow credits an
+//     event as the counters are credited.
 //
 // Nothing of Kubernetes is imported here; the reconcile loop translates objects into
 // PodPolicy values.

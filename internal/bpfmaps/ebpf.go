@@ -28,7 +28,7 @@ import (
 // builds for those architectures only. include/ stands in for the host's
 // asm/ headers, so no multiarch include path is needed and every host generates the
 // same bytes (include/README.md).
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type node_key4 -type node_key6 -type verdict_key -type verdict_value -type allowed_count policy policy.c
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Iinclude" -target amd64,arm64 -type lpm_key4 -type lpm_key6 -type rule_value -type port_rule -type pod_state -type node_key4 -type node_key6 -type verdict_key -type verdict_value -type allowed_count -type event_config policy policy.c
 
 // DefaultPinPath is where OpenEBPF pins maps and links unless told otherwise.
 const DefaultPinPath = "/sys/fs/bpf/npagent"
@@ -87,6 +87,10 @@ type EBPFOptions struct {
 	// and every OpenEBPF switches the pinned links to them, so opening again without
 	// it enforces at once.
 	Audit bool
+	// FlowEventBuffer is the size in bytes of the ring buffer carrying flow events
+	// (flowevents.go), a power of two of at least a page. Default
+	// DefaultFlowEventBuffer. Events are off until OpenFlowEvents.
+	FlowEventBuffer int
 }
 
 // EBPF is the kernel backend: TC programs attached with tcx to each pod's host-side
@@ -204,6 +208,9 @@ func openLocked(opts EBPFOptions, load func() (*ebpf.CollectionSpec, error), lim
 	}
 	spec.Maps[policyMapNpaVerdicts].MaxEntries = uint32(opts.VerdictEntries)
 	spec.Maps[policyMapNpaAllowed].MaxEntries = uint32(limits.Pods * 2)
+	if err := flowEventMapSizes(spec, limits.Pods, opts.FlowEventBuffer); err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
 	// Capacities first, by name and size: the load's own error would say neither
 	// which setting sizes the map nor how to resize.
 	spec.Maps[policyMapNpaCtTables].InnerMap.MaxEntries = uint32(opts.ConntrackEntries)

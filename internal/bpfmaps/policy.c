@@ -504,6 +504,157 @@ struct packet {
 	__u8 hop_limit; // IPv6 only
 };
 
+// Flow events: one record per denied packet (audit mode's would-be denials too) and,
+// when user space asks for them, one per connection entry the allowed path makes (a
+// newly tracked flow), carried to user space in a ring buffer. Raw facts only: user
+// space names the pod, and resolves the rule id and the judging word's generation
+// with the same per-commit table the verdict counters use. Every event passes a
+// per-pod rate limit first (npa_event_buckets), so a flood from one pod cannot
+// starve another's events nor the agent; an event the limit or a full ring buffer
+// suppresses is counted (npa_events_suppressed). Never waits: reserve or count.
+struct flow_event {
+	__u64 ktime; // bpf_ktime_get_ns at the verdict
+	__u32 ifindex;
+	__u32 gen; // the judging state word's low 32 bits (verdict_key.gen)
+	__u32 len; // skb->len
+	__u16 rule; // port_rule.rule of the deciding entry, 0 if none
+	__u16 sport; // 0 for port-less protocols; ICMP echo: the identifier (packet.icmp)
+	__u16 dport;
+	__u8 dir;
+	__u8 reason; // REASON_*, | REASON_AUDITED
+	__u8 kind; // EVENT_*
+	__u8 family; // 4 or 6; 0: not IP (no addresses)
+	__u8 proto;
+	__u8 pad;
+	__u8 saddr[16]; // IPv4: the first 4 bytes
+	__u8 daddr[16];
+};
+
+// Never read: it puts the event's type into BTF for bpf2go.
+const volatile struct flow_event flow_event_type;
+
+#define EVENT_DENY 1 // a packet denied (or, audited, that would have been)
+#define EVENT_NEW_FLOW 2 // an allowed packet that made a connection entry
+
+// event_config.mode.
+#define EVENTS_OFF 0
+#define EVENTS_DENY 1 // denials only
+#define EVENTS_ALL 2 // denials and newly tracked allowed flows
+
+// The one element user space writes (SetFlowEvents): what to report and the per-pod
+// rate limit, as a generic cell rate: an event is admitted while the pod's
+// theoretical arrival time is at most burst_ns ahead of now, and each admitted
+// event moves it interval_ns on. interval_ns 0: no limit.
+struct event_config {
+	__u64 interval_ns; // 1s / rate
+	__u64 burst_ns; // (burst - 1) * interval_ns
+	__u32 mode; // EVENTS_*
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct event_config);
+	__uint(max_entries, 1);
+} npa_event_config SEC(".maps");
+
+// A pod's rate-limit state, by its slot (npa_pod_slot). Not atomic: CPUs racing on
+// one pod may each admit an event the limit would have refused, a few at most.
+// A slot a removed pod held starts its next pod at most burst_ns behind.
+struct event_bucket {
+	__u64 tat; // theoretical arrival time of the next event
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct event_bucket);
+	__uint(max_entries, 1); // sized by the loader: pods
+} npa_event_buckets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18); // sized by the loader (EBPFOptions.FlowEventBuffer)
+} npa_events SEC(".maps");
+
+// Suppressed events, per CPU, by SUPPRESSED_*.
+#define SUPPRESSED_RATE 0 // the pod's rate limit
+#define SUPPRESSED_FULL 1 // the ring buffer was full (user space behind)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 2);
+} npa_events_suppressed SEC(".maps");
+
+static __always_inline void suppressed(__u32 why)
+{
+	__u64 *n = bpf_map_lookup_elem(&npa_events_suppressed, &why);
+	if (n)
+		*n += 1;
+}
+
+// emit_event reports a verdict as an event, if the mode asks for its kind and the
+// pod's rate limit admits it. pod: slot << 32 | ifindex; genlen: the judging word's
+// low 32 bits << 32 | the packet's length; what: dir | reason << 8 | rule << 16, as
+// count takes it; a reason of REASON_DENIED or above (audited included) is a denial,
+// any other a new flow. Global, so the verifier checks it once, not at each of
+// enforce's denials; only denials and new connection entries call it.
+__attribute__((noinline)) int emit_event(__u64 pod, __u64 genlen, __u32 what, const struct packet *p)
+{
+	if (!p)
+		return 0;
+	__u32 zero = 0;
+	struct event_config *c = bpf_map_lookup_elem(&npa_event_config, &zero);
+	if (!c)
+		return 0;
+	__u8 reason = what >> 8;
+	__u32 kind = reason >= REASON_DENIED ? EVENT_DENY : EVENT_NEW_FLOW;
+	__u32 mode = c->mode;
+	if (mode == EVENTS_OFF || (kind == EVENT_NEW_FLOW && mode != EVENTS_ALL))
+		return 0;
+	__u32 slot = pod >> 32;
+	struct event_bucket *b = bpf_map_lookup_elem(&npa_event_buckets, &slot);
+	if (!b)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 interval = c->interval_ns;
+	if (interval) {
+		__u64 tat = b->tat;
+		if ((__s64)(tat - now) < 0)
+			tat = now;
+		if (tat - now > c->burst_ns) {
+			suppressed(SUPPRESSED_RATE);
+			return 0;
+		}
+		b->tat = tat + interval;
+	}
+	struct flow_event *e = bpf_ringbuf_reserve(&npa_events, sizeof(*e), 0);
+	if (!e) {
+		suppressed(SUPPRESSED_FULL);
+		return 0;
+	}
+	e->ktime = now;
+	e->ifindex = (__u32)pod;
+	e->gen = genlen >> 32;
+	e->len = (__u32)genlen;
+	e->rule = what >> 16;
+	e->sport = p->sport;
+	e->dport = p->dport;
+	e->dir = what & 1;
+	e->reason = reason;
+	e->kind = kind;
+	e->family = p->family;
+	e->proto = p->proto;
+	e->pad = 0;
+	__builtin_memcpy(e->saddr, p->saddr, 16);
+	__builtin_memcpy(e->daddr, p->daddr, 16);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
 // packet.ndp. Neighbour discovery (router and neighbour solicitation and
 // advertisement, redirect: ICMPv6 133..137) passes without policy only at link scope
 // (link_ndp); multicast listener discovery (130..132, 143) is judged by the policy.
@@ -1264,19 +1415,19 @@ static __always_inline void ct_seen(struct ct_value *v, const struct packet *p, 
 // allows as well), refreshes that one, and otherwise makes an entry — but not for a
 // TCP SYN-ACK or RST, which answer a connection and never open one (so peers cannot
 // make a pod fill its own table of opened connections by sending it SYNs). An entry
-// that timed out is made afresh.
-static __always_inline void ct_track(__u32 ifindex, const int dir, const struct packet *p)
+// that timed out is made afresh. It returns 1 when it made an entry (a new flow).
+static __always_inline int ct_track(__u32 ifindex, const int dir, const struct packet *p)
 {
 	void *ct = ct_table(ifindex, dir);
 	if (!ct)
-		return;
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key k = {};
 	ct_fill(&k, ifindex, dir, p, 0);
 	struct ct_value *v = bpf_map_lookup_elem(ct, &k);
 	if (ct_live(v, now)) {
 		ct_seen(v, p, now, 1);
-		return;
+		return 0;
 	}
 	if (p->icmp == 0) {
 		struct ct_key r = {};
@@ -1284,15 +1435,15 @@ static __always_inline void ct_track(__u32 ifindex, const int dir, const struct 
 		struct ct_value *o = ct_lookup(&r);
 		if (ct_live(o, now)) {
 			ct_seen(o, p, now, 0);
-			return;
+			return 0;
 		}
 	}
 	__u8 f = p->tcp_flags;
 	if (p->proto == IPPROTO_TCP && (f & TCP_RST || (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)))
-		return;
+		return 0;
 	struct ct_value nv = {};
 	ct_seen(&nv, p, now, 1);
-	bpf_map_update_elem(ct, &k, &nv, BPF_ANY);
+	return bpf_map_update_elem(ct, &k, &nv, BPF_ANY) == 0;
 }
 
 // node_track records a packet the node sent to the pod under node_egress_policy, as
@@ -1314,9 +1465,11 @@ static __always_inline int pass(struct __sk_buff *skb, __u32 ifindex, const int 
 	return VERDICT_NEXT;
 }
 
-static __always_inline int drop(struct __sk_buff *skb, __u32 ifindex, const int dir, __u64 word, __u32 reason)
+static __always_inline int drop(struct __sk_buff *skb, __u32 slot, __u32 ifindex, const int dir, __u64 word,
+				__u32 reason, const struct packet *p)
 {
 	count(ifindex, (__u32)word, dir | reason << 8, 1, skb->len);
+	emit_event((__u64)slot << 32 | ifindex, word << 32 | skb->len, dir | reason << 8, p);
 	return VERDICT_DROP;
 }
 
@@ -1343,16 +1496,16 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// such a pod only with its own sender address (arp_own_sender).
 		if (skb->protocol == bpf_htons(ETH_P_ARP)) {
 			if (dir == DIR_EGRESS && !arp_own_sender(skb, ifindex))
-				return drop(skb, ifindex, dir, word, REASON_SPOOFED);
+				return drop(skb, slot, ifindex, dir, word, REASON_SPOOFED, &p);
 			return pass(skb, ifindex, dir, word, REASON_ARP, 0);
 		}
 		if (WORD_FLAGS(word) || (dir == DIR_EGRESS && checked(ifindex)))
-			return drop(skb, ifindex, dir, word, REASON_NOT_IP);
+			return drop(skb, slot, ifindex, dir, word, REASON_NOT_IP, &p);
 		return pass(skb, ifindex, dir, word, REASON_NO_POLICY, 0);
 	}
 	// Anti-spoofing, whatever the direction's flags.
 	if (dir == DIR_EGRESS && !own_source(ifindex, r, &p))
-		return drop(skb, ifindex, dir, word, REASON_SPOOFED);
+		return drop(skb, slot, ifindex, dir, word, REASON_SPOOFED, &p);
 	const __u8 *peer = dir == DIR_INGRESS ? p.saddr : p.daddr;
 	if (r != PARSE_OK) {
 		// An IP packet whose headers cannot be fully read (truncated, or an IPv6
@@ -1365,7 +1518,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return pass(skb, ifindex, dir, word, REASON_NO_POLICY, 0);
 		if (r == PARSE_INCOMPLETE && node_peer(skb, dir, &p, peer))
 			return pass(skb, ifindex, dir, word, REASON_NODE, 0);
-		return drop(skb, ifindex, dir, word, REASON_UNPARSEABLE);
+		return drop(skb, slot, ifindex, dir, word, REASON_UNPARSEABLE, &p);
 	}
 	if (p.ndp == NDP_ND && (link_ndp(&p, peer) || node_ndp(skb, dir, &p)))
 		return pass(skb, ifindex, dir, word, REASON_NDP, 0);
@@ -1385,7 +1538,7 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 			return pass(skb, ifindex, dir, word, REASON_FRAGMENT, 0);
 		if (node_peer(skb, dir, &p, peer))
 			return pass(skb, ifindex, dir, word, REASON_NODE, 0);
-		return drop(skb, ifindex, dir, word, REASON_FRAGMENT_DENIED);
+		return drop(skb, slot, ifindex, dir, word, REASON_FRAGMENT_DENIED, &p);
 	}
 
 	__u16 port = has_ports(p.proto) ? p.dport : 0;
@@ -1414,9 +1567,13 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 		// without ordering: it only says whether to track. A packet to the pod from
 		// its own address (hairpinned by the node) makes none.
 		__u64 other = *(volatile __u64 *)(dir == DIR_INGRESS ? wp + 1 : wp - 1);
+		// A new entry is a new flow: reported when events of allowed flows are on.
 		if (WORD_OWNER(other) == ifindex && WORD_FLAGS(other) && ct_opens(&p) &&
-		    !(dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr)))
-			ct_track(ifindex, dir, &p);
+		    !(dir == DIR_INGRESS && own_addr(ifindex, &p, p.saddr)) && ct_track(ifindex, dir, &p)) {
+			__u32 why = RESULT_RULE(res) == 0 ? allowed_reason(word) : RESULT_REASON(res);
+			emit_event((__u64)slot << 32 | ifindex, word << 32 | skb->len, dir | why << 8 | RESULT_RULE(res) << 16,
+				   &p);
+		}
 		// Allowed with no rule to name: REASON_NO_POLICY, REASON_ALLOW or
 		// REASON_DEFAULT_ALLOW, the one allowed_reason(word) gives (tier rules'
 		// ids start at 1).
@@ -1453,13 +1610,12 @@ static __always_inline int enforce(struct __sk_buff *skb, const int dir)
 	// the policy denies pay for it.
 	if (p.quoted && related(skb, ifindex, dir, &p))
 		return pass(skb, ifindex, dir, word, REASON_ICMP_RELATED, 0);
-	if (audit_mode) {
-		count(ifindex, (__u32)word, dir | (RESULT_REASON(res) | REASON_AUDITED) << 8 | RESULT_RULE(res) << 16, 1,
-		      skb->len);
-		return VERDICT_NEXT;
-	}
-	count(ifindex, (__u32)word, dir | RESULT_REASON(res) << 8 | RESULT_RULE(res) << 16, 1, skb->len);
-	return VERDICT_DROP;
+	__u32 what = dir | RESULT_REASON(res) << 8 | RESULT_RULE(res) << 16;
+	if (audit_mode)
+		what |= REASON_AUDITED << 8;
+	count(ifindex, (__u32)word, what, 1, skb->len);
+	emit_event((__u64)slot << 32 | ifindex, word << 32 | skb->len, what, &p);
+	return audit_mode ? VERDICT_NEXT : VERDICT_DROP;
 }
 
 // Attached to the tcx ingress hook of the pod's host-side interface.

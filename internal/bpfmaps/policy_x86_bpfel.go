@@ -53,6 +53,38 @@ type policyCtValue struct {
 	Win        [2]uint16
 }
 
+type policyEventBucket struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
+type policyEventConfig struct {
+	_          structs.HostLayout
+	IntervalNs uint64
+	BurstNs    uint64
+	Mode       uint32
+	Pad        uint32
+}
+
+type policyFlowEvent struct {
+	_       structs.HostLayout
+	Ktime   uint64
+	Ifindex uint32
+	Gen     uint32
+	Len     uint32
+	Rule    uint16
+	Sport   uint16
+	Dport   uint16
+	Dir     uint8
+	Reason  uint8
+	Kind    uint8
+	Family  uint8
+	Proto   uint8
+	Pad     uint8
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
 type policyLpmKey4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -127,6 +159,10 @@ const (
 	policyMapNpaCtTables          = "npa_ct_tables"
 	policyMapNpaEgV4              = "npa_eg_v4"
 	policyMapNpaEgV6              = "npa_eg_v6"
+	policyMapNpaEventBuckets      = "npa_event_buckets"
+	policyMapNpaEventConfig       = "npa_event_config"
+	policyMapNpaEvents            = "npa_events"
+	policyMapNpaEventsSuppressed  = "npa_events_suppressed"
 	policyMapNpaInV4              = "npa_in_v4"
 	policyMapNpaInV6              = "npa_in_v6"
 	policyMapNpaNodeV4            = "npa_node_v4"
@@ -146,6 +182,7 @@ const (
 	policyVarCtTimeoutNs          = "ct_timeout_ns"
 	policyVarCtUnrepliedTimeoutNs = "ct_unreplied_timeout_ns"
 	policyVarCtValueType          = "ct_value_type"
+	policyVarFlowEventType        = "flow_event_type"
 	policyVarNodeEgressPolicy     = "node_egress_policy"
 )
 
@@ -199,19 +236,23 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	NpaAllowed      *ebpf.MapSpec `ebpf:"npa_allowed"`
-	NpaCtTables     *ebpf.MapSpec `ebpf:"npa_ct_tables"`
-	NpaEgV4         *ebpf.MapSpec `ebpf:"npa_eg_v4"`
-	NpaEgV6         *ebpf.MapSpec `ebpf:"npa_eg_v6"`
-	NpaInV4         *ebpf.MapSpec `ebpf:"npa_in_v4"`
-	NpaInV6         *ebpf.MapSpec `ebpf:"npa_in_v6"`
-	NpaNodeV4       *ebpf.MapSpec `ebpf:"npa_node_v4"`
-	NpaNodeV6       *ebpf.MapSpec `ebpf:"npa_node_v6"`
-	NpaPodAddrs     *ebpf.MapSpec `ebpf:"npa_pod_addrs"`
-	NpaPodSlot      *ebpf.MapSpec `ebpf:"npa_pod_slot"`
-	NpaSlotState    *ebpf.MapSpec `ebpf:"npa_slot_state"`
-	NpaVerdicts     *ebpf.MapSpec `ebpf:"npa_verdicts"`
-	NpaVerdictsLost *ebpf.MapSpec `ebpf:"npa_verdicts_lost"`
+	NpaAllowed          *ebpf.MapSpec `ebpf:"npa_allowed"`
+	NpaCtTables         *ebpf.MapSpec `ebpf:"npa_ct_tables"`
+	NpaEgV4             *ebpf.MapSpec `ebpf:"npa_eg_v4"`
+	NpaEgV6             *ebpf.MapSpec `ebpf:"npa_eg_v6"`
+	NpaEventBuckets     *ebpf.MapSpec `ebpf:"npa_event_buckets"`
+	NpaEventConfig      *ebpf.MapSpec `ebpf:"npa_event_config"`
+	NpaEvents           *ebpf.MapSpec `ebpf:"npa_events"`
+	NpaEventsSuppressed *ebpf.MapSpec `ebpf:"npa_events_suppressed"`
+	NpaInV4             *ebpf.MapSpec `ebpf:"npa_in_v4"`
+	NpaInV6             *ebpf.MapSpec `ebpf:"npa_in_v6"`
+	NpaNodeV4           *ebpf.MapSpec `ebpf:"npa_node_v4"`
+	NpaNodeV6           *ebpf.MapSpec `ebpf:"npa_node_v6"`
+	NpaPodAddrs         *ebpf.MapSpec `ebpf:"npa_pod_addrs"`
+	NpaPodSlot          *ebpf.MapSpec `ebpf:"npa_pod_slot"`
+	NpaSlotState        *ebpf.MapSpec `ebpf:"npa_slot_state"`
+	NpaVerdicts         *ebpf.MapSpec `ebpf:"npa_verdicts"`
+	NpaVerdictsLost     *ebpf.MapSpec `ebpf:"npa_verdicts_lost"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -226,6 +267,7 @@ type policyVariableSpecs struct {
 	CtTimeoutNs          *ebpf.VariableSpec `ebpf:"ct_timeout_ns"`
 	CtUnrepliedTimeoutNs *ebpf.VariableSpec `ebpf:"ct_unreplied_timeout_ns"`
 	CtValueType          *ebpf.VariableSpec `ebpf:"ct_value_type"`
+	FlowEventType        *ebpf.VariableSpec `ebpf:"flow_event_type"`
 	NodeEgressPolicy     *ebpf.VariableSpec `ebpf:"node_egress_policy"`
 }
 
@@ -249,19 +291,23 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	NpaAllowed      *ebpf.Map `ebpf:"npa_allowed"`
-	NpaCtTables     *ebpf.Map `ebpf:"npa_ct_tables"`
-	NpaEgV4         *ebpf.Map `ebpf:"npa_eg_v4"`
-	NpaEgV6         *ebpf.Map `ebpf:"npa_eg_v6"`
-	NpaInV4         *ebpf.Map `ebpf:"npa_in_v4"`
-	NpaInV6         *ebpf.Map `ebpf:"npa_in_v6"`
-	NpaNodeV4       *ebpf.Map `ebpf:"npa_node_v4"`
-	NpaNodeV6       *ebpf.Map `ebpf:"npa_node_v6"`
-	NpaPodAddrs     *ebpf.Map `ebpf:"npa_pod_addrs"`
-	NpaPodSlot      *ebpf.Map `ebpf:"npa_pod_slot"`
-	NpaSlotState    *ebpf.Map `ebpf:"npa_slot_state"`
-	NpaVerdicts     *ebpf.Map `ebpf:"npa_verdicts"`
-	NpaVerdictsLost *ebpf.Map `ebpf:"npa_verdicts_lost"`
+	NpaAllowed          *ebpf.Map `ebpf:"npa_allowed"`
+	NpaCtTables         *ebpf.Map `ebpf:"npa_ct_tables"`
+	NpaEgV4             *ebpf.Map `ebpf:"npa_eg_v4"`
+	NpaEgV6             *ebpf.Map `ebpf:"npa_eg_v6"`
+	NpaEventBuckets     *ebpf.Map `ebpf:"npa_event_buckets"`
+	NpaEventConfig      *ebpf.Map `ebpf:"npa_event_config"`
+	NpaEvents           *ebpf.Map `ebpf:"npa_events"`
+	NpaEventsSuppressed *ebpf.Map `ebpf:"npa_events_suppressed"`
+	NpaInV4             *ebpf.Map `ebpf:"npa_in_v4"`
+	NpaInV6             *ebpf.Map `ebpf:"npa_in_v6"`
+	NpaNodeV4           *ebpf.Map `ebpf:"npa_node_v4"`
+	NpaNodeV6           *ebpf.Map `ebpf:"npa_node_v6"`
+	NpaPodAddrs         *ebpf.Map `ebpf:"npa_pod_addrs"`
+	NpaPodSlot          *ebpf.Map `ebpf:"npa_pod_slot"`
+	NpaSlotState        *ebpf.Map `ebpf:"npa_slot_state"`
+	NpaVerdicts         *ebpf.Map `ebpf:"npa_verdicts"`
+	NpaVerdictsLost     *ebpf.Map `ebpf:"npa_verdicts_lost"`
 }
 
 func (m *policyMaps) Close() error {
@@ -270,6 +316,10 @@ func (m *policyMaps) Close() error {
 		m.NpaCtTables,
 		m.NpaEgV4,
 		m.NpaEgV6,
+		m.NpaEventBuckets,
+		m.NpaEventConfig,
+		m.NpaEvents,
+		m.NpaEventsSuppressed,
 		m.NpaInV4,
 		m.NpaInV6,
 		m.NpaNodeV4,
@@ -294,6 +344,7 @@ type policyVariables struct {
 	CtTimeoutNs          *ebpf.Variable `ebpf:"ct_timeout_ns"`
 	CtUnrepliedTimeoutNs *ebpf.Variable `ebpf:"ct_unreplied_timeout_ns"`
 	CtValueType          *ebpf.Variable `ebpf:"ct_value_type"`
+	FlowEventType        *ebpf.Variable `ebpf:"flow_event_type"`
 	NodeEgressPolicy     *ebpf.Variable `ebpf:"node_egress_policy"`
 }
 

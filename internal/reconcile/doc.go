@@ -125,6 +125,10 @@
 //     internal/explain's wire types): what the caches, the pod table and the seen-set
 //     hold now, plus the explain.History it feeds as things happen (versions at event
 //     time, each sync's outcome, reports), dropped when the uid is forgotten.
+//   - verdicts.go, flows.go: the verdict counters' pod names; the flow event
+//     pipeline (StartFlows): the dataplane's raw events read into a bounded queue
+//     (full: dropped and counted), named (pod, deciding object and rule, tier, the
+//     version in force and its trigger time) and handed to report.FlowSinks.
 //
 // Known limits: a pod is identified by its IP, so the two addresses of a dual-stack
 // pod are two pods (and would fight over one interface); commits are serialized by

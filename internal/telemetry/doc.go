@@ -105,6 +105,11 @@
 //     ones fold into one otel.metric.overflow series per direction and verdict,
 //     kept as a sum of increases (it never goes down when a folded counter
 //     goes away), and are counted (npagent.policy.verdicts.overflowed).
+//   - Flow events (flows.go), named by the reconcile loop (report.FlowEvent), are
+//     OpenTelemetry log records (event npagent.flow, semantic-convention attribute
+//     names) through the Logs SDK's batch processor, over OTLP when logs are on;
+//     FlowFile writes them as rotated JSON lines. Their counters (emitted,
+//     suppressed, dropped) are read at collection (ObserveFlows).
 //
 // Export: OTLP for traces and metrics, configured by the standard
 // OTEL_EXPORTER_OTLP_* variables (endpoint, protocol, TLS, headers, timeout,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	sdklog "go.opentelemetry.io/otel/sdk/log"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
@@ -31,6 +32,8 @@ type config struct {
 	parenting      Parenting
 	verdictSeries  int
 	audit          bool
+	logExporters   []sdklog.Exporter
+	logQueueSize   int
 }
 
 // Option configures New. Options are sealed: only this package can make them.
@@ -39,6 +42,7 @@ type Option func(*config)
 const (
 	defaultMeterInterval = 10 * time.Second
 	defaultSpanQueueSize = 2048
+	defaultLogQueueSize  = 2048
 )
 
 func defaultConfig() config {
@@ -46,6 +50,7 @@ func defaultConfig() config {
 		fastFraction:  1,
 		meterInterval: envDurationMillis("OTEL_METRIC_EXPORT_INTERVAL", defaultMeterInterval),
 		spanQueueSize: envInt("OTEL_BSP_MAX_QUEUE_SIZE", defaultSpanQueueSize),
+		logQueueSize:  envInt("OTEL_BLRP_MAX_QUEUE_SIZE", defaultLogQueueSize),
 		logger:        slog.New(slog.DiscardHandler),
 	}
 }
@@ -74,11 +79,13 @@ func WithServiceVersion(v string) Option { return func(c *config) { c.serviceVer
 // one, else a random UUID per process.
 func WithInstanceID(id string) Option { return func(c *config) { c.instanceID = id } }
 
-// WithOTLP turns the OTLP exporters for traces and metrics on or off.
+// WithOTLP turns the OTLP exporters for traces, metrics and logs on or off.
 // Default: traces are exported iff OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, metrics iff OTEL_EXPORTER_OTLP_ENDPOINT
-// or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; OTEL_TRACES_EXPORTER=none or
-// OTEL_METRICS_EXPORTER=none turns a signal off. WithOTLP(true) exports both
+// or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set, logs (flow records) iff
+// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_LOGS_ENDPOINT is set;
+// OTEL_TRACES_EXPORTER=none, OTEL_METRICS_EXPORTER=none or OTEL_LOGS_EXPORTER=none
+// turns a signal off. WithOTLP(true) exports both
 // (to localhost:4317, or localhost:4318 for http/protobuf, when no endpoint is
 // set). The transport is OTEL_EXPORTER_OTLP_{TRACES_,METRICS_,}PROTOCOL: grpc
 // (the default, see defaultProtocol) or http/protobuf.
@@ -171,6 +178,27 @@ func WithTraceExporter(e sdktrace.SpanExporter) Option {
 	}
 }
 
+// WithLogExporter adds a log record exporter next to OTLP (for tests: an
+// in-memory exporter), behind its own batch processor. Default: none.
+func WithLogExporter(e sdklog.Exporter) Option {
+	return func(c *config) {
+		if e != nil {
+			c.logExporters = append(c.logExporters, e)
+		}
+	}
+}
+
+// WithLogQueueSize bounds how many flow log records may wait for export, per
+// exporter; past it the oldest are dropped (the batch processor's ring). Default:
+// OTEL_BLRP_MAX_QUEUE_SIZE if set, else 2048.
+func WithLogQueueSize(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.logQueueSize = n
+		}
+	}
+}
+
 // WithMetricReader adds a metric reader next to OTLP and Prometheus (for tests: a
 // ManualReader). Default: none.
 func WithMetricReader(r sdkmetric.Reader) Option {
@@ -216,6 +244,20 @@ func (c *config) otlpMetrics() bool {
 	}
 	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
 		os.Getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != ""
+}
+
+// otlpLogs resolves WithOTLP against the environment for logs (the flow records):
+// on iff OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_LOGS_ENDPOINT is set,
+// unless OTEL_LOGS_EXPORTER=none.
+func (c *config) otlpLogs() bool {
+	if c.otlpSet {
+		return c.otlpEnabled
+	}
+	if strings.EqualFold(os.Getenv("OTEL_LOGS_EXPORTER"), "none") {
+		return false
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
+		os.Getenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT") != ""
 }
 
 // envDurationMillis reads a positive integer of milliseconds, the unit the OTel

@@ -177,6 +177,9 @@ func renderMetricsReference(t *testing.T) string {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := tel.ObserveFlows(func(c *report.FlowCounts) { fillOnes(reflect.ValueOf(c).Elem()) }); err != nil {
+		t.Fatal(err)
+	}
 	rm := tel.collect(t)
 	prom := prometheusNames(t, tel)
 

@@ -66,6 +66,7 @@ type Telemetry struct {
 	dataplane dataplaneInstruments                 // the dataplane's counts and map use, from the same Counts
 	pod       podInstruments                       // new pods' enforcement windows (pod.go)
 	verdicts  verdictExport                        // the dataplane's verdict counters (ObserveVerdicts)
+	flows     flowLogs                             // flow events as log records (flows.go)
 
 	nodeAttr attribute.KeyValue // k8s.node.name, or an empty KeyValue when unset
 
@@ -78,7 +79,7 @@ type Telemetry struct {
 	metricExportsFailed atomic.Uint64
 }
 
-// New builds providers, exporters (OTLP for traces and metrics, over gRPC or
+// New builds providers, exporters (OTLP for traces, metrics and logs, over gRPC or
 // http/protobuf, honouring the standard OTEL_EXPORTER_OTLP_* variables incl.
 // protocol, TLS, headers and insecure; plus a Prometheus registry for
 // MetricsHandler) and instruments. An unsupported protocol or an endpoint that is
@@ -108,6 +109,11 @@ func New(ctx context.Context, opts ...Option) (*Telemetry, error) {
 	}
 	if err := t.buildMetrics(ctx, res); err != nil {
 		_ = t.tp.Shutdown(ctx)
+		return nil, err
+	}
+	if err := t.buildLogs(ctx, res); err != nil {
+		_ = t.tp.Shutdown(ctx)
+		_ = t.mp.Shutdown(ctx)
 		return nil, err
 	}
 	// As many records as the span queues hold spans: a tree is at least one span.
@@ -446,7 +452,11 @@ func (t *Telemetry) observeCounts(o metric.Observer, c *report.Counts, suppresse
 // the exporters (or ctx).
 func (t *Telemetry) ForceFlush(ctx context.Context) error {
 	t.handoff.drain(t.draw)
-	return errors.Join(t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx))
+	errs := []error{t.tp.ForceFlush(ctx), t.mp.ForceFlush(ctx)}
+	if t.flows.lp != nil {
+		errs = append(errs, t.flows.lp.ForceFlush(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // Shutdown flushes and stops the exporters. Report and the counters stay safe
@@ -454,5 +464,9 @@ func (t *Telemetry) ForceFlush(ctx context.Context) error {
 // spans are counted as dropped).
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	t.handoff.close() // draws what is queued; later Reports draw on the caller
-	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
+	errs := []error{t.tp.Shutdown(ctx), t.mp.Shutdown(ctx)}
+	if t.flows.lp != nil {
+		errs = append(errs, t.flows.lp.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
 }

@@ -31,7 +31,7 @@ type Collector struct {
 	logs *testenv.LogBuffer
 }
 
-// StartCollector runs a collector that forwards traces and metrics from an
+// StartCollector runs a collector that forwards traces, metrics and logs from an
 // OTLP receiver, gRPC and HTTP each on a free loopback port, to sinkURL
 // (otlp_http, sending queue off), and waits until both listen. It is killed at
 // cleanup.
@@ -56,6 +56,9 @@ service:
       receivers: [otlp]
       exporters: [otlp_http]
     metrics:
+      receivers: [otlp]
+      exporters: [otlp_http]
+    logs:
       receivers: [otlp]
       exporters: [otlp_http]
   telemetry:

@@ -5,8 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
+	collogspb "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -17,6 +19,17 @@ import (
 // listens (/api/v1/otlp/v1/metrics), for configs that export there.
 type Sink struct {
 	URL string
+
+	mu     sync.Mutex
+	onLogs func(*collogspb.ExportLogsServiceRequest)
+}
+
+// OnLogs sets what each decoded logs request (/v1/logs) is passed to; until it is
+// set, logs requests are answered and dropped.
+func (s *Sink) OnLogs(fn func(*collogspb.ExportLogsServiceRequest)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onLogs = fn
 }
 
 // NewSink starts a sink that passes each decoded request to onTraces or
@@ -24,6 +37,7 @@ type Sink struct {
 // that does not decode fails the test and is answered 400. The server is closed
 // at cleanup.
 func NewSink(tb testing.TB, onTraces func(*coltracepb.ExportTraceServiceRequest), onMetrics func(*colmetricspb.ExportMetricsServiceRequest)) *Sink {
+	s := &Sink{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
 		var req coltracepb.ExportTraceServiceRequest
@@ -47,9 +61,23 @@ func NewSink(tb testing.TB, onTraces func(*coltracepb.ExportTraceServiceRequest)
 	}
 	mux.HandleFunc("POST /v1/metrics", metrics)
 	mux.HandleFunc("POST /api/v1/otlp/v1/metrics", metrics)
+	mux.HandleFunc("POST /v1/logs", func(w http.ResponseWriter, r *http.Request) {
+		var req collogspb.ExportLogsServiceRequest
+		if !decode(tb, w, r, &req) {
+			return
+		}
+		s.mu.Lock()
+		fn := s.onLogs
+		s.mu.Unlock()
+		if fn != nil {
+			fn(&req)
+		}
+		write(w, &collogspb.ExportLogsServiceResponse{})
+	})
 	srv := httptest.NewServer(mux)
 	tb.Cleanup(srv.Close)
-	return &Sink{URL: srv.URL}
+	s.URL = srv.URL
+	return s
 }
 
 func decode(tb testing.TB, w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
