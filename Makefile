@@ -138,7 +138,7 @@ e2e-full: tools ## full profiles: 410 relist (apiserver restarted in the gap), 1
 # the measured one (FLEET_ARGS), plus FLEET_EXTRA: the relay variant is
 #   make fleet FLEET_EXTRA="-relay-cmd 'exec {npagent} relay --kubeconfig={kubeconfig} ...' -agent-args '--relay-url=... --relay-ca={dir}/...'"
 # ({npagent}: the agent binary built for the run; {kubeconfig}: admin; {dir}: scratch).
-FLEET_ARGS ?= -agents 40 -objects 10000 -pods 4 -writes 20 -window 60s -settle 10s -after 10s
+FLEET_ARGS ?= -agents 40 -objects 10000 -pods 4 -writes 20 -window 60s -baseline 20s -settle 10s -after 10s
 FLEET_EXTRA ?=
 
 fleet: tools ## 40 agents, 10,000 objects, 20 writes/s, one real apiserver: its CPU and bytes, agent CPU/RSS, p99, a restart, exactly once (root; FLEET_ARGS)
