@@ -6,7 +6,9 @@
 // one agent's node (so ~1/N of the objects are local to each agent), and a churn
 // driver writing W trigger-stamped updates a second.
 //
-// Its one test, TestFleet, measures three phases and prints a markdown table:
+// Its one test, TestFleet, measures two baselines (the churn with no agent running,
+// so what the agents add to the apiserver is told from the writes' own cost; the
+// agents with no churn) and three phases, and prints a markdown table:
 //
 //   - cold start: every agent started at once, until every /readyz answers 200;
 //   - steady churn: apiserver (and etcd) CPU-seconds from /proc, the bytes the

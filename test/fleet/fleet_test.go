@@ -45,7 +45,7 @@ var (
 	flagTable   = flag.String("table", "", "also write the markdown table to this file")
 )
 
-// phase is what a process consumed over a phase of the run.
+// usage is what the processes consumed over a phase of the run.
 type usage struct {
 	apiCPU, etcdCPU, relayCPU float64 // CPU-seconds
 	bytes                     float64 // the apiserver's PolicyEndpoint bytes sent
