@@ -26,8 +26,9 @@
 // writer stamped is reported once on the node of its local pod, and nothing else is
 // reported (the objects' creation triggers predate the agents: before_start).
 //
-// Defaults are a smoke run (3 agents, 300 objects) that make e2e runs; make fleet
-// runs the measured one (40 agents, 10,000 objects, 20 writes/s). The relay variant
+// It runs only with NPAGENT_FLEET=1, which make fleet sets: the measured profile (40
+// agents, 10,000 objects, 20 writes/s) by default, the test's own defaults (3 agents,
+// 300 objects, ~1-2 min) with make fleet FLEET_ARGS=. The relay variant
 // is a flag away: -relay-cmd starts the relay and -agent-args points every agent at
 // it (see make fleet's help and BENCHMARKS.md, "Fleet").
 package fleet

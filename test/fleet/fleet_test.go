@@ -23,8 +23,8 @@ import (
 	"github.com/npagent/npagent/internal/testenv/fixture"
 )
 
-// The run's shape. The defaults are the smoke run of make e2e; make fleet sets the
-// measured one (FLEET_ARGS).
+// The run's shape. The defaults are a smoke profile (make fleet FLEET_ARGS=); make
+// fleet sets the measured one (FLEET_ARGS).
 var (
 	flagAgents  = flag.Int("agents", 3, "agent processes, one node each")
 	flagObjects = flag.Int("objects", 300, "PolicyEndpoints; object k's first pod is on node k mod agents")
@@ -62,12 +62,18 @@ type snapshot struct {
 	agentCPU                  []float64
 }
 
+// EnvFleet selects TestFleet (make fleet sets it). Without it the test skips: even
+// its smoke profile took 65-125 s on the shared 2-core machine (the agent's build,
+// the control plane, an apiserver restart), so it is a profile, not a prerequisite,
+// and make test leaves it out.
+const EnvFleet = "NPAGENT_FLEET"
+
 // TestFleet runs the fleet and prints the table (package doc). It needs root for
 // the pods' interfaces and routes, and the tools (kube-apiserver, etcd) and the
 // controller's CRDs (NPAGENT_UPSTREAM_CRDS).
 func TestFleet(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: runs kube-apiserver, etcd and agent processes")
+	if os.Getenv(EnvFleet) != "1" {
+		t.Skipf("%s=1 selects the fleet run (make fleet; make fleet FLEET_ARGS= for the smoke profile)", EnvFleet)
 	}
 	agents, objects := *flagAgents, *flagObjects
 	if agents < 1 || agents > 250 || objects < agents || *flagPods < 1 || *flagPods > 250 {
