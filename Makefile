@@ -18,7 +18,7 @@ UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./intern
 INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
-E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/ ./test/e2enode/
+E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/ ./test/e2enode/ ./test/fleet/
 # Packages whose code runs goroutines or is called from several: their tier runs them
 # under the race detector (only: not a second time without it).
 RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
@@ -40,7 +40,7 @@ define gotest
 		echo "$(GO) test $(TESTFLAGS) -run '$$re' $$pkg"; $(GO) test $(TESTFLAGS) -run "$$re" $$pkg || exit 1;; esac; done
 endef
 
-.PHONY: all build image release chart docs test unit integration kernel e2e e2e-full e2e-node check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
+.PHONY: all build image release chart docs test unit integration kernel e2e e2e-full e2e-node fleet check-tiers test-unit-pkgs fuzz tools tools-demo bench lint fmt generate verify-generated demo clean
 
 all: build
 
@@ -132,6 +132,19 @@ e2e: tools-demo ## the agent's binary against real parts: faults, restarts, the 
 e2e-full: tools ## full profiles: 410 relist (apiserver restarted in the gap), 10 SIGKILLs mid-churn, collector down 30s, packet prober (16 flips)
 	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profiles: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s, packet prober 16 flips; root for the pods and eBPF)"
 	NPAGENT_E2E=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) -run '$(E2E_TESTS)' ./cmd/npagent/
+
+# The fleet run (test/fleet, BENCHMARKS.md "Fleet"): many agent processes against one
+# real apiserver, not in make test (make e2e skips it: even its smoke profile takes
+# over a minute here). make fleet runs the measured profile (FLEET_ARGS; FLEET_ARGS=
+# runs the smoke one: 3 agents, 300 objects), plus FLEET_EXTRA: the relay variant is
+#   make fleet FLEET_EXTRA="-relay-cmd 'exec {npagent} relay --kubeconfig={kubeconfig} ...' -agent-args '--relay-url=... --relay-ca={dir}/...'"
+# ({npagent}: the agent binary built for the run; {kubeconfig}: admin; {dir}: scratch).
+FLEET_ARGS ?= -agents 40 -objects 10000 -pods 4 -writes 20 -window 60s -baseline 20s -settle 10s -after 10s
+FLEET_EXTRA ?=
+
+fleet: tools ## 40 agents, 10,000 objects, 20 writes/s, one real apiserver: its CPU and bytes, agent CPU/RSS, p99, a restart, exactly once (root; FLEET_ARGS)
+	@echo "==> go test ./test/fleet/ (prints the table; ~10 min on 2 cores)"
+	NPAGENT_FLEET=1 $(GO) test -count=1 -v -timeout 60m -run '^TestFleet$$' ./test/fleet/ -args $(FLEET_ARGS) $(FLEET_EXTRA)
 
 # Every package in exactly one tier, and every fuzz target listed.
 check-tiers:
