@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -330,6 +331,7 @@ func printPod(w io.Writer, p *explain.PodExplain) {
 		fmt.Fprintf(w, "  interface   ifindex %d\n", p.Ifindex)
 	}
 	printPodWindow(w, p.Window)
+	defer printPodDenials(w, p.RecentDenials)
 	defer printPodVerdicts(w, p.Verdicts)
 	if len(p.Objects) == 0 {
 		return
@@ -359,6 +361,53 @@ func printPodWindow(w io.Writer, win *explain.PodWindow) {
 		return
 	}
 	fmt.Fprintf(w, "  window      network ready %s (%s), policy in force %s later\n", ready, win.Source, win.Programmed.Sub(win.NetworkReady))
+}
+
+// printPodDenials prints the pod's recent denials, newest first.
+func printPodDenials(w io.Writer, fs []explain.PodFlow) {
+	if len(fs) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  recent denials (flow events, newest first):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TIME\tDIRECTION\tVERDICT\tFROM\tTO\tPROTO\tREASON\tPOLICY\tRULE")
+	for _, f := range fs {
+		rule, policy := "-", "-"
+		if f.Rule >= 0 {
+			rule = fmt.Sprint(f.Rule)
+		}
+		if f.Policy != "" {
+			policy = objectName(f.PolicyKind, "", f.Policy)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Time.UTC().Format(time.RFC3339Nano), f.Direction, f.Verdict,
+			hostPort(f.Src, f.SrcPort), hostPort(f.Dst, f.DstPort), protoName(f.Protocol), f.Reason, policy, rule)
+	}
+	tw.Flush()
+}
+
+// hostPort is addr:port, or addr alone without a port.
+func hostPort(addr string, port uint16) string {
+	if port == 0 {
+		return orDash(addr)
+	}
+	return net.JoinHostPort(addr, fmt.Sprint(port))
+}
+
+// protoName names the common IP protocols, else the number.
+func protoName(p uint8) string {
+	switch p {
+	case 1:
+		return "icmp"
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 58:
+		return "icmpv6"
+	case 132:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
 }
 
 // printPodVerdicts prints the pod's verdict counters, the denials first.

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
 	"github.com/npagent/npagent/internal/explain"
@@ -190,5 +191,34 @@ func TestExplainVerdictSource(t *testing.T) {
 	}
 	if _, err := src.ExplainVerdict(explain.VerdictQuery{From: ip("fd00::1"), To: ip("10.1.0.5"), Protocol: "tcp", Port: 80}); err == nil {
 		t.Error("two families: no error")
+	}
+}
+
+// TestExplainPodPrintsRecentDenials: explain pod prints the pod's recent denials,
+// one line each with its direction, verdict, ends, protocol, reason, deciding
+// object and rule, after the verdict counters.
+func TestExplainPodPrintsRecentDenials(t *testing.T) {
+	at := time.Date(2026, 12, 5, 20, 1, 2, 0, time.UTC)
+	p := explain.PodExplain{Node: "n", Namespace: "shop", Name: "web-1", IP: "10.1.0.5", OnNode: true, Synced: true, Programmed: true,
+		RecentDenials: []explain.PodFlow{
+			{Time: at, Verdict: "deny", Direction: "ingress", Reason: "default_deny", Src: "10.9.0.1", SrcPort: 40000, Dst: "10.1.0.5", DstPort: 8081,
+				Protocol: 6, PolicyKind: "PolicyEndpoint", Policy: "shop/web", Rule: -1},
+			{Time: at, Verdict: "would_deny", Direction: "egress", Reason: "admin_deny", Src: "10.1.0.5", Dst: "169.254.169.254",
+				Protocol: 1, PolicyKind: "ClusterPolicyEndpoint", Policy: "deny-metadata", Rule: 1},
+		}}
+	var b strings.Builder
+	printPod(&b, &p)
+	out := b.String()
+	for _, want := range []string{
+		"2026-12-05T20:01:02Z ingress deny 10.9.0.1:40000 10.1.0.5:8081 tcp default_deny pe/shop/web -",
+		"2026-12-05T20:01:02Z egress would_deny 10.1.0.5 169.254.169.254 icmp admin_deny cpe/deny-metadata 1",
+	} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			found = found || strings.Join(strings.Fields(line), " ") == want
+		}
+		if !found {
+			t.Errorf("explain pod output lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -256,6 +256,9 @@ type PodExplain struct {
 	// Window is the pod's new-pod enforcement window as this process saw it; nil
 	// when the agent does not measure it (no pod condition) or has not seen the pod.
 	Window *PodWindow `json:"window,omitempty"`
+	// RecentDenials are the last packets the policy denied for the pod, newest
+	// first, as flow events named them (none with --flow-events=off).
+	RecentDenials []PodFlow `json:"recentDenials,omitempty"`
 }
 
 // PodWindow is a new pod's enforcement window: from its network becoming usable to

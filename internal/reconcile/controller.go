@@ -142,6 +142,8 @@ type Controller struct {
 	// explain is each object's recent versions and reports, for ExplainObject
 	// (see explain.go).
 	explain explain.History
+	// recentFlows is each pod's last denials, for ExplainPod (a sink of StartFlows).
+	recentFlows explain.RecentFlows
 	// progress is when keys were taken, syncs finished and events arrived, for a
 	// liveness check (see progress.go).
 	progress progress

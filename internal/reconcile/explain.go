@@ -187,6 +187,7 @@ func (c *Controller) ExplainPod(q explain.PodQuery) explain.PodExplain {
 	}
 	c.podObjects(&out, byKey, lists, ip)
 	out.Window = c.podWindowOf(out.Namespace, out.Name)
+	out.RecentDenials = c.recentFlows.Pod(out.Namespace, out.Name, ip)
 	return out
 }
 

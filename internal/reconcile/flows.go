@@ -67,6 +67,8 @@ func (c *Controller) StartFlows(ctx context.Context, src bpfmaps.FlowEventSource
 	if err != nil {
 		return nil, err
 	}
+	// The read model first: explain pod shows a pod's recent denials.
+	opts.Sinks = append([]report.FlowSink{&c.recentFlows}, opts.Sinks...)
 	f := &Flows{c: c, src: src, rd: rd, opts: opts, queue: make(chan bpfmaps.FlowEvent, opts.QueueSize)}
 	f.wg.Add(3)
 	go func() {

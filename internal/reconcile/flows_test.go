@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/explain"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
 )
@@ -85,6 +87,14 @@ func TestEBPFFlowEvents(t *testing.T) {
 	}
 	if ev.SrcPort == 0 || ev.Length == 0 || time.Since(ev.Time) > 10*time.Second {
 		t.Errorf("event source port %d, length %d, time %v: want the packet's", ev.SrcPort, ev.Length, ev.Time)
+	}
+	// explain pod shows it: the read model is a sink of its own.
+	ex := a.c.ExplainPod(explain.PodQuery{Namespace: "flows", Name: "p-" + l.podIP})
+	if i := slices.IndexFunc(ex.RecentDenials, func(f explain.PodFlow) bool { return f.DstPort == 8081 }); i < 0 {
+		t.Errorf("explain pod flows/p-%s: recent denials %+v, want the SYN to 8081", l.podIP, ex.RecentDenials)
+	} else if f := ex.RecentDenials[i]; f.Policy != "flows/web" || f.PolicyKind != "PolicyEndpoint" || f.Reason != "default_deny" ||
+		f.Direction != "ingress" || f.Src != l.hostIP || f.Protocol != 6 || f.Rule != -1 {
+		t.Errorf("explain pod's denial %+v", f)
 	}
 	var c report.FlowCounts
 	flows.Counts(&c)
