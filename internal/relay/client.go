@@ -140,9 +140,9 @@ func (t *fallback) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			reason = err.Error()
 		} else {
-			reason = resp.Status
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 			resp.Body.Close()
+			reason = resp.Status + ": " + string(body)
 		}
 		t.relayDown(reason)
 	}
@@ -190,8 +190,7 @@ func (t *fallback) answered(req *http.Request, from source, resp *http.Response)
 		}
 		t.listed[path] = from
 	} else if prev := t.listed[path]; prev != 0 && prev != from {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		resp.Body.Close()
+		resp.Body.Close() // a watch stream: not drained, the connection is dropped
 		return gone(req, fmt.Sprintf("relay: the watch moved from the %s to the %s: list again", prev, from)), nil
 	}
 	if watching && from == fromAPI {
@@ -251,10 +250,12 @@ func (t *fallback) probe() bool {
 	}
 	resp, err := t.relay.RoundTrip(req)
 	if err != nil {
+		t.log.Debug("relay probe", "err", err)
 		return false
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
+	t.log.Debug("relay probe", "status", resp.Status)
 	return resp.StatusCode == http.StatusOK
 }
 

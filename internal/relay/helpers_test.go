@@ -116,8 +116,6 @@ func (tr *testRelay) stop() {
 	<-done
 }
 
-
-
 // agentIdentity is what an agent on a node holds: a token bound to its pod there.
 type agentIdentity struct {
 	node  string
@@ -184,7 +182,6 @@ func ensureAgentAccount(t testing.TB, cs kubernetes.Interface, ns string) {
 		t.Fatal(err)
 	}
 }
-
 
 // relayOnly is a rest.Config straight to the relay, with no fallback.
 func relayOnly(tr *testRelay, id agentIdentity) *rest.Config {
