@@ -76,6 +76,8 @@ type config struct {
 	PodCondition          bool               // write npagent.io/PolicyProgrammed on this node's pods
 	PodConditionQPS       float64            // bound on those writes per second
 	NodeEgress            bpfmaps.NodeEgress // a pod's packets to its node: exempt (allow) or judged by its egress policy
+	RelayURL              string             // "" = policy endpoint objects from the apiserver
+	RelayCA               string             // CA bundle of the relay's serving certificate
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -123,6 +125,8 @@ var flagEnv = map[string]string{
 	"enforcing-mode":          "NPAGENT_ENFORCING_MODE",
 	"pod-condition":           "NPAGENT_POD_CONDITION",
 	"pod-condition-qps":       "NPAGENT_POD_CONDITION_QPS",
+	"relay-url":               "NPAGENT_RELAY_URL",
+	"relay-ca":                "NPAGENT_RELAY_CA",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -180,6 +184,8 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.StringVar(&c.HealthAddr, "health-addr", defaultHealthAddr, "host:port serving /livez (alias /healthz) and /readyz, apart from /metrics with a limiter of its own; keep it on loopback, which pods cannot reach (the kubelet probes it with httpGet host 127.0.0.1: the agent is on the host network)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
+	fs.StringVar(&c.RelayURL, "relay-url", "", "read PolicyEndpoints and ClusterPolicyEndpoints from the relay tier at this https URL (npagent relay: only this node's objects; docs/how-to/relay.md), and from the apiserver while no relay answers; pods and the Node still come from the apiserver. Empty: from the apiserver")
+	fs.StringVar(&c.RelayCA, "relay-ca", "", "CA bundle (PEM file) the relay's serving certificate is checked against; empty: the system's roots")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
 	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -213,7 +219,7 @@ var flagGroups = []struct {
 	flags []string
 }{
 	{"Node and cluster", []string{"kubeconfig", "node-name", "node-ip", "node-cidrs", "node-address-interfaces",
-		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
+		"pod-interface-prefixes", "apiserver-timeout", "resync-period", "relay-url", "relay-ca"}},
 	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
 		"namespace-entry-share", "max-entries-per-object"}},
 	{"Enforcement", []string{"enforcing-mode", "node-egress", "audit-mode", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
