@@ -242,6 +242,7 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
        npagent wait --cluster --pod <ns>/<name> [--timeout D]   (through the apiserver)
        npagent status [--json] (pod|policy) <ns>/<name>          (through the apiserver)
        npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)
+       npagent relay --tls-cert-file F --tls-key-file F   (the relay tier: docs/how-to/relay.md)
 
 Flags (each falls back to the environment variable in brackets):
 `)

@@ -70,6 +70,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "cleanup":
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
+		case "relay":
+			return runRelay(ctx, args[1:], getenv, stderr)
 		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
