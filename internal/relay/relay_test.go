@@ -55,9 +55,10 @@ func newReader(t testing.TB, cfg *rest.Config, resource string) reader {
 	return reader{list: l, watch: w}
 }
 
-// names lists and returns the names of the items whose names start with prefix, and
-// the list's resourceVersion.
-func (r reader) names(t testing.TB, prefix string) ([]string, string) {
+// names lists and returns the names of the items of namespace ns (any for a
+// ClusterPolicyEndpoint) whose names start with prefix, and the list's
+// resourceVersion. Earlier tests' objects stay on the shared control plane.
+func (r reader) names(t testing.TB, ns, prefix string) ([]string, string) {
 	t.Helper()
 	obj, err := r.list(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -66,7 +67,7 @@ func (r reader) names(t testing.TB, prefix string) ([]string, string) {
 	items, _ := meta.ExtractList(obj)
 	var out []string
 	for _, it := range items {
-		if m, _ := meta.Accessor(it); strings.HasPrefix(m.GetName(), prefix) {
+		if m, _ := meta.Accessor(it); strings.HasPrefix(m.GetName(), prefix) && (m.GetNamespace() == "" || m.GetNamespace() == ns) {
 			out = append(out, m.GetName())
 		}
 	}
@@ -149,8 +150,8 @@ func TestNodeView(t *testing.T) {
 	var got1, got2 []string
 	var rv1 string
 	testenv.Eventually(t, 20*time.Second, "the relay serves the created objects", func() bool {
-		got1, rv1 = r1.names(t, "")
-		got2, _ = r2.names(t, "")
+		got1, rv1 = r1.names(t, ns, "")
+		got2, _ = r2.names(t, ns, "")
 		return len(got1) == 2 && len(got2) == 4
 	})
 	if want := []string{"a1", "a2"}; !slices.Equal(got1, want) {
@@ -160,7 +161,7 @@ func TestNodeView(t *testing.T) {
 		t.Errorf("node 2 lists %v, want %v", got2, want)
 	}
 	cr := newReader(t, relayOnly(tr, n1), v1alpha1.ResourceClusterPolicyEndpoints)
-	if got, _ := cr.names(t, ns); !slices.Equal(got, []string{cpe.Name}) {
+	if got, _ := cr.names(t, "", ns); !slices.Equal(got, []string{cpe.Name}) {
 		t.Errorf("node 1 lists cluster policy endpoints %v, want [%s]", got, cpe.Name)
 	}
 
@@ -213,29 +214,35 @@ func TestNodeView(t *testing.T) {
 			return false
 		}
 	})
-	if got, _ := r1.names(t, ""); !slices.Equal(got, []string{"b1"}) {
+	if got, _ := r1.names(t, ns, ""); !slices.Equal(got, []string{"b1"}) {
 		t.Errorf("node 1 lists %v after the writes, want [b1]", got)
 	}
-	if got, _ := r2.names(t, ""); !slices.Equal(got, []string{"a1", "a2", "b1"}) {
+	if got, _ := r2.names(t, ns, ""); !slices.Equal(got, []string{"a1", "a2", "b1"}) {
 		t.Errorf("node 2 lists %v after the writes, want [a1 a2 b1]", got)
 	}
-	// Pages: limit and continue give the same objects.
-	obj, err := r2.list(ctx, metav1.ListOptions{Limit: 2})
-	if err != nil {
-		t.Fatal(err)
+	// Pages: limit and continue give the same objects as one list.
+	all := func(opts metav1.ListOptions) (keys []string, pages int) {
+		for {
+			obj, err := r2.list(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages++
+			items, _ := meta.ExtractList(obj)
+			for _, it := range items {
+				m, _ := meta.Accessor(it)
+				keys = append(keys, m.GetNamespace()+"/"+m.GetName())
+			}
+			lm, _ := meta.ListAccessor(obj)
+			if opts.Continue = lm.GetContinue(); opts.Continue == "" {
+				return keys, pages
+			}
+		}
 	}
-	lm, _ := meta.ListAccessor(obj)
-	items, _ := meta.ExtractList(obj)
-	if len(items) != 2 || lm.GetContinue() == "" {
-		t.Fatalf("first page: %d items, continue %q", len(items), lm.GetContinue())
-	}
-	obj, err = r2.list(ctx, metav1.ListOptions{Limit: 2, Continue: lm.GetContinue()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	items, _ = meta.ExtractList(obj)
-	if m, _ := meta.Accessor(items[0]); len(items) != 1 || m.GetName() != "b1" {
-		t.Errorf("second page: %d items, want [b1]", len(items))
+	whole, _ := all(metav1.ListOptions{})
+	paged, pages := all(metav1.ListOptions{Limit: 2})
+	if !slices.Equal(whole, paged) || pages != (len(whole)+1)/2 {
+		t.Errorf("in %d pages of 2: %v, in one list: %v", pages, paged, whole)
 	}
 }
 
@@ -254,12 +261,12 @@ func TestWatchExpired(t *testing.T) {
 	tr := startRelay(t, cp, Config{WindowEvents: 3})
 	ctx := context.Background()
 	r := newReader(t, relayOnly(tr, n1), v1alpha1.ResourcePolicyEndpoints)
-	_, rv := r.names(t, "")
+	_, rv := r.names(t, ns, "")
 	x := pe(ns, "x", "x", "10.0.0.0/8", 1, [2]string{n1.ip, "10.1.0.1"})
 	if err := cp.Client.Create(ctx, x); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "x listed", func() bool { got, _ := r.names(t, ""); return len(got) == 1 })
+	testenv.Eventually(t, 10*time.Second, "x listed", func() bool { got, _ := r.names(t, ns, ""); return len(got) == 1 })
 	// Inside the window: the create is replayed.
 	w, err := r.watch(ctx, metav1.ListOptions{ResourceVersion: rv})
 	if err != nil {
@@ -273,7 +280,7 @@ func TestWatchExpired(t *testing.T) {
 		write(t, cp, x, func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Port = ptr(int32(2 + i)) })
 	}
 	testenv.Eventually(t, 10*time.Second, "the writes seen", func() bool {
-		_, now := r.names(t, "")
+		_, now := r.names(t, ns, "")
 		return now == x.ResourceVersion
 	})
 	_, err = r.watch(ctx, metav1.ListOptions{ResourceVersion: rv})
@@ -308,7 +315,7 @@ func TestAuthentication(t *testing.T) {
 			t.Errorf("%s: err = %v, want %d saying %q", tc.name, err, tc.code, tc.says)
 		}
 	}
-	if got, _ := newReader(t, relayOnly(tr, n1), v1alpha1.ResourcePolicyEndpoints).names(t, ""); got != nil {
+	if got, _ := newReader(t, relayOnly(tr, n1), v1alpha1.ResourcePolicyEndpoints).names(t, ns, ""); got != nil {
 		t.Errorf("the node's own token: %v, want an empty list", got)
 	}
 	// The same pod-bound token, for a service account without RBAC to list.
