@@ -15,13 +15,13 @@ TEST_TIMEOUT ?= 25m
 UNIT_PKGS        := ./docs/ ./internal/report/ ./internal/testenv/skip/ ./internal/testenv/otlptest/ \
 	./examples/demo/verify/ ./examples/demo/controlplane/ ./examples/deploy/ ./deploy/charts/template/ \
 	./internal/translate/ ./internal/explain/ ./internal/lastvalid/ ./internal/testenv/fixture/ ./hack/release/ ./internal/podcond/ ./test/e2enode/images/...
-INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ \
+INTEGRATION_PKGS := ./api/v1alpha1/ ./internal/testenv/ ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ ./internal/relay/ \
 	./examples/churn/ ./deploy/charts/ ./deploy/grafana/ ./deploy/prometheus/
 KERNEL_PKGS      := ./internal/atomicfile/ ./internal/bpfmaps/ ./internal/podif/ ./internal/nodeaddrs/ ./internal/testenv/netlab/
 E2E_PKGS         := ./cmd/npagent/ ./otel-collector/ ./hack/image/ ./test/e2enode/ ./test/fleet/
 # Packages whose code runs goroutines or is called from several: their tier runs them
 # under the race detector (only: not a second time without it).
-RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
+RACE_PKGS := ./internal/seen/ ./internal/reconcile/ ./internal/kubewatch/ ./internal/relay/ ./internal/telemetry/ ./internal/bpfmaps/ ./internal/nodeaddrs/ ./cmd/npagent/
 # Tests that skip under the race detector (timing, allocation counts: its stalls
 # and sync.Pool's drops make them meaningless), as package:regex. The race pass
 # skips them; a plain pass of their own runs them, and only them.

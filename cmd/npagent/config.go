@@ -83,6 +83,8 @@ type config struct {
 	FlowLogFile           string // "" = no JSON lines file
 	FlowLogMaxSize        int    // megabytes before rotation
 	FlowLogMaxFiles       int    // rotated files kept
+	RelayURL              string // "" = policy endpoint objects from the apiserver
+	RelayCA               string // CA bundle of the relay's serving certificate
 }
 
 // flagEnv maps each flag to the environment variable that supplies it when the flag
@@ -136,6 +138,8 @@ var flagEnv = map[string]string{
 	"flow-log-file":           "NPAGENT_FLOW_LOG_FILE",
 	"flow-log-max-size":       "NPAGENT_FLOW_LOG_MAX_SIZE",
 	"flow-log-max-files":      "NPAGENT_FLOW_LOG_MAX_FILES",
+	"relay-url":               "NPAGENT_RELAY_URL",
+	"relay-ca":                "NPAGENT_RELAY_CA",
 }
 
 // errHelp is returned when -h or --help was asked for: usage was printed, exit 0.
@@ -193,6 +197,8 @@ func newFlagSet(c *config, raw *rawFlags) *flag.FlagSet {
 	fs.StringVar(&c.HealthAddr, "health-addr", defaultHealthAddr, "host:port serving /livez (alias /healthz) and /readyz, apart from /metrics with a limiter of its own; keep it on loopback, which pods cannot reach (the kubelet probes it with httpGet host 127.0.0.1: the agent is on the host network)")
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", 2*time.Minute, "/livez fails when one sync runs, or keys wait in the queue with no sync finishing, for longer than this")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", time.Minute, "/readyz fails, and npagent.watch.stalled is 1, while an informer's watch is down for longer than this, or open and silent (no event, no bookmark, not reopened) for longer than its own timeout (5-10m) plus this")
+	fs.StringVar(&c.RelayURL, "relay-url", "", "read PolicyEndpoints and ClusterPolicyEndpoints from the relay tier at this https URL (npagent relay: only this node's objects; docs/how-to/relay.md), and from the apiserver while no relay answers; pods and the Node still come from the apiserver. Empty: from the apiserver")
+	fs.StringVar(&c.RelayCA, "relay-ca", "", "CA bundle (PEM file) the relay's serving certificate is checked against; empty: the system's roots")
 	fs.DurationVar(&c.APIServerTimeout, "apiserver-timeout", 10*time.Second, "how long the startup probe of the apiserver may take")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long flushing telemetry may take at shutdown")
 	fs.StringVar(&raw.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -232,7 +238,7 @@ var flagGroups = []struct {
 	flags []string
 }{
 	{"Node and cluster", []string{"kubeconfig", "node-name", "node-ip", "node-cidrs", "node-address-interfaces",
-		"pod-interface-prefixes", "apiserver-timeout", "resync-period"}},
+		"pod-interface-prefixes", "apiserver-timeout", "resync-period", "relay-url", "relay-ca"}},
 	{"Dataplane", []string{"dataplane", "bpffs-path", "max-entries-ipv4", "max-entries-ipv6", "conntrack-entries",
 		"namespace-entry-share", "max-entries-per-object"}},
 	{"Enforcement", []string{"enforcing-mode", "node-egress", "audit-mode", "drop-fqdn-allow-rules", "workers", "pod-condition", "pod-condition-qps"}},
@@ -256,6 +262,7 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
        npagent wait --cluster --pod <ns>/<name> [--timeout D]   (through the apiserver)
        npagent status [--json] (pod|policy) <ns>/<name>          (through the apiserver)
        npagent cleanup [--wait]   (end enforcement on this node: after the agent stopped)
+       npagent relay --tls-cert-file F --tls-key-file F   (the relay tier: docs/how-to/relay.md)
 
 Flags (each falls back to the environment variable in brackets):
 `)

@@ -95,6 +95,9 @@ func TestCommandUsageInDocs(t *testing.T) {
 		{"<!-- cleanup-usage -->", func(stderr *bytes.Buffer) {
 			_ = runCleanup(context.Background(), []string{"-h"}, noEnv, io.Discard, stderr)
 		}},
+		{"<!-- relay-usage -->", func(stderr *bytes.Buffer) {
+			_ = runRelay(context.Background(), []string{"-h"}, noEnv, stderr)
+		}},
 	} {
 		var stderr bytes.Buffer
 		c.run(&stderr)

@@ -25,6 +25,7 @@ import (
 	"github.com/npagent/npagent/internal/nodeaddrs"
 	"github.com/npagent/npagent/internal/podif"
 	"github.com/npagent/npagent/internal/reconcile"
+	"github.com/npagent/npagent/internal/relay"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/telemetry"
@@ -69,6 +70,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "cleanup":
 			return runCleanup(ctx, args[1:], getenv, stdout, stderr)
+		case "relay":
+			return runRelay(ctx, args[1:], getenv, stderr)
 		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
@@ -163,7 +166,7 @@ func runAgent(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	ctrl, err := newController(restConfig, cfg, dp, seenSet, sink, log)
+	ctrl, err := newController(runCtx, restConfig, cfg, dp, seenSet, sink, log)
 	if err != nil {
 		return err
 	}
@@ -348,10 +351,18 @@ func keepNodeSet(ctx context.Context, cfg config, dp bpfmaps.Dataplane, log *slo
 // newController builds the reconcile loop from the configuration, with the last
 // valid versions beside the seen-set's state: both must outlive the agent's
 // container.
-func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, seenSet *seen.Set, sink report.Sink, log *slog.Logger) (*reconcile.Controller, error) {
+func newController(ctx context.Context, restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, seenSet *seen.Set, sink report.Sink, log *slog.Logger) (*reconcile.Controller, error) {
 	var podSeen *seen.Set
 	if cfg.PodCondition {
 		podSeen = openPodSeenSet(cfg, log)
+	}
+	var endpoints *rest.Config // nil: the apiserver
+	if cfg.RelayURL != "" {
+		var err error
+		if endpoints, err = relay.ClientConfig(ctx, restConfig, cfg.RelayURL,
+			relay.ClientOptions{CAFile: cfg.RelayCA, Logger: log.With("component", "relay-client")}); err != nil {
+			return nil, err
+		}
 	}
 	ctrl, err := reconcile.New(restConfig, reconcile.Config{
 		NodeName:              cfg.NodeName,
@@ -375,6 +386,7 @@ func newController(restConfig *rest.Config, cfg config, dp bpfmaps.Dataplane, se
 		PodSeen:           podSeen,
 		// 100% is 1: no bound, as 0.
 		NamespaceEntryShare: cfg.NamespaceEntryShare / 100,
+		EndpointsConfig:     endpoints,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)

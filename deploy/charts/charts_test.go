@@ -802,3 +802,88 @@ func TestNotesSayWhatToCheck(t *testing.T) {
 		t.Errorf("cleanup notes do not say how to finish the uninstall:\n%s", cl)
 	}
 }
+
+// TestRelayValue: relay.enabled renders the relay tier (a Deployment of
+// relay.replicas, its Service, service account and RBAC, a cert-manager Certificate
+// when an issuer is named) and points the agents at it with the CA of its secret;
+// off by default; on without TLS fails the render, naming what to set.
+func TestRelayValue(t *testing.T) {
+	kindsOf := func(objs []*unstructured.Unstructured) []string {
+		var out []string
+		for _, o := range objs {
+			out = append(out, o.GetKind()+"/"+o.GetName())
+		}
+		return out
+	}
+	if k := kindsOf(objects(t, render(t, cases[0]))); slices.Contains(k, "Deployment/npagent-relay") {
+		t.Errorf("default values render the relay: %v", k)
+	}
+	on := map[string]any{"relay": map[string]any{"enabled": true, "replicas": 3,
+		"tls": map[string]any{"certManager": map[string]any{"issuer": "cluster-ca", "issuerKind": "ClusterIssuer"}}}}
+	c := testCase{"relay", Release{"npagent", "npagent"}, on}
+	kv, err := chartutil.ParseKubeVersion(KubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range lint.AllWithKubeVersion(Dir("npagent"), on, c.rel.Namespace, kv).Messages {
+		if m.Severity >= support.WarningSev {
+			t.Errorf("relay: helm lint: %s", m)
+		}
+	}
+	objs := objects(t, render(t, c))
+	k := kindsOf(objs)
+	for _, want := range []string{"Deployment/npagent-relay", "Service/npagent-relay", "ServiceAccount/npagent-relay",
+		"ClusterRole/npagent-relay", "ClusterRoleBinding/npagent-relay", "Certificate/npagent-relay"} {
+		if !slices.Contains(k, want) {
+			t.Errorf("relay.enabled renders no %s (rendered %v)", want, k)
+		}
+	}
+	var dep *appsv1.Deployment
+	var role *rbacv1.ClusterRole
+	for _, o := range objs {
+		switch o.GetKind() + "/" + o.GetName() {
+		case "Deployment/npagent-relay":
+			dep = new(appsv1.Deployment)
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, dep, true); err != nil {
+				t.Fatal(err)
+			}
+		case "ClusterRole/npagent-relay":
+			role = new(rbacv1.ClusterRole)
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, role, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if dep == nil || role == nil {
+		t.Fatal("no relay Deployment or ClusterRole")
+	}
+	if *dep.Spec.Replicas != 3 || dep.Spec.Template.Spec.Containers[0].Args[0] != "relay" ||
+		dep.Spec.Template.Spec.Volumes[0].Secret.SecretName != "npagent-relay-tls" {
+		t.Errorf("relay Deployment: replicas %d, args %v, volumes %+v", *dep.Spec.Replicas, dep.Spec.Template.Spec.Containers[0].Args, dep.Spec.Template.Spec.Volumes)
+	}
+	var rules []string
+	for _, r := range role.Rules {
+		rules = append(rules, strings.Join(r.Resources, ",")+":"+strings.Join(r.Verbs, ","))
+	}
+	for _, want := range []string{"policyendpoints,clusterpolicyendpoints:list,watch", "nodes:get,list,watch", "tokenreviews:create", "subjectaccessreviews:create"} {
+		if !slices.Contains(rules, want) {
+			t.Errorf("relay ClusterRole rules %v lack %s", rules, want)
+		}
+	}
+	ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(args, "--relay-url=https://npagent-relay.npagent.svc:443") || !slices.Contains(args, "--relay-ca=/etc/npagent/relay-ca/ca.crt") {
+		t.Errorf("the agents are not pointed at the relay: %v", args)
+	}
+	found := false
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		found = found || (v.Secret != nil && v.Secret.SecretName == "npagent-relay-tls")
+	}
+	if !found {
+		t.Errorf("the agents do not mount the relay's CA: %+v", ds.Spec.Template.Spec.Volumes)
+	}
+	_, err = Render(Dir("npagent"), Release{"npagent", "npagent"}, map[string]any{"relay": map[string]any{"enabled": true}})
+	if err == nil || !strings.Contains(err.Error(), "relay.tls.secretName") {
+		t.Errorf("relay.enabled without TLS: err = %v, want a failure naming relay.tls.secretName", err)
+	}
+}

@@ -91,6 +91,10 @@ type Config struct {
 	// to the Sink once if it implements report.PodSink. Default nil: not measured.
 	// Not Seen: that one's uids are the objects', pruned against their caches.
 	PodSeen *seen.Set
+	// EndpointsConfig, when set, is the rest.Config the PolicyEndpoint and
+	// ClusterPolicyEndpoint informers use instead of New's (a relay tier:
+	// internal/relay.ClientConfig); pods are still read through New's. Default nil.
+	EndpointsConfig *rest.Config
 }
 
 // Controller is the reconcile loop. Build it with New, start it with Run.
@@ -229,7 +233,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("reconcile: scheme: %w", err)
 	}
-	rc, err := kubewatch.NewRESTClient(restConfig, scheme, v1alpha1.SchemeGroupVersion)
+	endpointsConfig := restConfig
+	if cfg.EndpointsConfig != nil {
+		endpointsConfig = cfg.EndpointsConfig
+	}
+	rc, err := kubewatch.NewRESTClient(endpointsConfig, scheme, v1alpha1.SchemeGroupVersion)
 	if err != nil {
 		return nil, err
 	}
