@@ -119,6 +119,8 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		"NPAGENT_FLOW_LOG_FILE":           "/var/log/npagent/flows.log",
 		"NPAGENT_FLOW_LOG_MAX_SIZE":       "50",
 		"NPAGENT_FLOW_LOG_MAX_FILES":      "3",
+		"NPAGENT_RELAY_URL":               "https://npagent-relay.npagent.svc:443",
+		"NPAGENT_RELAY_CA":                "/etc/npagent/relay-ca/ca.crt",
 	}
 	// Every flag has a variable, and the table above covers each of them.
 	for flagName, v := range flagEnv {
@@ -178,6 +180,8 @@ func TestParseConfigEnvFallbackAndFlagPrecedence(t *testing.T) {
 		FlowLogFile:          "/var/log/npagent/flows.log",
 		FlowLogMaxSize:       50,
 		FlowLogMaxFiles:      3,
+		RelayURL:             "https://npagent-relay.npagent.svc:443",
+		RelayCA:              "/etc/npagent/relay-ca/ca.crt",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("from environment:\n got %+v\nwant %+v", c, want)
