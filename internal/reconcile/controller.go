@@ -135,6 +135,11 @@ type Controller struct {
 	// lastValid keeps each object's last valid version across restarts.
 	lastValid *lastValidStore
 
+	// stubs decides which PolicyEndpoints the informer keeps in full, and fetches
+	// those needed again (see stubs.go) through rc.
+	stubs *stubIndex
+	rc    rest.Interface
+
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
 	// (see explain.go).
@@ -228,6 +233,8 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.rc = rc
+	c.stubs = newStubIndex(cfg.NodeIP, []string{cfg.TriggerAnnotation, TracingTraceParentAnnotation, cfg.TraceParentAnnotation}, cfg.PodStatus)
 	kinds := [report.NumKinds]struct {
 		resource string
 		example  runtime.Object
@@ -245,7 +252,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		}
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example, opts)
 		c.informers[kind] = inf
-		if err := inf.SetTransform(transform); err != nil {
+		tf := transform
+		if kind == report.KindPolicyEndpoint {
+			tf = c.stubs.transform
+		}
+		if err := inf.SetTransform(tf); err != nil {
 			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
 		}
 		reg, err := inf.AddEventHandler(c.handler(kind))
