@@ -139,6 +139,9 @@ type Controller struct {
 	// those needed again (see stubs.go) through rc.
 	stubs *stubIndex
 	rc    rest.Interface
+	// cold programs this node's pods from the initial list as it arrives, before the
+	// caches sync (see coldstart.go).
+	cold *coldStart
 
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
@@ -234,6 +237,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c.rc = rc
+	c.cold = newColdStart(cfg.NodeIP)
 	c.stubs = newStubIndex(cfg.NodeIP, []string{cfg.TriggerAnnotation, TracingTraceParentAnnotation, cfg.TraceParentAnnotation}, cfg.PodStatus)
 	kinds := [report.NumKinds]struct {
 		resource string
@@ -298,9 +302,25 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.startStatusWorker(ctx, &wg)
 	}
 	c.log.Info("waiting for informer caches", "nodeIP", c.cfg.NodeIP, "enforcingMode", c.cfg.EnforcingMode)
-	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
+	// Until they sync, the cold start programs this node's pods from the initial list
+	// as it arrives, once the ClusterPolicyEndpoints (and this node's pods, when
+	// watched) are in.
+	cacheSynced, coldDone := make(chan struct{}), make(chan struct{})
+	gate := []cache.InformerSynced{c.registrations[report.KindClusterPolicyEndpoint].HasSynced}
+	if c.podWatch != nil {
+		gate = append(gate, c.podWatch.reg.HasSynced)
+	}
+	if c.podStatus != nil {
+		gate = append(gate, c.podStatus.reg.HasSynced)
+	}
+	go func() { c.runColdStart(cacheSynced, gate...); close(coldDone) }()
+	synced := cache.WaitForCacheSync(ctx.Done(), c.HasSynced)
+	close(cacheSynced)
+	<-coldDone // no early commit runs beside the workers
+	if !synced {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
 	}
+	c.log.Info("cold start done", "batches", c.cold.batches.Load(), "podsCommitted", c.cold.commits.Load())
 	// The caches hold every object as of now: from here the seen-set's persisted
 	// watermark may follow the events observed (never before: a restart would
 	// take objects not yet listed as resolved).

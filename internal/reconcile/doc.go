@@ -37,6 +37,12 @@
 //     sync compiles nothing (nor validates it: the nodes of its pods do). When its
 //     policy gains work here it is fetched in full from the apiserver, and a pod's
 //     policy is never committed from part of its chunks (settleSiblings).
+//   - Cold start: before the caches sync, the initial list is read as it arrives
+//     (kubewatch.ListProgress); a namespace the list is past is complete, and its
+//     objects with work here, their policies' other chunks and every
+//     ClusterPolicyEndpoint are put in the pod table and its pods committed
+//     (coldstart.go) — no seen-set call, no report: the ordinary sync after the caches
+//     synced does those, committing the same policies again unchanged.
 //   - A trigger is reported only after every local pod of the object version carrying
 //     it was committed (seen.Committed), with its attempts: a commit that fails and
 //     then succeeds is one record with every attempt. An object with no local pods now

@@ -136,29 +136,7 @@ func benchNodeLocalMemory(b *testing.B, n int) {
 	const every = 100     // every 100th object has a local pod
 	objects := float64(n) // for the per-object metrics; n for counts
 	cp := testenv.Start(b)
-	createNamespace(b, cp, "bench")
-	resolver := newLookupTableResolver()
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < n; i += 8 {
-				pe := memPE(i, i%every == 0)
-				if i%every == 0 {
-					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
-				}
-				if err := cp.Client.Create(context.Background(), pe); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+	resolver := createMemPEs(b, cp, n, every)
 	sample := memPE(1, false)
 	sample.TypeMeta = metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "PolicyEndpoint"}
 	sample.UID, sample.ResourceVersion, sample.Generation = "00000000-0000-4000-8000-000000000001", "123456", 1
@@ -314,4 +292,33 @@ func procStatusKB(b *testing.B, field string) int64 {
 	}
 	b.Fatalf("no %s in /proc/self/status", field)
 	return 0
+}
+
+// createMemPEs creates n memPE objects in namespace bench, every every-th one with a
+// pod on benchNode, and returns a resolver that knows those pods' interfaces.
+func createMemPEs(b *testing.B, cp *testenv.ControlPlane, n, every int) *lookupTableResolver {
+	createNamespace(b, cp, "bench")
+	resolver := newLookupTableResolver()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				pe := memPE(i, i%every == 0)
+				if i%every == 0 {
+					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
+				}
+				if err := cp.Client.Create(context.Background(), pe); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return resolver
 }
