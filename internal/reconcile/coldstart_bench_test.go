@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkColdStart10k is an agent's cold start with 10,000 PolicyEndpoints of about
-// 1.5 KB in the cluster (real apiserver, memory dataplane, no state from a previous
+// 1.5 KB in 100 namespaces (real apiserver, memory dataplane, no state from a previous
 // process), 1 % of them selecting a pod on this node: from the start of the loop to
 // its caches synced (synced-s), to every local pod holding its policy in the
 // dataplane (programmed-s), and to ready — synced and every local object of the
@@ -23,7 +23,7 @@ func BenchmarkColdStart50k(b *testing.B) { benchColdStart(b, 50000) }
 func benchColdStart(b *testing.B, n int) {
 	const every = 100
 	cp := testenv.Start(b)
-	resolver := createMemPEs(b, cp, n, every)
+	resolver := createMemPEsIn(b, cp, n, every, 100) // a cluster's objects span namespaces
 	want := n / every
 	for b.Loop() {
 		dp := bpfmaps.NewMemory()

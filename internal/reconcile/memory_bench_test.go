@@ -297,7 +297,21 @@ func procStatusKB(b *testing.B, field string) int64 {
 // createMemPEs creates n memPE objects in namespace bench, every every-th one with a
 // pod on benchNode, and returns a resolver that knows those pods' interfaces.
 func createMemPEs(b *testing.B, cp *testenv.ControlPlane, n, every int) *lookupTableResolver {
-	createNamespace(b, cp, "bench")
+	return createMemPEsIn(b, cp, n, every, 1)
+}
+
+// createMemPEsIn is createMemPEs over namespaces namespaces (bench-000, bench-001, …)
+// when more than one, object i in namespace i mod namespaces.
+func createMemPEsIn(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces int) *lookupTableResolver {
+	nsOf := func(i int) string {
+		if namespaces <= 1 {
+			return "bench"
+		}
+		return fmt.Sprintf("bench-%03d", i%namespaces)
+	}
+	for i := range max(namespaces, 1) {
+		createNamespace(b, cp, nsOf(i))
+	}
 	resolver := newLookupTableResolver()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -305,6 +319,12 @@ func createMemPEs(b *testing.B, cp *testenv.ControlPlane, n, every int) *lookupT
 		wg.Go(func() {
 			for i := w; i < n; i += 8 {
 				pe := memPE(i, i%every == 0)
+				if ns := nsOf(i); ns != pe.Namespace {
+					pe.Namespace, pe.Spec.PolicyRef.Namespace = ns, ns
+					for j := range pe.Spec.PodSelectorEndpoints {
+						pe.Spec.PodSelectorEndpoints[j].Namespace = ns
+					}
+				}
 				if i%every == 0 {
 					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
 				}
