@@ -887,3 +887,30 @@ func TestRelayValue(t *testing.T) {
 		t.Errorf("relay.enabled without TLS: err = %v, want a failure naming relay.tls.secretName", err)
 	}
 }
+
+// TestChartMemoryFromClusterSize: memory.clusterObjects sets the memory request and
+// limit from the formula of docs/explanation/scale.md (rounded up to MiB), keeps the
+// CPU request, and GOMEMLIMIT below 100 % follows the computed limit.
+func TestChartMemoryFromClusterSize(t *testing.T) {
+	c := testCase{"sized", cases[0].rel, map[string]any{
+		"memory":            map[string]any{"clusterObjects": 50000},
+		"goMemLimitPercent": 90,
+	}}
+	ctr := typed[appsv1.DaemonSet](t, objects(t, render(t, c)), "DaemonSet").Spec.Template.Spec.Containers[0]
+	mi := func(base, perObject int64) string {
+		return fmt.Sprintf("%dMi", base+(50000*perObject+1<<20-1)>>20)
+	}
+	if got, want := ctr.Resources.Requests.Memory().String(), mi(48, 2500); got != want {
+		t.Errorf("memory request %s, want %s", got, want)
+	}
+	if got, want := ctr.Resources.Limits.Memory().String(), mi(96, 10000); got != want {
+		t.Errorf("memory limit %s, want %s", got, want)
+	}
+	if got := ctr.Resources.Requests.Cpu().String(); got != "50m" {
+		t.Errorf("cpu request %s, want the default 50m kept", got)
+	}
+	limit := ctr.Resources.Limits.Memory().Value()
+	if got, want := envByName(t, ctr, "GOMEMLIMIT").Value, fmt.Sprint(limit*90/100); got != want {
+		t.Errorf("GOMEMLIMIT %q, want %s (90%% of the computed limit)", got, want)
+	}
+}

@@ -134,8 +134,10 @@ func (l *History) Snapshot(uid string) (versions []VersionInfo, reports []Report
 }
 
 // Refine adds what the last sync of version rv found to state, which the pod
-// table gave: programmed may be no-local-work, failed may be waiting for
-// interfaces; failed and rejected get their detail.
+// table gave: programmed may be no-local-work, and so may not-synced (the table
+// keeps nothing of a version with no work here that it never held: a stub, see
+// internal/reconcile); failed may be waiting for interfaces; failed and rejected get
+// their detail.
 func (l *History) Refine(uid, rv, state string) (string, string) {
 	if l == nil {
 		return state, ""
@@ -151,7 +153,7 @@ func (l *History) Refine(uid, rv, state string) (string, string) {
 			continue
 		}
 		switch {
-		case state == StateProgrammed && ve.Outcome == StateNoLocalWork:
+		case (state == StateProgrammed || state == StateNotSynced) && ve.Outcome == StateNoLocalWork:
 			return StateNoLocalWork, ""
 		case state == StateFailed && ve.Outcome == StateWaiting:
 			return StateWaiting, ve.Detail

@@ -53,6 +53,7 @@ func TestHistoryRefine(t *testing.T) {
 	l.Synced("u", "3", time.Time{}, Sync{Outcome: StateRejected, Detail: "bad"})
 	for _, tc := range []struct{ rv, state, want, detail string }{
 		{"1", StateProgrammed, StateNoLocalWork, ""},
+		{"1", StateNotSynced, StateNoLocalWork, ""}, // a stub: the table holds nothing of it
 		{"2", StateFailed, StateWaiting, "10.0.0.1"},
 		{"3", StateRejected, StateRejected, "bad"},
 		{"4", StateNotSynced, StateNotSynced, ""},

@@ -95,6 +95,16 @@ type ListObserver interface {
 	Unchanged(obj runtime.Object)
 }
 
+// ListProgress is an optional extension of ListObserver: Listed is called with each
+// object a list brings (a List's pages, a WatchList stream's initial events, a relist
+// after a 410) in the order the apiserver sent them, as each page or event arrives —
+// before the reflector has the whole list (it hands the informer nothing until then).
+// obj belongs to the reflector afterwards (its transform may change it): Listed keeps
+// a copy of what it needs, not obj.
+type ListProgress interface {
+	Listed(obj runtime.Object)
+}
+
 // NewListWatch lists and watches one resource in all namespaces, telling observer of
 // each list and of what a relist re-delivers unchanged (ListObserver). That is how the
 // loop tells a relist's re-deliveries from new writes (internal/reconcile:
@@ -240,6 +250,11 @@ func (l *listWatch) listed(items []runtime.Object, last bool) {
 	l.mu.Unlock()
 	for _, obj := range unchanged {
 		l.observer.Unchanged(obj)
+	}
+	if p, ok := l.observer.(ListProgress); ok {
+		for _, obj := range items {
+			p.Listed(obj)
+		}
 	}
 }
 
@@ -524,6 +539,9 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err er
 		rw.l.mu.Unlock()
 		if unchanged {
 			rw.l.observer.Unchanged(ev.Object) // a WatchList relist's initial event
+		}
+		if p, ok := rw.l.observer.(ListProgress); ok && !rw.pastInitial && ev.Type != watch.Bookmark {
+			p.Listed(ev.Object) // a WatchList stream's initial event
 		}
 		if !rw.send(ev) {
 			return false, events, nil

@@ -142,6 +142,14 @@ type Controller struct {
 	// lastValid keeps each object's last valid version across restarts.
 	lastValid *lastValidStore
 
+	// stubs decides which PolicyEndpoints the informer keeps in full, and fetches
+	// those needed again (see stubs.go) through rc.
+	stubs *stubIndex
+	rc    rest.Interface
+	// cold programs this node's pods from the initial list as it arrives, before the
+	// caches sync (see coldstart.go).
+	cold *coldStart
+
 	stats counters
 	// explain is each object's recent versions and reports, for ExplainObject
 	// (see explain.go).
@@ -241,6 +249,9 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.rc = rc
+	c.cold = newColdStart(cfg.NodeIP)
+	c.stubs = newStubIndex(cfg.NodeIP, []string{cfg.TriggerAnnotation, TracingTraceParentAnnotation, cfg.TraceParentAnnotation}, cfg.PodStatus)
 	kinds := [report.NumKinds]struct {
 		resource string
 		example  runtime.Object
@@ -258,7 +269,11 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		}
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example, opts)
 		c.informers[kind] = inf
-		if err := inf.SetTransform(transform); err != nil {
+		tf := transform
+		if kind == report.KindPolicyEndpoint {
+			tf = c.stubs.transform
+		}
+		if err := inf.SetTransform(tf); err != nil {
 			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
 		}
 		reg, err := inf.AddEventHandler(c.handler(kind))
@@ -306,9 +321,25 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.startStatusWorker(ctx, &wg)
 	}
 	c.log.Info("waiting for informer caches", "nodeIP", c.cfg.NodeIP, "enforcingMode", c.cfg.EnforcingMode)
-	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
+	// Until they sync, the cold start programs this node's pods from the initial list
+	// as it arrives, once the ClusterPolicyEndpoints (and this node's pods, when
+	// watched) are in.
+	cacheSynced, coldDone := make(chan struct{}), make(chan struct{})
+	gate := []cache.InformerSynced{c.registrations[report.KindClusterPolicyEndpoint].HasSynced}
+	if c.podWatch != nil {
+		gate = append(gate, c.podWatch.reg.HasSynced)
+	}
+	if c.podStatus != nil {
+		gate = append(gate, c.podStatus.reg.HasSynced)
+	}
+	go func() { c.runColdStart(cacheSynced, gate...); close(coldDone) }()
+	synced := cache.WaitForCacheSync(ctx.Done(), c.HasSynced)
+	close(cacheSynced)
+	<-coldDone // no early commit runs beside the workers
+	if !synced {
 		return fmt.Errorf("reconcile: informer caches did not sync: %w", context.Cause(ctx))
 	}
+	c.log.Info("cold start done", "batches", c.cold.batches.Load(), "podsCommitted", c.cold.commits.Load())
 	// The caches hold every object as of now: from here the seen-set's persisted
 	// watermark may follow the events observed (never before: a restart would
 	// take objects not yet listed as resolved).

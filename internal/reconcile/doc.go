@@ -30,6 +30,19 @@
 //     with every chunk of its policy, so a rules-only chunk's change re-commits the
 //     pods its siblings list, and its trigger is reported on the nodes where those
 //     pods are (elsewhere it is no_local_pods).
+//   - Stubs: a PolicyEndpoint with no work here (no pod here, no chunk of its policy
+//     with one) is cut down in the informer's transform to its identity, trigger,
+//     policyRef and the nodes it selects (stubs.go): the agent's memory follows its
+//     node, not the cluster. Its trigger is observed at event time as any other's; its
+//     sync compiles nothing (nor validates it: the nodes of its pods do). When its
+//     policy gains work here it is fetched in full from the apiserver, and a pod's
+//     policy is never committed from part of its chunks (settleSiblings).
+//   - Cold start: before the caches sync, the initial list is read as it arrives
+//     (kubewatch.ListProgress); a namespace the list is past is complete, and its
+//     objects with work here, their policies' other chunks and every
+//     ClusterPolicyEndpoint are put in the pod table and its pods committed
+//     (coldstart.go) — no seen-set call, no report: the ordinary sync after the caches
+//     synced does those, committing the same policies again unchanged.
 //   - A trigger is reported only after every local pod of the object version carrying
 //     it was committed (seen.Committed), with its attempts: a commit that fails and
 //     then succeeds is one record with every attempt. An object with no local pods now

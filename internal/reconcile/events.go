@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
@@ -93,6 +94,9 @@ func (c *Controller) handler(kind report.Kind) cache.ResourceEventHandler {
 			if m, err := meta.Accessor(obj); err == nil && obj != nil {
 				key = keyOf(kind, m)
 				c.deleted.add(key, m.GetUID())
+				if pe, ok := obj.(*v1alpha1.PolicyEndpoint); ok {
+					c.stubs.forget(key, pe.Spec.PolicyRef.Name)
+				}
 			}
 			if key.Name != "" {
 				c.queue.Add(key)

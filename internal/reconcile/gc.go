@@ -73,7 +73,7 @@ func (c *Controller) restoreLastValid() int {
 			continue
 		}
 		m, err := meta.Accessor(obj)
-		if err != nil {
+		if err != nil || isStub(obj) { // a stub's version has no work here: nothing to keep
 			continue
 		}
 		if _, err := c.compile(obj); err == nil {

@@ -234,7 +234,7 @@ func startAgent(t testing.TB, cp *testenv.ControlPlane, o agentOptions) *agent {
 		})
 	}
 	t.Cleanup(a.stop)
-	testenv.Eventually(t, 30*time.Second, "caches synced", a.c.HasSynced)
+	testenv.Eventually(t, 2*time.Minute, "caches synced", a.c.HasSynced) // 50k objects on a loaded machine
 	return a
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -67,9 +68,9 @@ func memPE(i int, local bool) *v1alpha1.PolicyEndpoint {
 	return pe
 }
 
-// agentHeapProfile, when set, is where BenchmarkNodeLocalMemory10k writes a heap
+// agentHeapProfile, when set, is where BenchmarkNodeLocalMemory10k and 50k write a heap
 // profile of the synced agent (go tool pprof -sample_index=inuse_space).
-var agentHeapProfile = flag.String("agentheapprofile", "", "write a heap profile of BenchmarkNodeLocalMemory10k's synced agent to this file")
+var agentHeapProfile = flag.String("agentheapprofile", "", "write a heap profile of BenchmarkNodeLocalMemory*'s synced agent to this file")
 
 func writeAgentHeapProfile(b *testing.B) {
 	if *agentHeapProfile == "" {
@@ -120,37 +121,22 @@ func rss(b *testing.B) int64 {
 // the same objects (client-go's ListWatch, the same managedFields-dropping transform)
 // is synced and measured, then dropped; then the whole agent (informers, pod table,
 // version table, seen-set with a state file, last valid versions, explain log) is
-// started, synced and measured, and measured again after an in-place relist. All are
-// live heap after GC, as a delta over the
-// process before; RSS deltas are reported too (after FreeOSMemory; coarser: the Go
+// started, synced and measured, and measured again after an in-place relist, with the
+// process's peak heap and RSS while the relist ran (absolute: for the chart's memory
+// limit, docs/explanation/scale.md). The rest are live heap after GC, as a delta over
+// the process before; RSS deltas are reported too (after FreeOSMemory; coarser: the Go
 // runtime keeps some freed pages). The state file and last valid versions go to
 // $TMPDIR (ext4 here, a real disk).
-func BenchmarkNodeLocalMemory10k(b *testing.B) {
-	const objects, every = 10000, 100 // every 100th object has a local pod
+func BenchmarkNodeLocalMemory10k(b *testing.B) { benchNodeLocalMemory(b, 10000) }
+
+// BenchmarkNodeLocalMemory50k is BenchmarkNodeLocalMemory10k with 50,000 objects.
+func BenchmarkNodeLocalMemory50k(b *testing.B) { benchNodeLocalMemory(b, 50000) }
+
+func benchNodeLocalMemory(b *testing.B, n int) {
+	const every = 100     // every 100th object has a local pod
+	objects := float64(n) // for the per-object metrics; n for counts
 	cp := testenv.Start(b)
-	createNamespace(b, cp, "bench")
-	resolver := newLookupTableResolver()
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < objects; i += 8 {
-				pe := memPE(i, i%every == 0)
-				if i%every == 0 {
-					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
-				}
-				if err := cp.Client.Create(context.Background(), pe); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+	resolver := createMemPEs(b, cp, n, every)
 	sample := memPE(1, false)
 	sample.TypeMeta = metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "PolicyEndpoint"}
 	sample.UID, sample.ResourceVersion, sample.Generation = "00000000-0000-4000-8000-000000000001", "123456", 1
@@ -162,7 +148,7 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 
 	for b.Loop() {
 		// (a) The informer cache's own size: a plain client-go informer.
-		cacheHeap, cacheRSS := plainInformerMemory(b, cp, objects)
+		cacheHeap, cacheRSS := plainInformerMemory(b, cp, n)
 
 		// (b) The whole agent after its initial sync.
 		dir := b.TempDir()
@@ -171,14 +157,14 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 			state: filepath.Join(dir, "seen.state"), lastValid: filepath.Join(dir, "lastvalid")})
 		testenv.Eventually(b, 5*time.Minute, "agent's initial sync of every object", func() bool {
 			s := a.c.Stats()
-			return s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) == objects && a.c.queue.Len() == 0 && s.Syncs >= objects
+			return s.Delivered(report.KindPolicyEndpoint, report.CauseAdd) == uint64(n) && a.c.queue.Len() == 0 && s.Syncs >= uint64(n)
 		})
 		time.Sleep(time.Second) // retries and persists settle
 		agentHeap, agentRSS := liveHeap()-heap1, rss(b)-rss1
 		writeAgentHeapProfile(b)
 		objs, pods, _ := a.c.pods.size()
-		if pods != objects/every {
-			b.Errorf("agent programmed %d pods, want %d", pods, objects/every)
+		if pods != n/every {
+			b.Errorf("agent programmed %d pods, want %d", pods, n/every)
 		}
 		b.Logf("object %d B as JSON; informer %d KB heap, %d KB RSS; agent %d KB heap, %d KB RSS (%d objects, %d pods)",
 			len(encoded), cacheHeap>>10, cacheRSS>>10, agentHeap>>10, agentRSS>>10, objs, pods)
@@ -192,16 +178,25 @@ func BenchmarkNodeLocalMemory10k(b *testing.B) {
 		// (c) The same after an in-place relist of the unchanged objects (the apiserver
 		// restarts; the ListWatch lists again after 410): nothing the relist decoded
 		// may stay alive beside the cache.
+		// Its peaks are the process's: VmHWM (reset first) and the heap sampled every
+		// 5 ms while the relist runs, both absolute (the test binary's own included).
+		steadyRSS := rss(b)
 		before, relists := a.c.Stats(), relistsBegun(a.c)
+		peak := startPeakSampler(b)
 		cp.RestartAPIServer(b)
 		testenv.Eventually(b, 5*time.Minute, "relist of every object", func() bool {
 			return relistsBegun(a.c) > relists &&
-				a.c.Stats().Delivered(report.KindPolicyEndpoint, report.CauseRelist)-before.Delivered(report.KindPolicyEndpoint, report.CauseRelist) >= objects
+				a.c.Stats().Delivered(report.KindPolicyEndpoint, report.CauseRelist)-before.Delivered(report.KindPolicyEndpoint, report.CauseRelist) >= uint64(n)
 		})
 		time.Sleep(time.Second)
+		peakHeap, peakRSS := peak.stop()
 		relistHeap := liveHeap() - heap1
-		b.Logf("after a relist: agent %d KB heap", relistHeap>>10)
+		b.Logf("after a relist: agent %d KB heap; during it: peak heap %d MB, peak RSS %d MB (steady RSS %d MB)",
+			relistHeap>>10, peakHeap>>20, peakRSS>>20, steadyRSS>>20)
 		b.ReportMetric(float64(relistHeap)/objects, "agent-heap-after-relist-B/object")
+		b.ReportMetric(float64(steadyRSS)/(1<<20), "steady-rss-MB")
+		b.ReportMetric(float64(peakHeap)/(1<<20), "relist-peak-heap-MB")
+		b.ReportMetric(float64(peakRSS)/(1<<20), "relist-peak-rss-MB")
 		runtime.KeepAlive(a)
 		a.stop()
 	}
@@ -239,4 +234,111 @@ func plainInformerMemory(b *testing.B, cp *testenv.ControlPlane, objects int) (h
 	heap, resident = liveHeap()-heap0, rss(b)-rss0
 	runtime.KeepAlive(inf)
 	return heap, resident
+}
+
+// peakSampler follows the process's peak heap (sampled) and resident set (VmHWM).
+type peakSampler struct {
+	b    *testing.B
+	done chan struct{}
+	heap chan int64
+}
+
+// startPeakSampler resets the kernel's VmHWM (clear_refs 5) and samples the heap in
+// use every 5 ms until stop.
+func startPeakSampler(b *testing.B) *peakSampler {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		b.Fatalf("reset VmHWM: %v", err)
+	}
+	p := &peakSampler{b: b, done: make(chan struct{}), heap: make(chan int64, 1)}
+	go func() {
+		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var peak int64
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			metrics.Read(sample)
+			peak = max(peak, int64(sample[0].Value.Uint64()))
+			select {
+			case <-p.done:
+				p.heap <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return p
+}
+
+// stop returns the peak heap sampled and the peak resident set since the start.
+func (p *peakSampler) stop() (heap, resident int64) {
+	close(p.done)
+	return <-p.heap, procStatusKB(p.b, "VmHWM:") << 10
+}
+
+// procStatusKB reads one kB field of /proc/self/status.
+func procStatusKB(b *testing.B, field string) int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", field)
+	return 0
+}
+
+// createMemPEs creates n memPE objects in namespace bench, every every-th one with a
+// pod on benchNode, and returns a resolver that knows those pods' interfaces.
+func createMemPEs(b *testing.B, cp *testenv.ControlPlane, n, every int) *lookupTableResolver {
+	return createMemPEsIn(b, cp, n, every, 1)
+}
+
+// createMemPEsIn is createMemPEs over namespaces namespaces (bench-000, bench-001, …)
+// when more than one, object i in namespace i mod namespaces.
+func createMemPEsIn(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces int) *lookupTableResolver {
+	nsOf := func(i int) string {
+		if namespaces <= 1 {
+			return "bench"
+		}
+		return fmt.Sprintf("bench-%03d", i%namespaces)
+	}
+	for i := range max(namespaces, 1) {
+		createNamespace(b, cp, nsOf(i))
+	}
+	resolver := newLookupTableResolver()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				pe := memPE(i, i%every == 0)
+				if ns := nsOf(i); ns != pe.Namespace {
+					pe.Namespace, pe.Spec.PolicyRef.Namespace = ns, ns
+					for j := range pe.Spec.PodSelectorEndpoints {
+						pe.Spec.PodSelectorEndpoints[j].Namespace = ns
+					}
+				}
+				if i%every == 0 {
+					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
+				}
+				if err := cp.Client.Create(context.Background(), pe); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return resolver
 }

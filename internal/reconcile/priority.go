@@ -136,6 +136,8 @@ func (q *localFirst) Pop() translate.Key {
 func pop(line *[]translate.Key) translate.Key {
 	key := (*line)[0]
 	(*line)[0] = translate.Key{} // the backing array keeps no key alive
-	*line = (*line)[1:]
+	if *line = (*line)[1:]; len(*line) == 0 {
+		*line = nil // nor does an emptied line keep its array (a list's worth of keys)
+	}
 	return key
 }

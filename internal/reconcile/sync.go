@@ -45,6 +45,26 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 	if !exists {
 		return c.syncDeleted(key)
 	}
+	if pe, ok := obj.(*v1alpha1.PolicyEndpoint); ok {
+		switch {
+		case isStub(pe) && !c.stubs.needed(pe):
+			return c.syncStub(key, pe, workerStart)
+		case isStub(pe):
+			// Its policy gained work here: the object is needed in full again.
+			full, err := c.stubs.full(c.rc, pe)
+			if err != nil {
+				c.log.Warn("stub not fetched in full: retried", "object", key.String(), "err", err)
+				return outcomeRetry
+			}
+			obj = full
+		default:
+			c.stubs.dropFetched(key)
+		}
+		if err := c.settleSiblings(key, obj.(*v1alpha1.PolicyEndpoint)); err != nil {
+			c.log.Warn("sibling chunk not fetched in full: retried", "object", key.String(), "err", err)
+			return outcomeRetry
+		}
+	}
 	times := syncTimes{workerStart: workerStart, computeStart: time.Now()}
 	var (
 		compiled  *translate.Compiled

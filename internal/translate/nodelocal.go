@@ -27,11 +27,12 @@ import (
 // here then hold the old objects until their objects' next write. Correctness needs
 // only that src never changes (TestNodeLocalCompilesFromSource).
 //
-// Bad input in an object with no local pods is still rejected, as on every node: the
-// caller compiles every version in full (validation is the conversion) and NodeLocal
-// drops the rules after, so an invalid object is counted, logged and kept out of force
-// alike on every node, and its last valid version stays. That costs the conversion's
-// CPU on each write, not memory; a relist of unchanged objects compiles nothing.
+// Bad input in an object it compiles with no local pods is still rejected: the caller
+// compiles the version in full (validation is the conversion) and NodeLocal drops the
+// rules after, so an invalid object is counted, logged and kept out of force, and its
+// last valid version stays. (internal/reconcile compiles such a version only when a
+// sibling chunk has a pod here; a policy with no work on the node at all is cached as
+// a stub and not compiled there: see its stubs.go.)
 //
 // Only PolicyEndpoints are kept so. ClusterPolicyEndpoints are few (a cluster's admin
 // and baseline policies) and their Deny rules must never go missing: kept compiled,
