@@ -39,7 +39,7 @@ func BenchmarkVerdictsCollect(b *testing.B) {
 		for j := range objects {
 			run(ifindex, netip.AddrFrom4([4]byte{10, byte(j), 0, 1}), 80) // allowed
 		}
-		run(ifindex, netip.MustParseAddr("12.0.0.1"), 80) // default deny
+		run(ifindex, netip.MustParseAddr("12.0.0.1"), 80)  // default deny
 		run(ifindex, netip.MustParseAddr("11.66.0.1"), 80) // admin deny
 	}
 	v, err := e.Verdicts()

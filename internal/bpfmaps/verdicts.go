@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -259,12 +260,13 @@ func (c *core) resolve(k *policyVerdictKey) (VerdictCount, bool) {
 }
 
 func foldOf(v *VerdictCount) verdictFold {
-	var b strings.Builder
+	var b []byte
 	for _, s := range v.Sources {
-		fmt.Fprintf(&b, "%s/%s/%s/%s/%d;", s.UID, s.Kind, s.Namespace, s.Name, s.Index)
+		b = append(append(append(append(append(append(append(append(b, s.UID...), '/'), s.Kind...), '/'), s.Namespace...), '/'), s.Name...), '/')
+		b = append(strconv.AppendInt(b, int64(s.Index), 10), ';')
 	}
 	return verdictFold{ifindex: uint32(v.Ifindex), dir: v.Direction, reason: v.Reason, audited: v.Audited, rule: v.Rule,
-		sources: b.String(), attributed: v.Attributed}
+		sources: string(b), attributed: v.Attributed}
 }
 
 func (t verdictTotals) add(v VerdictCount) {
@@ -403,8 +405,21 @@ func (e *EBPF) Verdicts() (VerdictCounts, error) {
 }
 
 func sortCounts(cs []VerdictCount) {
-	slices.SortFunc(cs, func(a, b VerdictCount) int {
-		fa, fb := foldOf(&a), foldOf(&b)
+	// Each count's fold and rule key are computed once, not per comparison: with
+	// objects named in Sources they are most of a collection's cost.
+	type keyed struct {
+		f    verdictFold
+		rule string
+		i    int
+	}
+	ks := make([]keyed, len(cs))
+	for i := range cs {
+		f := foldOf(&cs[i])
+		ks[i] = keyed{f: f, rule: fmt.Sprint(f.rule), i: i}
+	}
+	slices.SortFunc(ks, func(ka, kb keyed) int {
+		a, b := &cs[ka.i], &cs[kb.i]
+		fa, fb := &ka.f, &kb.f
 		switch {
 		case a.Ifindex != b.Ifindex:
 			return a.Ifindex - b.Ifindex
@@ -413,7 +428,7 @@ func sortCounts(cs []VerdictCount) {
 		case a.Reason != b.Reason:
 			return int(a.Reason) - int(b.Reason)
 		case fa.rule != fb.rule:
-			return strings.Compare(fmt.Sprint(fa.rule), fmt.Sprint(fb.rule))
+			return strings.Compare(ka.rule, kb.rule)
 		case fa.audited != fb.audited:
 			if fa.audited {
 				return 1
@@ -427,6 +442,11 @@ func sortCounts(cs []VerdictCount) {
 		}
 		return strings.Compare(fa.sources, fb.sources)
 	})
+	sorted := make([]VerdictCount, len(cs))
+	for j, k := range ks {
+		sorted[j] = cs[k.i]
+	}
+	copy(cs, sorted)
 }
 
 // forgetVerdicts drops a removed pod's counters (keys, folded totals, and the
