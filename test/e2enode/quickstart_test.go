@@ -23,7 +23,9 @@ import (
 )
 
 // quickStartDocs are the pages QuickStartLocal runs, in order: the local quick start,
-// then the uninstall it ends with.
+// then the uninstall it ends with. Not the migration how-to: beyond its first check,
+// its steps need EKS with the AWS VPC CNI (eni/vlan interfaces, node-group labels, a
+// registry image, the CNI's enableNetworkPolicy), as the page says.
 var quickStartDocs = []string{"docs/tutorials/quickstart-local.md", "docs/how-to/uninstall.md"}
 
 // quickStartVars are the variables the local quick start tells the reader to set
