@@ -160,7 +160,8 @@ check-tiers:
 # A real node (test/e2enode): kubelet, scheduler, controller-manager, containerd, runc,
 # CNI plugins and the pause image are built here first (cached), then the tests boot
 # the node and install the chart with the image built by make image. Root only.
-E2E_NODE_TOOLS := kube-apiserver etcd kubelet kube-scheduler kube-controller-manager containerd runc cni-plugins pause otelcol
+E2E_NODE_TOOLS := kube-apiserver etcd kubelet kube-scheduler kube-controller-manager containerd runc cni-plugins pause otelcol \
+	kubectl helm aws-network-policy-controller
 
 e2e-node: image ## a real single-node cluster: npagent from its chart on a kubelet + containerd (root; see test/e2enode/README.md)
 	@echo "==> tools: $(E2E_NODE_TOOLS) (cached after the first build)"

@@ -20,63 +20,12 @@ import (
 var commandDocs = []string{
 	"README.md",
 	"docs/tutorials/quickstart.md",
+	"docs/tutorials/quickstart-local.md",
 	"docs/how-to/install.md",
 	"docs/how-to/migrate-from-aws-node-agent.md",
 	"docs/how-to/upgrade.md",
 	"docs/how-to/uninstall.md",
 	"docs/how-to/strict-mode.md",
-}
-
-// shellStep is one command of a sh block: continuation lines joined, comments
-// dropped, and the here-documents it writes (cat > file <<'EOF' … EOF) kept by
-// file name.
-type shellStep struct {
-	line int
-	cmd  string
-}
-
-// shellSteps are a document's sh blocks, as commands, and the files their
-// here-documents write.
-func shellSteps(text string) (steps []shellStep, files map[string]string) {
-	files = map[string]string{}
-	lines := strings.Split(text, "\n")
-	heredoc := regexp.MustCompile(`^cat > (\S+) <<'?(\w+)'?$`)
-	inSh := false
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		t := strings.TrimSpace(l)
-		switch {
-		case !inSh && (t == "```sh" || t == "```bash"):
-			inSh = true
-			continue
-		case inSh && t == "```":
-			inSh = false
-			continue
-		case !inSh:
-			continue
-		}
-		if m := heredoc.FindStringSubmatch(t); m != nil {
-			var body []string
-			for i++; i < len(lines) && strings.TrimSpace(lines[i]) != m[2]; i++ {
-				body = append(body, lines[i])
-			}
-			files[m[1]] = strings.Join(body, "\n")
-			continue
-		}
-		start := i
-		cmd := t
-		for strings.HasSuffix(cmd, `\`) && i+1 < len(lines) {
-			i++
-			cmd = strings.TrimSuffix(cmd, `\`) + " " + strings.TrimSpace(lines[i])
-		}
-		if c, _, ok := strings.Cut(cmd, " #"); ok {
-			cmd = c
-		}
-		if cmd = strings.TrimSpace(cmd); cmd != "" && !strings.HasPrefix(cmd, "#") {
-			steps = append(steps, shellStep{start + 1, cmd})
-		}
-	}
-	return steps, files
 }
 
 // mergeValues merges src into dst, maps recursively (helm's order: later wins).
@@ -111,11 +60,31 @@ func TestDocumentedCommandsWork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		steps, files := shellSteps(string(b))
-		daemonSets := map[string]bool{}
-		var daemonSetRefs []shellStep
+		steps, files := ShellSteps(string(b))
+		// A page that asks the reader to export variables (the local quick start)
+		// writes files with them: rendered with the page's example values.
+		exports := map[string]string{}
 		for _, s := range steps {
-			f := strings.Fields(s.cmd)
+			if rest, ok := strings.CutPrefix(s.Cmd, "export "); ok {
+				for _, kv := range strings.Fields(rest) {
+					if k, v, ok := strings.Cut(kv, "="); ok {
+						exports[k] = v
+					}
+				}
+			}
+		}
+		for name, body := range files {
+			files[name] = os.Expand(body, func(k string) string {
+				if v, ok := exports[k]; ok {
+					return v
+				}
+				return "$" + k
+			})
+		}
+		daemonSets := map[string]bool{}
+		var daemonSetRefs []Step
+		for _, s := range steps {
+			f := strings.Fields(s.Cmd)
 			switch {
 			case f[0] == "make" && len(f) > 1:
 				for _, target := range f[1:] {
@@ -123,13 +92,13 @@ func TestDocumentedCommandsWork(t *testing.T) {
 						continue
 					}
 					if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(target) + `:`).Match(makefile) {
-						t.Errorf("%s:%d: make %s: no such target in the Makefile", doc, s.line, target)
+						t.Errorf("%s:%d: make %s: no such target in the Makefile", doc, s.Line, target)
 					}
 				}
 			case f[0] == "helm" && len(f) > 3 && (f[1] == "install" || f[1] == "upgrade"):
 				rel := charts.Release{Name: f[2], Namespace: "default"}
 				if f[3] != "deploy/charts/npagent" {
-					t.Errorf("%s:%d: helm %s of %q, not the repository's chart", doc, s.line, f[1], f[3])
+					t.Errorf("%s:%d: helm %s of %q, not the repository's chart", doc, s.Line, f[1], f[3])
 					continue
 				}
 				values := map[string]any{}
@@ -145,47 +114,47 @@ func TestDocumentedCommandsWork(t *testing.T) {
 					case "-f", "--values":
 						body, ok := files[next]
 						if !ok {
-							t.Errorf("%s:%d: -f %s: the page writes no such file", doc, s.line, next)
+							t.Errorf("%s:%d: -f %s: the page writes no such file", doc, s.Line, next)
 						}
 						var v map[string]any
 						if err := yaml.Unmarshal([]byte(body), &v); err != nil {
-							t.Errorf("%s:%d: -f %s: %v", doc, s.line, next, err)
+							t.Errorf("%s:%d: -f %s: %v", doc, s.Line, next, err)
 						}
 						mergeValues(values, v)
 						i++
 					case "--set":
 						if err := strvals.ParseInto(next, values); err != nil {
-							t.Errorf("%s:%d: --set %s: %v", doc, s.line, next, err)
+							t.Errorf("%s:%d: --set %s: %v", doc, s.Line, next, err)
 						}
 						i++
 					case "--set-string":
 						if err := strvals.ParseIntoString(next, values); err != nil {
-							t.Errorf("%s:%d: --set-string %s: %v", doc, s.line, next, err)
+							t.Errorf("%s:%d: --set-string %s: %v", doc, s.Line, next, err)
 						}
 						i++
 					case "--reuse-values":
 					default:
-						t.Errorf("%s:%d: helm %s: this test does not know %q", doc, s.line, f[1], arg)
+						t.Errorf("%s:%d: helm %s: this test does not know %q", doc, s.Line, f[1], arg)
 					}
 				}
 				r, err := charts.Render(charts.Dir("npagent"), rel, maps.Clone(values))
 				if err != nil {
-					t.Errorf("%s:%d: %s\n\tthe chart refuses it: %v", doc, s.line, s.cmd, err)
+					t.Errorf("%s:%d: %s\n\tthe chart refuses it: %v", doc, s.Line, s.Cmd, err)
 					continue
 				}
 				for _, m := range regexp.MustCompile(`(?m)^kind: DaemonSet\nmetadata:\n  name: (\S+)`).FindAllStringSubmatch(r.String(), -1) {
 					daemonSets[m[1]] = true
 				}
-			case f[0] == "npagent" || (f[0] == "kubectl" && strings.Contains(s.cmd, " -- npagent ")):
-				after, _ := strings.CutPrefix(s.cmd, "npagent ")
+			case f[0] == "npagent" || (f[0] == "kubectl" && strings.Contains(s.Cmd, " -- npagent ")):
+				after, _ := strings.CutPrefix(s.Cmd, "npagent ")
 				if f[0] == "kubectl" {
-					_, after, _ = strings.Cut(s.cmd, " -- npagent ")
+					_, after, _ = strings.Cut(s.Cmd, " -- npagent ")
 				}
 				if sub := strings.Fields(after); len(sub) == 0 || !subcommands[sub[0]] {
-					t.Errorf("%s:%d: %q: not an npagent subcommand", doc, s.line, after)
+					t.Errorf("%s:%d: %q: not an npagent subcommand", doc, s.Line, after)
 				}
 			}
-			if strings.Contains(s.cmd, "daemonset/") {
+			if strings.Contains(s.Cmd, "daemonset/") {
 				daemonSetRefs = append(daemonSetRefs, s)
 			}
 		}
@@ -193,9 +162,9 @@ func TestDocumentedCommandsWork(t *testing.T) {
 			if len(daemonSets) == 0 {
 				continue // the page installs nothing itself: the reader's release
 			}
-			for _, m := range regexp.MustCompile(`daemonset/([a-z0-9-]+)`).FindAllStringSubmatch(s.cmd, -1) {
+			for _, m := range regexp.MustCompile(`daemonset/([a-z0-9-]+)`).FindAllStringSubmatch(s.Cmd, -1) {
 				if !daemonSets[m[1]] {
-					t.Errorf("%s:%d: daemonset/%s: the page's helm command renders %v", doc, s.line, m[1], daemonSets)
+					t.Errorf("%s:%d: daemonset/%s: the page's helm command renders %v", doc, s.Line, m[1], daemonSets)
 				}
 			}
 		}

@@ -4,7 +4,8 @@
 # them and a new machine builds them once. Usage: hack/tools.sh [name ...]
 # Names: kube-apiserver etcd otelcol otelcol-gateway prometheus promtool jaeger
 # kubelet kube-scheduler kube-controller-manager containerd runc cni-plugins pause
-# (default: the first three). The last seven are make e2e-node's node (test/e2enode).
+# kubectl helm aws-network-policy-controller (default: the first three). kubelet to
+# pause are make e2e-node's node (test/e2enode); the last three run its quick start.
 # Prints the path of each tool's binary on stdout, one line each (progress goes to stderr).
 # Concurrent runs (parallel test packages) wait on a lock instead of building twice.
 set -euo pipefail
@@ -36,6 +37,12 @@ JAEGER_VERSION=v1.76.0
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.3
 CNI_PLUGINS_VERSION=v1.10.0
+# The quick start's CLIs and the managed controller it runs beside (test/e2enode):
+# helm at the release the chart tests link (go.mod), the AWS Network Policy
+# Controller at the one release the module proxy lists, whose PolicyEndpoints carry
+# the trigger annotation the latency is measured from. kubectl shares KUBE_BUILD_KEY.
+HELM_VERSION=v3.22.0
+AWS_NPC_VERSION=v1.1.10
 # The pause image: test/e2enode/images/pause, cached under a hash of its source.
 PAUSE_KEY="$(cat "$ROOT/test/e2enode/images/pause/"*.go "$ROOT/test/e2enode/images/pack/"*.go 2>/dev/null | sha256sum | cut -c1-12)"
 
@@ -117,6 +124,16 @@ build_kube_node() {
 	(cd "$ROOT/tools/kube-node" && go build -trimpath -ldflags "$KUBE_LDFLAGS" -o "$OUT" "k8s.io/kubernetes/cmd/$1")
 }
 
+build_helm() {
+	(cd "$ROOT/tools/helm" && go build -trimpath -o "$OUT" helm.sh/helm/v3/cmd/helm)
+}
+
+# Its module has no replace directives, so building it as a dependency of
+# tools/aws-network-policy-controller resolves the graph its own go.mod pins.
+build_aws_npc() {
+	(cd "$ROOT/tools/aws-network-policy-controller" && go build -trimpath -o "$OUT" github.com/aws/amazon-network-policy-controller-k8s/cmd)
+}
+
 # containerd, its shim and ctr into one folder: containerd finds the shim on its PATH.
 # Static, no cgo: the btrfs and devmapper snapshotters are left out (the node uses
 # overlayfs or native).
@@ -167,11 +184,13 @@ for n in "${names[@]}"; do
 	prometheus) ensure prometheus "$PROMETHEUS_VERSION" prometheus build_prometheus ;;
 	promtool) ensure promtool "$PROMETHEUS_VERSION" promtool build_promtool ;;
 	jaeger) ensure jaeger "$JAEGER_VERSION" jaeger build_jaeger ;;
-	kubelet | kube-scheduler | kube-controller-manager) ensure "$n" "$KUBE_BUILD_KEY" "$n" build_kube_node "$n" ;;
+	kubelet | kube-scheduler | kube-controller-manager | kubectl) ensure "$n" "$KUBE_BUILD_KEY" "$n" build_kube_node "$n" ;;
 	containerd) ensure containerd "$CONTAINERD_VERSION" containerd build_containerd ;;
 	runc) ensure runc "$RUNC_VERSION" runc build_runc ;;
 	cni-plugins) ensure cni-plugins "$CNI_PLUGINS_VERSION" ptp build_cni_plugins ;;
 	pause) ensure pause "$PAUSE_KEY" pause.tar build_pause ;;
+	helm) ensure helm "$HELM_VERSION" helm build_helm ;;
+	aws-network-policy-controller) ensure aws-network-policy-controller "$AWS_NPC_VERSION" controller build_aws_npc ;;
 	*) log "unknown tool $n"; exit 2 ;;
 	esac
 done

@@ -318,6 +318,13 @@ func TestNode(t *testing.T) {
 		t.Errorf("%d distinct triggers reported, want the 4 PolicyEndpoints written", distinct)
 	}
 	t.Logf("%d triggers reported, each once, across 2 upgrades and a reinstall", distinct)
+	if t.Failed() {
+		return
+	}
+
+	// Last, as it uninstalls the agent: the local quick start, as a reader follows
+	// it, with the real AWS Network Policy Controller writing the PolicyEndpoints.
+	t.Run("QuickStartLocal", func(t *testing.T) { n.quickStartLocal(t, version) })
 }
 
 // runGatedPod creates a pod like RunPod's whose readiness is gated on the pod
