@@ -41,6 +41,8 @@ var (
 		"so the shell's pid is the relay's")
 	flagAgentArgs = flag.String("agent-args", "", "extra arguments for every agent (space-separated, {npagent}, {kubeconfig} "+
 		"and {dir} replaced), e.g. '--relay-url=https://127.0.0.1:7443 --relay-ca={dir}/ca.crt'")
+	flagBuiltinRelay = flag.Bool("relay", false, "run the relay tier: npagent relay (the binary built for the run; TLS on "+
+		"loopback, a self-signed certificate) before the agents, every agent pointed at it (--relay-url, --relay-ca)")
 	flagVariant = flag.String("variant", "", "the variant's name in the table (default: apiserver, or relay with -relay-cmd)")
 	flagTable   = flag.String("table", "", "also write the markdown table to this file")
 )
@@ -82,7 +84,7 @@ func TestFleet(t *testing.T) {
 	variant := *flagVariant
 	if variant == "" {
 		variant = "apiserver"
-		if *flagRelay != "" {
+		if *flagRelay != "" || *flagBuiltinRelay {
 			variant = "relay"
 		}
 	}
@@ -125,11 +127,17 @@ func TestFleet(t *testing.T) {
 
 	sink := newReportSink(t)
 	fill := strings.NewReplacer("{npagent}", bin, "{kubeconfig}", kubeconfig, "{dir}", dir).Replace
+	// Every agent its own identity: a token bound to a pod on its node.
+	agentKubeconfig := agentKubeconfigs(t, cs, cp.Config, dir, nodes)
 	relayPID := 0
-	if *flagRelay != "" {
+	var relayArgs []string
+	switch {
+	case *flagBuiltinRelay:
+		relayPID, relayArgs = startBuiltinRelay(t, bin, kubeconfig, dir)
+	case *flagRelay != "":
 		relayPID = startRelay(t, fill(*flagRelay), []string{"FLEET_NPAGENT=" + bin, "FLEET_KUBECONFIG=" + kubeconfig, "FLEET_DIR=" + dir})
 	}
-	extra := strings.Fields(fill(*flagAgentArgs))
+	extra := append(strings.Fields(fill(*flagAgentArgs)), relayArgs...)
 
 	snap := func() snapshot {
 		s := snapshot{at: time.Now(), apiCPU: cpuSeconds(apiPID), etcdCPU: cpuSeconds(etcdPID), bytes: scrapeAPIServer(t, cs)}
@@ -183,7 +191,7 @@ func TestFleet(t *testing.T) {
 	cold0 := snap()
 	for i, n := range nodes {
 		args := append([]string{
-			"--kubeconfig=" + kubeconfig,
+			"--kubeconfig=" + agentKubeconfig[n.name],
 			"--node-name=" + n.name,
 			"--node-ip=" + n.ip,
 			"--dataplane=memory",
