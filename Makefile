@@ -137,8 +137,9 @@ e2e-full: tools ## full profiles: 410 relist (apiserver restarted in the gap), 1
 # real apiserver, not in make test (make e2e skips it: even its smoke profile takes
 # over a minute here). make fleet runs the measured profile (FLEET_ARGS; FLEET_ARGS=
 # runs the smoke one: 3 agents, 300 objects), plus FLEET_EXTRA: the relay variant is
-#   make fleet FLEET_EXTRA="-relay-cmd 'exec {npagent} relay --kubeconfig={kubeconfig} ...' -agent-args '--relay-url=... --relay-ca={dir}/...'"
-# ({npagent}: the agent binary built for the run; {kubeconfig}: admin; {dir}: scratch).
+#   make fleet FLEET_EXTRA=-relay
+# (npagent relay on loopback, TLS, every agent pointed at it); -relay-cmd and
+# -agent-args run another relay command instead.
 FLEET_ARGS ?= -agents 40 -objects 10000 -pods 4 -writes 20 -window 60s -baseline 20s -settle 10s -after 10s
 FLEET_EXTRA ?=
 
