@@ -97,6 +97,7 @@ type agentProcess struct {
 	mu        sync.Mutex
 	tail      []string // the last lines of its log
 	errorLogs int
+	errorMsgs map[string]int // by message
 }
 
 const logTail = 60
@@ -144,6 +145,10 @@ func (a *agentProcess) scan(r io.Reader) {
 		}
 		if rec.Level == "ERROR" {
 			a.errorLogs++
+			if a.errorMsgs == nil {
+				a.errorMsgs = map[string]int{}
+			}
+			a.errorMsgs[rec.Msg]++
 		}
 		a.mu.Unlock()
 		switch rec.Msg {
@@ -173,6 +178,15 @@ func (a *agentProcess) errors() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.errorLogs
+}
+
+// errorMessages adds the agent's ERROR lines, counted by message, to into.
+func (a *agentProcess) errorMessages(into map[string]int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for m, n := range a.errorMsgs {
+		into[m] += n
+	}
 }
 
 // waitHTTP waits until the agent logs where it serves /metrics and the probes.

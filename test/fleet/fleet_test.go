@@ -339,7 +339,7 @@ func TestFleet(t *testing.T) {
 	for _, e := range examples {
 		t.Error(e)
 	}
-	errorLogs := 0
+	errorLogs, errorMsgs := 0, map[string]int{}
 	for _, n := range nodes {
 		select {
 		case <-n.agent.done:
@@ -347,6 +347,10 @@ func TestFleet(t *testing.T) {
 		default:
 		}
 		errorLogs += n.agent.errors()
+		n.agent.errorMessages(errorMsgs)
+	}
+	for m, n := range errorMsgs {
+		t.Logf("agents logged %d× at ERROR: %s", n, m)
 	}
 
 	res := result{
