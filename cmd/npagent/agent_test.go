@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,25 +236,7 @@ func (a *agentProcess) metric(t testing.TB, name string, labels ...string) float
 	if code != http.StatusOK {
 		t.Fatalf("/metrics = %d", code)
 	}
-	return sumSamples(body, name, labels...)
-}
-
-func sumSamples(exposition, name string, labels ...string) float64 {
-	var sum float64
-	for _, line := range strings.Split(exposition, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); ok && err == nil {
-			sum += v
-		}
-	}
-	return sum
+	return testenv.SumSamples(body, name, labels...)
 }
 
 // addLocalPod gives the agent a local pod the way a CNI does: a host-side interface

@@ -79,7 +79,7 @@ func TestAgentPodCondition(t *testing.T) {
 	}
 	// The pod was first seen unselected: counted, not observed.
 	code, body, err := nsGet(l.node, a.url+"/metrics") // its URLs are in the node's namespace
-	if got := sumSamples(body, "npagent_pod_enforcement_unselected_total"); err != nil || code != 200 || got != 1 {
+	if got := testenv.SumSamples(body, "npagent_pod_enforcement_unselected_total"); err != nil || code != 200 || got != 1 {
 		t.Errorf("/metrics %d %v: npagent_pod_enforcement_unselected_total = %v, want 1", code, err, got)
 	}
 
@@ -107,7 +107,7 @@ func TestAgentPodCondition(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, "the new pod's window observed", func() bool {
 		_, body, _ := nsGet(l.node, a.url+"/metrics")
-		return sumSamples(body, "npagent_pod_enforcement_latency_seconds_count", `npagent_pod_network_ready_source="first_seen_ip"`) == 1
+		return testenv.SumSamples(body, "npagent_pod_enforcement_latency_seconds_count", `npagent_pod_network_ready_source="first_seen_ip"`) == 1
 	})
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("exit code after SIGTERM = %d, want 0", code)

@@ -182,8 +182,8 @@ func TestPodWindowAgainstPackets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	count := sumSamples(body, "npagent_pod_enforcement_latency_seconds_count", `npagent_pod_network_ready_source="first_seen_ip"`)
-	got := sumSamples(body, "npagent_pod_enforcement_latency_seconds_sum", `npagent_pod_network_ready_source="first_seen_ip"`)
+	count := testenv.SumSamples(body, "npagent_pod_enforcement_latency_seconds_count", `npagent_pod_network_ready_source="first_seen_ip"`)
+	got := testenv.SumSamples(body, "npagent_pod_enforcement_latency_seconds_sum", `npagent_pod_network_ready_source="first_seen_ip"`)
 	if count != float64(len(rounds)) || math.Abs(got-sum) > 1e-6*float64(len(rounds)) {
 		errs = append(errs, fmt.Sprintf("npagent_pod_enforcement_latency_seconds: count %v sum %.6f s, want %d windows summing to %.6f s (explain's)", count, got, len(rounds), sum))
 	}

@@ -227,5 +227,5 @@ func (a *agentProcess) metric(name string, labels ...string) float64 {
 	if err != nil {
 		return -1
 	}
-	return sumSamples(string(body), name, labels...)
+	return testenv.SumSamples(string(body), name, labels...)
 }

@@ -12,6 +12,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/npagent/npagent/internal/testenv"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100 on
@@ -97,9 +99,9 @@ func scrapeAPIServer(t testing.TB, cs kubernetes.Interface) apiserverBytes {
 	}
 	text := string(raw)
 	return apiserverBytes{
-		watch: sumSamples(text, "apiserver_watch_events_sizes_sum", `resource="policyendpoints"`),
-		list:  sumSamples(text, "apiserver_response_sizes_sum", `verb="LIST"`, `resource="policyendpoints"`),
-		lists: sumSamples(text, "apiserver_request_total", `verb="LIST"`, `resource="policyendpoints"`),
+		watch: testenv.SumSamples(text, "apiserver_watch_events_sizes_sum", `resource="policyendpoints"`),
+		list:  testenv.SumSamples(text, "apiserver_response_sizes_sum", `verb="LIST"`, `resource="policyendpoints"`),
+		lists: testenv.SumSamples(text, "apiserver_request_total", `verb="LIST"`, `resource="policyendpoints"`),
 	}
 }
 
@@ -110,24 +112,4 @@ func clientset(t testing.TB, rc *rest.Config) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return cs
-}
-
-// sumSamples sums the samples of name whose labels contain every one of labels
-// (`key="value"`), in a Prometheus text exposition.
-func sumSamples(exposition, name string, labels ...string) float64 {
-	var sum float64
-	for _, line := range strings.Split(exposition, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); ok && err == nil {
-			sum += v
-		}
-	}
-	return sum
 }

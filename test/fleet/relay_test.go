@@ -2,16 +2,7 @@ package fleet
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -95,8 +86,9 @@ func agentKubeconfigs(t *testing.T, cs kubernetes.Interface, rc *rest.Config, di
 // until it is ready, and returns its pid and the agents' relay arguments.
 func startBuiltinRelay(t *testing.T, bin, kubeconfig, dir string) (int, []string) {
 	t.Helper()
-	certFile, keyFile, caFile := selfSignedLoopback(t, dir)
-	listen, health := freePort(t), freePort(t)
+	certFile, keyFile, _ := testenv.SelfSignedLoopback(t, dir)
+	caFile := certFile // the certificate is its own CA
+	listen, health := testenv.FreeLoopbackAddr(t), testenv.FreeLoopbackAddr(t)
 	pid := startRelay(t, fmt.Sprintf("exec %s relay --kubeconfig=%s --listen=%s --health-addr=%s --tls-cert-file=%s --tls-key-file=%s",
 		bin, kubeconfig, listen, health, certFile, keyFile), nil)
 	testenv.Eventually(t, 2*time.Minute, "the relay ready", func() bool {
@@ -108,49 +100,4 @@ func startBuiltinRelay(t *testing.T, bin, kubeconfig, dir string) (int, []string
 		return r.StatusCode == http.StatusOK
 	})
 	return pid, []string{"--relay-url=https://" + listen, "--relay-ca=" + caFile}
-}
-
-// selfSignedLoopback writes a self-signed serving certificate for 127.0.0.1, its
-// key, and the same certificate as the agents' CA bundle.
-func selfSignedLoopback(t *testing.T, dir string) (certFile, keyFile, caFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "npagent-relay"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, caFile = filepath.Join(dir, "relay.crt"), filepath.Join(dir, "relay.key"), filepath.Join(dir, "ca.crt")
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	for path, data := range map[string][]byte{certFile: certPEM, caFile: certPEM,
-		keyFile: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := tls.LoadX509KeyPair(certFile, keyFile); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, caFile
-}
-
-// freePort is a loopback host:port nothing listens on now.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
