@@ -133,28 +133,11 @@ func parseOptions(args []string) (options, error) {
 		errs = append(errs, fmt.Errorf("--host-ip: %q is not an IP address", hostIP))
 	}
 	o.hostIP = ip
-	for s := range strings.SplitSeq(podIPs, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--local-pod-ips: %q is not an IP address", s))
-			continue
-		}
-		o.localPodIPs = append(o.localPodIPs, ip)
-	}
-	for s := range strings.SplitSeq(newPodIPs, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--new-pod-ips: %q is not an IP address", s))
-			continue
-		}
-		o.newPodIPs = append(o.newPodIPs, ip)
-	}
+	var ipErrs []error
+	o.localPodIPs, ipErrs = parseIPs("--local-pod-ips", podIPs)
+	errs = append(errs, ipErrs...)
+	o.newPodIPs, ipErrs = parseIPs("--new-pod-ips", newPodIPs)
+	errs = append(errs, ipErrs...)
 	if len(o.newPodIPs) > 0 && o.nodeName == "" {
 		errs = append(errs, errors.New("--new-pod-ips needs --node-name (the pods' spec.nodeName)"))
 	}
@@ -186,6 +169,23 @@ func parseOptions(args []string) (options, error) {
 		o.seed = mrand.Uint64()
 	}
 	return o, errors.Join(errs...)
+}
+
+// parseIPs reads a comma-separated list of IP addresses (blanks skipped), naming
+// the flag in the error of each one that is not.
+func parseIPs(flagName, list string) (ips []netip.Addr, errs []error) {
+	for s := range strings.SplitSeq(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q is not an IP address", flagName, s))
+			continue
+		}
+		ips = append(ips, ip)
+	}
+	return ips, errs
 }
 
 // driver holds what the writes share.
