@@ -380,7 +380,7 @@ func printPodDenials(w io.Writer, fs []explain.PodFlow) {
 			policy = objectName(f.PolicyKind, "", f.Policy)
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Time.UTC().Format(time.RFC3339Nano), f.Direction, f.Verdict,
-			hostPort(f.Src, f.SrcPort), hostPort(f.Dst, f.DstPort), protoName(f.Protocol), f.Reason, policy, rule)
+			hostPort(f.Src, f.SrcPort), hostPort(f.Dst, f.DstPort), report.ProtocolName(f.Protocol), f.Reason, policy, rule)
 	}
 	tw.Flush()
 }
@@ -391,23 +391,6 @@ func hostPort(addr string, port uint16) string {
 		return orDash(addr)
 	}
 	return net.JoinHostPort(addr, fmt.Sprint(port))
-}
-
-// protoName names the common IP protocols, else the number.
-func protoName(p uint8) string {
-	switch p {
-	case 1:
-		return "icmp"
-	case 6:
-		return "tcp"
-	case 17:
-		return "udp"
-	case 58:
-		return "icmpv6"
-	case 132:
-		return "sctp"
-	}
-	return fmt.Sprint(p)
 }
 
 // printPodVerdicts prints the pod's verdict counters, the denials first.

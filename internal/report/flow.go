@@ -2,6 +2,7 @@ package report
 
 import (
 	"net/netip"
+	"strconv"
 	"time"
 )
 
@@ -56,4 +57,22 @@ type FlowCounts struct {
 	RateLimited uint64 // suppressed in the datapath by a pod's rate limit
 	BufferFull  uint64 // suppressed in the datapath: the ring buffer was full
 	QueueFull   uint64 // read from the ring buffer, dropped: the naming queue was full
+}
+
+// ProtocolName names an IP protocol number as network.transport does (tcp, udp),
+// the others by their common lower-case names, or by the number.
+func ProtocolName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 132:
+		return "sctp"
+	case 1:
+		return "icmp"
+	case 58:
+		return "icmpv6"
+	}
+	return strconv.Itoa(int(p))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,7 +91,7 @@ func FlowAttributes(ev *report.FlowEvent) []attribute.KeyValue {
 		} else {
 			out = append(out, NetworkTypeKey.String("ipv6"))
 		}
-		out = append(out, NetworkTransportKey.String(transport(ev.Protocol)))
+		out = append(out, NetworkTransportKey.String(report.ProtocolName(ev.Protocol)))
 	}
 	if ev.SrcPort != 0 || ev.DstPort != 0 {
 		out = append(out, SourcePortKey.Int(int(ev.SrcPort)), DestinationPortKey.Int(int(ev.DstPort)))
@@ -120,24 +119,6 @@ func FlowAttributes(ev *report.FlowEvent) []attribute.KeyValue {
 	return out
 }
 
-// transport names an IP protocol as network.transport does (tcp, udp), and the
-// others by their common lower-case names, or their number.
-func transport(p uint8) string {
-	switch p {
-	case 6:
-		return "tcp"
-	case 17:
-		return "udp"
-	case 132:
-		return "sctp"
-	case 1:
-		return "icmp"
-	case 58:
-		return "icmpv6"
-	}
-	return strconv.Itoa(int(p))
-}
-
 // FlowMessage is a flow record's body: one line an operator reads.
 func FlowMessage(ev *report.FlowEvent) string {
 	what := ev.Verdict
@@ -149,7 +130,7 @@ func FlowMessage(ev *report.FlowEvent) string {
 		s += fmt.Sprintf(" pod %s/%s", ev.Namespace, ev.Pod)
 	}
 	if ev.Src.IsValid() {
-		s += fmt.Sprintf(" %s %s", transport(ev.Protocol), endpoint(ev.Src, ev.SrcPort))
+		s += fmt.Sprintf(" %s %s", report.ProtocolName(ev.Protocol), endpoint(ev.Src, ev.SrcPort))
 		s += " -> " + endpoint(ev.Dst, ev.DstPort)
 	}
 	s += ": " + ev.Reason
