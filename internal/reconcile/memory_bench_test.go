@@ -307,7 +307,11 @@ func createMemPEsIn(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces
 		if namespaces <= 1 {
 			return "bench"
 		}
-		return fmt.Sprintf("bench-%03d", i%namespaces)
+		// Object i's namespace is (i + i/every) mod namespaces: each namespace holds
+		// its share of the objects and the objects with a pod here are spread over
+		// them as evenly (object k*every in namespace k mod namespaces), as on a
+		// cluster, where a node's pods are not all in the first namespace listed.
+		return fmt.Sprintf("bench-%03d", (i+i/every)%namespaces)
 	}
 	for i := range max(namespaces, 1) {
 		createNamespace(b, cp, nsOf(i))
