@@ -96,13 +96,16 @@ type ListObserver interface {
 }
 
 // ListProgress is an optional extension of ListObserver: Listed is called with each
-// object a list brings (a List's pages, a WatchList stream's initial events, a relist
-// after a 410) in the order the apiserver sent them, as each page or event arrives —
-// before the reflector has the whole list (it hands the informer nothing until then).
-// obj belongs to the reflector afterwards (its transform may change it): Listed keeps
-// a copy of what it needs, not obj.
+// object a list brings (a List's pages, a WatchList stream's initial events) in the
+// order the apiserver sent them, as each page or event arrives — before the reflector
+// has the whole list (it hands the informer nothing until then). obj belongs to the
+// reflector afterwards (its transform may change it): Listed keeps a copy of what it
+// needs, not obj. ListEnded follows the list's last object (its last page, or the
+// stream's initial-events bookmark): the list is complete, though the informer has
+// not had it yet — with many objects, seconds before its cache syncs.
 type ListProgress interface {
 	Listed(obj runtime.Object)
+	ListEnded()
 }
 
 // NewListWatch lists and watches one resource in all namespaces, telling observer of
@@ -254,6 +257,9 @@ func (l *listWatch) listed(items []runtime.Object, last bool) {
 	if p, ok := l.observer.(ListProgress); ok {
 		for _, obj := range items {
 			p.Listed(obj)
+		}
+		if last {
+			p.ListEnded()
 		}
 	}
 }
@@ -540,8 +546,13 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err er
 		if unchanged {
 			rw.l.observer.Unchanged(ev.Object) // a WatchList relist's initial event
 		}
-		if p, ok := rw.l.observer.(ListProgress); ok && !rw.pastInitial && ev.Type != watch.Bookmark {
-			p.Listed(ev.Object) // a WatchList stream's initial event
+		if p, ok := rw.l.observer.(ListProgress); ok {
+			switch {
+			case initialEnd:
+				p.ListEnded() // a WatchList stream's initial state is complete
+			case !rw.pastInitial && ev.Type != watch.Bookmark:
+				p.Listed(ev.Object) // a WatchList stream's initial event
+			}
 		}
 		if !rw.send(ev) {
 			return false, events, nil

@@ -229,3 +229,58 @@ func TestRefusedByReadyAPIServer(t *testing.T) {
 		t.Errorf("after a granted list Refused = %q, want none", got)
 	}
 }
+
+// progressObserver is a ListProgress that records what it is told, in order.
+type progressObserver struct {
+	recordingObserver
+	seq []string // names listed, "end" for ListEnded
+}
+
+func (o *progressObserver) Listed(obj runtime.Object) {
+	o.seq = append(o.seq, obj.(metav1.Object).GetName())
+}
+func (o *progressObserver) ListEnded() { o.seq = append(o.seq, "end") }
+
+// TestListProgressEnd: ListEnded follows a paged list's last page, once, and not a
+// page with more to come; in WatchList mode it comes with the initial-events
+// bookmark, before the events after it (pure logic).
+func TestListProgressEnd(t *testing.T) {
+	obs := &progressObserver{}
+	l := testListWatch(obs)
+	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}, {peV("c", "uc", "3")}}, nil)
+	if _, err := l.list(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(obs.seq, " "); got != "a b" {
+		t.Errorf("after the first of two pages: %q, want %q", got, "a b")
+	}
+	if _, err := l.list(context.Background(), metav1.ListOptions{Continue: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(obs.seq, " "); got != "a b c end" {
+		t.Errorf("after the last page: %q, want %q", got, "a b c end")
+	}
+
+	obs.seq = nil
+	fake := watch.NewFake()
+	l.base.WatchFuncWithContext = func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil }
+	send := true
+	w, err := l.watch(context.Background(), metav1.ListOptions{SendInitialEvents: &send, AllowWatchBookmarks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	go func() {
+		fake.Add(peV("d", "ud", "4"))
+		end := peV("", "", "5")
+		end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+		fake.Action(watch.Bookmark, end)
+		fake.Add(peV("e", "ue", "6")) // a write after the initial state
+	}()
+	for range 3 {
+		<-w.ResultChan()
+	}
+	if got := strings.Join(obs.seq, " "); got != "d end" {
+		t.Errorf("WatchList stream: %q, want %q", got, "d end")
+	}
+}

@@ -37,8 +37,9 @@ import (
 //   - An early worker compiles the batch, puts every object of it in the pod table,
 //     then commits the pods its local objects reach: never from part of a pod's
 //     objects. Anything that does not compile, cannot be fetched or fails is left to
-//     the ordinary sync. The last namespace of the list completes only with the list:
-//     it is left to the ordinary sync too.
+//     the ordinary sync. The last namespace of the list completes when the list ends
+//     (kubewatch.ListProgress's ListEnded, its last page): seconds before the caches
+//     sync with many objects, as the informer still has the whole list to take in.
 //   - Early commits touch only the pod table and the dataplane: no seen-set call, no
 //     report, no last-valid file. Once the caches synced, every object is synced as
 //     before: an early-committed policy commits again unchanged (no map write), and a
@@ -110,6 +111,18 @@ func (s *coldStart) listed(pe *v1alpha1.PolicyEndpoint) {
 	s.buf = append(s.buf, it)
 }
 
+// ended takes the end of the initial list: its last namespace is complete too.
+func (s *coldStart) ended() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.active {
+		return
+	}
+	s.completeLocked()
+	s.seen[s.ns] = struct{}{}
+	s.ns, s.buf = "", nil // anything listed after the end comes back: early starts end
+}
+
 // completeLocked makes the namespace listed so far a batch, if anything of it has work
 // here; s.mu held.
 func (s *coldStart) completeLocked() {
@@ -175,6 +188,15 @@ func (o relistObserver) Listed(obj runtime.Object) {
 	if pe, ok := obj.(*v1alpha1.PolicyEndpoint); ok {
 		o.c.cold.listed(pe)
 	}
+}
+
+// ListEnded implements kubewatch.ListProgress: the initial list of PolicyEndpoints is
+// complete.
+func (o relistObserver) ListEnded() {
+	if o.kind != report.KindPolicyEndpoint || o.c.relists[o.kind].current() != 1 || o.c.cold == nil {
+		return
+	}
+	o.c.cold.ended()
 }
 
 // coldWorker commits the batches of the cold start until it stops.

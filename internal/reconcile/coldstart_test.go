@@ -120,7 +120,7 @@ func TestColdStartBeforeSync(t *testing.T) {
 // TestColdStartBatches: a namespace becomes a batch once the list is past it, with
 // its objects with a pod here and their policies' other chunks (not the rest);
 // batches wait for the gate; a namespace listed again (not in key order) ends early
-// starts, and the last namespace is never a batch of its own.
+// starts, and the last namespace is not a batch before the list ends.
 func TestColdStartBatches(t *testing.T) {
 	node := netip.MustParseAddr("192.0.2.62")
 	s := newColdStart(node)
@@ -152,5 +152,37 @@ func TestColdStartBatches(t *testing.T) {
 	s.listed(pe("a", "np-late", "np-late", node.String())) // a again: out of order
 	if s.isActive() || s.queue.Len() != 0 {
 		t.Errorf("a namespace listed again: active %v, %d queued; want early starts ended, namespace b never released", s.isActive(), s.queue.Len())
+	}
+}
+
+// TestColdStartListEnd: the end of the list completes its last namespace, which
+// becomes a batch then, not when the caches sync; an object listed after the end
+// ends early starts.
+func TestColdStartListEnd(t *testing.T) {
+	node := netip.MustParseAddr("192.0.2.63")
+	s := newColdStart(node)
+	s.openGate()
+	pe := func(ns, name, host string) *v1alpha1.PolicyEndpoint {
+		p := chunkOf(ns, name, name, []v1alpha1.PodEndpoint{pod(host, "10.63.0.1")}, "10.80.0.0/16", 80)
+		p.UID = types.UID("uid-" + ns + "-" + name)
+		return p
+	}
+	s.listed(pe("a", "np-a", node.String()))
+	s.listed(pe("z", "np-z", node.String()))
+	if s.queue.Len() != 1 {
+		t.Fatalf("%d batches queued before the end, want namespace a's", s.queue.Len())
+	}
+	b, _ := s.queue.Get()
+	s.queue.Done(b)
+	s.ended()
+	if s.queue.Len() != 1 {
+		t.Fatalf("%d batches queued after the list ended, want namespace z's", s.queue.Len())
+	}
+	if b, _ := s.queue.Get(); b.namespace != "z" || len(b.items) != 1 || b.items[0].name != "np-z" {
+		t.Errorf("batch at the end: %s %+v, want namespace z with np-z", b.namespace, b.items)
+	}
+	s.listed(pe("z", "np-z2", node.String()))
+	if s.isActive() {
+		t.Error("an object listed after the end: early starts still active")
 	}
 }
