@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -262,4 +266,60 @@ func TestAgentThroughRelay(t *testing.T) {
 	})
 	update(web, func(p *v1alpha1.PolicyEndpoint) { p.Spec.Ingress[0].Ports[0].Port = ptr[int32](80) })
 	check("relay back")
+}
+
+// TestAgentThroughRelayAPIServerRestart: an apiserver restart behind the relay is an
+// ordinary relist for an agent reading through it — a write after it is reported
+// once, and nothing reaches client-go's reflector as an error (which logs it as
+// "Failed to watch" at ERROR, as it does any error its ListWatch hands it).
+func TestAgentThroughRelayAPIServerRestart(t *testing.T) {
+	cp := testenv.Start(t)
+	ctx := context.Background()
+	const ns = "restart"
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	n1 := newNode(t, cp, ns, "restart-n1", "198.51.104.1")
+	tr := startRelay(t, cp, Config{BookmarkInterval: time.Second})
+	var mu sync.Mutex
+	var reflectorErrors []string
+	handlers := utilruntime.ErrorHandlers
+	utilruntime.ErrorHandlers = append(slices.Clone(handlers), func(_ context.Context, err error, msg string, kv ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		reflectorErrors = append(reflectorErrors, fmt.Sprint(msg, " ", err, " ", kv))
+	})
+	t.Cleanup(func() { utilruntime.ErrorHandlers = handlers })
+	viaRelay, err := ClientConfig(ctx, apiConfig(cp, n1), tr.url, ClientOptions{CAFile: tr.caFile,
+		Logger: testLogger(t).With("component", "relay-client")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := runAgent(t, apiConfig(cp, n1), viaRelay, n1.ip, resolver{netip.MustParseAddr("10.4.0.1"): 21})
+	web := pe(ns, "web", "web", "10.50.0.0/16", 80, [2]string{n1.ip, "10.4.0.1"})
+	first := stamped(web)
+	if err := cp.Client.Create(ctx, web); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the first write reported", func() bool { return a.sink.count(string(web.UID), first) == 1 })
+
+	cp.RestartAPIServer(t)
+	var second time.Time
+	write(t, cp, web, func(p *v1alpha1.PolicyEndpoint) {
+		p.Spec.Ingress[0].Ports[0].Port = ptr[int32](8080)
+		second = stamped(p)
+	})
+	testenv.Eventually(t, time.Minute, "the write after the restart reported", func() bool { return a.sink.count(string(web.UID), second) >= 1 })
+	time.Sleep(2 * time.Second) // a second report, or a late error, would come by now
+	if n, m := a.sink.count(string(web.UID), first), a.sink.count(string(web.UID), second); n != 1 || m != 1 {
+		t.Errorf("reported %d and %d times, want each trigger once", n, m)
+	}
+	if got := tr.current().stats.watchers.Load(); got != 2 {
+		t.Errorf("relay watchers after the restart: %d, want the agent's 2 (it stayed on the relay)", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reflectorErrors) > 0 {
+		t.Errorf("errors handed to client-go across the restart (%d):\n%s", len(reflectorErrors), strings.Join(reflectorErrors, "\n"))
+	}
 }
