@@ -133,10 +133,12 @@ e2e-full: tools ## full profiles: 410 relist (apiserver restarted in the gap), 1
 	@echo "==> NPAGENT_E2E=1 go test -run '$(E2E_TESTS)' ./cmd/npagent/ (full profiles: 410 relist with an apiserver restart, SIGKILL x10 mid-churn, collector outage 30s, packet prober 16 flips; root for the pods and eBPF)"
 	NPAGENT_E2E=1 $(GO) test -count=1 -v -timeout $(TEST_TIMEOUT) -run '$(E2E_TESTS)' ./cmd/npagent/
 
-# The fleet run (test/fleet, BENCHMARKS.md "Fleet"): many agent processes against one
-# real apiserver, not in make test (make e2e skips it: even its smoke profile takes
-# over a minute here). make fleet runs the measured profile (FLEET_ARGS; FLEET_ARGS=
-# runs the smoke one: 3 agents, 300 objects), plus FLEET_EXTRA: the relay variant is
+# The fleet run (test/fleet's TestFleet, BENCHMARKS.md "Fleet"): many agent processes
+# against one real apiserver, not in make test (make e2e skips it: even its smoke
+# profile takes over a minute here; make e2e runs the package's TestRelayTier, a fixed
+# 3-agent run through the relay tier, instead). make fleet runs the measured profile
+# (FLEET_ARGS; FLEET_ARGS= runs the smoke one: 3 agents, 300 objects), plus
+# FLEET_EXTRA: the relay variant is
 #   make fleet FLEET_EXTRA=-relay
 # (npagent relay on loopback, TLS, every agent pointed at it); -relay-cmd and
 # -agent-args run another relay command instead.

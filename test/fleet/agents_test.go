@@ -27,9 +27,11 @@ func buildAgent(t testing.TB, dir string) string {
 	bin := filepath.Join(dir, "npagent")
 	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-fleet", "-o", bin, "./cmd/npagent")
 	cmd.Dir = testenv.RepoRoot()
+	start := time.Now()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/npagent: %v\n%s", err, out)
 	}
+	t.Logf("built %s in %v", bin, time.Since(start).Round(time.Millisecond)) // often most of a small run's time
 	return bin
 }
 

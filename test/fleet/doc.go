@@ -6,7 +6,7 @@
 // one agent's node (so ~1/N of the objects are local to each agent), and a churn
 // driver writing W trigger-stamped updates a second.
 //
-// Its one test, TestFleet, measures two baselines (the churn with no agent running,
+// TestFleet measures two baselines (the churn with no agent running,
 // so what the agents add to the apiserver is told from the writes' own cost; the
 // agents with no churn) and three phases, and prints a markdown table:
 //
@@ -26,9 +26,23 @@
 // writer stamped is reported once on the node of its local pod, and nothing else is
 // reported (the objects' creation triggers predate the agents: before_start).
 //
-// It runs only with NPAGENT_FLEET=1, which make fleet sets: the measured profile (40
-// agents, 10,000 objects, 20 writes/s) by default, the test's own defaults (3 agents,
-// 300 objects, ~1-2 min) with make fleet FLEET_ARGS=. The relay variant
-// is a flag away: -relay-cmd starts the relay and -agent-args points every agent at
-// it (see make fleet's help and BENCHMARKS.md, "Fleet").
+// TestFleet runs only with NPAGENT_FLEET=1, which make fleet sets: the measured
+// profile (40 agents, 10,000 objects, 20 writes/s) by default, the test's own
+// defaults (3 agents, 300 objects, ~1-2 min) with make fleet FLEET_ARGS=. The relay
+// variant is a flag away: -relay runs npagent relay, or -relay-cmd starts another and
+// -agent-args points every agent at it (see make fleet's help and BENCHMARKS.md,
+// "Fleet").
+//
+// TestRelayTier runs in make test (make e2e; it needs root, the tools and the CRDs,
+// and skips saying which is missing, or fails with NPAGENT_TEST_NO_SKIP=1): the same
+// harness with a fixed small profile (3 agents, 300 objects, npagent relay), asserting
+// what a bypassed or broken relay would break — in steady state the agents watch the
+// relay (its /metrics: two watchers per agent) and the apiserver serves one
+// PolicyEndpoint watch, the relay's (its apiserver_longrunning_requests), about one
+// watch event per write and no LIST; the relay SIGKILLed mid-churn, the agents watch
+// the apiserver and report the outage's writes, and the relay started again on the
+// same address gets their watches back within the agent's 30 s retry; then the
+// apiserver restart, and exactly once over the whole run. It took 80 s at load ~9 on
+// the shared 2-core machine (213 s at load ~17), a third of it the agent's 30 s wait
+// before it asks the relay again (no flag sets it), and the agent's build.
 package fleet

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/testenv"
@@ -67,8 +68,26 @@ type snapshot struct {
 // EnvFleet selects TestFleet (make fleet sets it). Without it the test skips: even
 // its smoke profile took 65-125 s on the shared 2-core machine (the agent's build,
 // the control plane, an apiserver restart), so it is a profile, not a prerequisite,
-// and make test leaves it out.
+// and make test leaves it out (TestRelayTier runs a fixed small run there).
 const EnvFleet = "NPAGENT_FLEET"
+
+// profile is a run's shape: TestFleet's comes from the flags, TestRelayTier's is
+// fixed.
+type profile struct {
+	agents, objects, pods int
+	writes                float64
+	window, settle, after time.Duration
+	base                  time.Duration
+	relayCmd, agentArgs   string
+	builtinRelay          bool
+	variant               string
+}
+
+func flagProfile() profile {
+	return profile{agents: *flagAgents, objects: *flagObjects, pods: *flagPods, writes: *flagWrites,
+		window: *flagWindow, settle: *flagSettle, after: *flagAfter, base: *flagBase,
+		relayCmd: *flagRelay, agentArgs: *flagAgentArgs, builtinRelay: *flagBuiltinRelay, variant: *flagVariant}
+}
 
 // TestFleet runs the fleet and prints the table (package doc). It needs root for
 // the pods' interfaces and routes, and the tools (kube-apiserver, etcd) and the
@@ -77,31 +96,76 @@ func TestFleet(t *testing.T) {
 	if os.Getenv(EnvFleet) != "1" {
 		t.Skipf("%s=1 selects the fleet run (make fleet; make fleet FLEET_ARGS= for the smoke profile)", EnvFleet)
 	}
-	agents, objects := *flagAgents, *flagObjects
-	if agents < 1 || agents > 250 || objects < agents || *flagPods < 1 || *flagPods > 250 {
-		t.Fatalf("-agents %d (1..250), -objects %d (≥ agents), -pods %d (1..250)", agents, objects, *flagPods)
+	f := newFleetRun(t, flagProfile())
+	f.baseline()
+	f.startAgents()
+	f.steadyChurn()
+	f.restartAPIServer()
+	res := f.finish()
+	table := res.markdown()
+	fmt.Printf("\n%s\n", table)
+	if *flagTable != "" {
+		if err := os.WriteFile(*flagTable, []byte(table), 0o644); err != nil {
+			t.Error(err)
+		}
 	}
-	variant := *flagVariant
+}
+
+// fleetRun is one run of the harness: the control plane, the objects and their
+// writer, the report sink, the relay if any and the agents, and the figures so far
+// (res). Its phases run in order: baseline, startAgents, steadyChurn,
+// restartAPIServer, finish.
+type fleetRun struct {
+	t               *testing.T
+	p               profile
+	ctx             context.Context
+	nodes           []*node
+	cp              *testenv.ControlPlane
+	cs              kubernetes.Interface
+	apiPID, etcdPID int
+	relayPID        int
+	dir, bin        string
+	agentKubeconfig map[string]string
+	extra, env      []string
+	sockets         string
+	w               *writer
+	sink            *reportSink
+	relay           *builtinRelay // with p.builtinRelay
+	relayCmd        *exec.Cmd     // the relay's process, either kind
+	res             result
+	errorMsgs       map[string]int // the agents' ERROR lines by message, after finish
+}
+
+// newFleetRun starts the control plane, creates the nodes, their pods and the
+// objects, and starts the relay if the profile has one; no agent runs yet.
+func newFleetRun(t *testing.T, p profile) *fleetRun {
+	t.Helper()
+	agents, objects := p.agents, p.objects
+	if agents < 1 || agents > 250 || objects < agents || p.pods < 1 || p.pods > 250 {
+		t.Fatalf("-agents %d (1..250), -objects %d (≥ agents), -pods %d (1..250)", agents, objects, p.pods)
+	}
+	variant := p.variant
 	if variant == "" {
 		variant = "apiserver"
-		if *flagRelay != "" || *flagBuiltinRelay {
+		if p.relayCmd != "" || p.builtinRelay {
 			variant = "relay"
 		}
 	}
-	ctx := context.Background()
-	nodes := make([]*node, agents)
+	f := &fleetRun{t: t, p: p, ctx: context.Background(), nodes: make([]*node, agents)}
+	f.res = result{variant: variant, agents: agents, objects: objects, pods: p.pods, writes: p.writes}
+	ctx, nodes := f.ctx, f.nodes
 	for i := range nodes {
 		nodes[i] = &node{name: fmt.Sprintf("fleet-%03d", i), ip: nodeIP(i)}
 	}
-	addPods(t, nodes, *flagPods)
+	addPods(t, nodes, p.pods)
 
 	cp := testenv.Start(t, testenv.WithCRDDir(testenv.UpstreamCRDDir(t)))
-	cs := clientset(t, cp.Config)
-	apiPID, etcdPID := childPID(t, "kube-apiserver"), childPID(t, "etcd")
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
+	f.cp, f.cs = cp, clientset(t, cp.Config)
+	f.apiPID, f.etcdPID = childPID(t, "kube-apiserver"), childPID(t, "etcd")
+	f.dir = t.TempDir()
+	kubeconfig := filepath.Join(f.dir, "kubeconfig")
 	testenv.WriteKubeconfig(t, cp.Config, kubeconfig)
-	bin := buildAgent(t, dir)
+	f.bin = buildAgent(t, f.dir)
 
 	// The cluster: a Node per agent (the agent reads its addresses), then the objects.
 	for _, n := range nodes {
@@ -117,57 +181,35 @@ func TestFleet(t *testing.T) {
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
 		t.Fatal(err)
 	}
-	w := &writer{c: cp.Client, objs: make([]*v1alpha1.PolicyEndpoint, objects), nodeOf: func(k int) string { return nodes[k%agents].name }}
+	f.w = &writer{c: cp.Client, objs: make([]*v1alpha1.PolicyEndpoint, objects), nodeOf: func(k int) string { return nodes[k%agents].name }}
 	began := time.Now()
-	if err := createObjects(ctx, w, nodes); err != nil {
+	if err := createObjects(ctx, f.w, nodes); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("created %d PolicyEndpoints in %v (%d local to each of %d nodes, over %d pods each)",
-		objects, time.Since(began).Round(time.Millisecond), objects/agents, agents, *flagPods)
+		objects, time.Since(began).Round(time.Millisecond), objects/agents, agents, p.pods)
 
-	sink := newReportSink(t)
-	fill := strings.NewReplacer("{npagent}", bin, "{kubeconfig}", kubeconfig, "{dir}", dir).Replace
+	f.sink = newReportSink(t)
+	fill := strings.NewReplacer("{npagent}", f.bin, "{kubeconfig}", kubeconfig, "{dir}", f.dir).Replace
 	// Every agent its own identity: a token bound to a pod on its node.
-	agentKubeconfig := agentKubeconfigs(t, cs, cp.Config, dir, nodes)
-	relayPID := 0
+	f.agentKubeconfig = agentKubeconfigs(t, f.cs, cp.Config, f.dir, nodes)
 	var relayArgs []string
 	switch {
-	case *flagBuiltinRelay:
-		relayPID, relayArgs = startBuiltinRelay(t, bin, kubeconfig, dir)
-	case *flagRelay != "":
-		relayPID = startRelay(t, fill(*flagRelay), []string{"FLEET_NPAGENT=" + bin, "FLEET_KUBECONFIG=" + kubeconfig, "FLEET_DIR=" + dir})
+	case p.builtinRelay:
+		f.relay = newBuiltinRelay(t, f.bin, kubeconfig, f.dir)
+		f.relayCmd = f.relay.start(t)
+		relayArgs = f.relay.agentArgs()
+	case p.relayCmd != "":
+		f.relayCmd = startRelay(t, fill(p.relayCmd), []string{"FLEET_NPAGENT=" + f.bin, "FLEET_KUBECONFIG=" + kubeconfig, "FLEET_DIR=" + f.dir})
 	}
-	extra := append(strings.Fields(fill(*flagAgentArgs)), relayArgs...)
-
-	snap := func() snapshot {
-		s := snapshot{at: time.Now(), apiCPU: cpuSeconds(apiPID), etcdCPU: cpuSeconds(etcdPID), bytes: scrapeAPIServer(t, cs)}
-		if relayPID != 0 {
-			s.relayCPU = cpuSeconds(relayPID)
-		}
-		for _, n := range nodes {
-			if n.agent != nil {
-				s.agentCPU = append(s.agentCPU, cpuSeconds(n.agent.pid()))
-			}
-		}
-		return s
+	if f.relayCmd != nil {
+		f.relayPID = f.relayCmd.Process.Pid
 	}
-	since := func(a, b snapshot) usage {
-		u := usage{apiCPU: b.apiCPU - a.apiCPU, etcdCPU: b.etcdCPU - a.etcdCPU, relayCPU: b.relayCPU - a.relayCPU,
-			bytes: b.bytes.total() - a.bytes.total(), lists: b.bytes.lists - a.bytes.lists, took: b.at.Sub(a.at)}
-		for i := range b.agentCPU {
-			if i < len(a.agentCPU) {
-				u.agentCPU = append(u.agentCPU, b.agentCPU[i]-a.agentCPU[i])
-			} else {
-				u.agentCPU = append(u.agentCPU, b.agentCPU[i])
-			}
-		}
-		return u
-	}
-
-	// Cold start: every agent at once, until each /readyz answers 200.
-	env := []string{
+	f.res.relay = f.relayPID != 0
+	f.extra = append(strings.Fields(fill(p.agentArgs)), relayArgs...)
+	f.env = []string{
 		"OTEL_TRACES_EXPORTER=otlp", "OTEL_METRICS_EXPORTER=none", "OTEL_LOGS_EXPORTER=none",
-		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT=" + sink.URL,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT=" + f.sink.URL,
 		"OTEL_BSP_SCHEDULE_DELAY=500",
 	}
 	sockets, err := os.MkdirTemp("", "npfleet") // unix socket paths are short
@@ -175,73 +217,118 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockets) })
-	// Baseline: the same churn with no agent, so what the agents add to the
-	// apiserver's CPU can be told from what the writes cost it anyway. Its triggers
-	// predate every agent (before_start): not expected to be reported.
-	b0 := snap()
-	if err := w.churn(ctx, *flagWrites, *flagBase, func(int) bool { return false }); err != nil {
-		t.Fatalf("churn: %v", err)
-	}
-	noAgents := since(b0, snap())
-	noAgentsWrites := len(w.all())
-	w.mu.Lock()
-	w.writes = nil
-	w.mu.Unlock()
+	f.sockets = sockets
+	return f
+}
 
-	cold0 := snap()
-	for i, n := range nodes {
+func (f *fleetRun) snap() snapshot {
+	s := snapshot{at: time.Now(), apiCPU: cpuSeconds(f.apiPID), etcdCPU: cpuSeconds(f.etcdPID), bytes: scrapeAPIServer(f.t, f.cs)}
+	if f.relayPID != 0 {
+		s.relayCPU = cpuSeconds(f.relayPID)
+	}
+	for _, n := range f.nodes {
+		if n.agent != nil {
+			s.agentCPU = append(s.agentCPU, cpuSeconds(n.agent.pid()))
+		}
+	}
+	return s
+}
+
+func since(a, b snapshot) usage {
+	u := usage{apiCPU: b.apiCPU - a.apiCPU, etcdCPU: b.etcdCPU - a.etcdCPU, relayCPU: b.relayCPU - a.relayCPU,
+		bytes: b.bytes.total() - a.bytes.total(), lists: b.bytes.lists - a.bytes.lists, took: b.at.Sub(a.at)}
+	for i := range b.agentCPU {
+		if i < len(a.agentCPU) {
+			u.agentCPU = append(u.agentCPU, b.agentCPU[i]-a.agentCPU[i])
+		} else {
+			u.agentCPU = append(u.agentCPU, b.agentCPU[i])
+		}
+	}
+	return u
+}
+
+// baseline runs the churn with no agent, so what the agents add to the apiserver's
+// CPU can be told from what the writes cost it anyway. Its triggers predate every
+// agent (before_start): not expected to be reported.
+func (f *fleetRun) baseline() {
+	b0 := f.snap()
+	if err := f.w.churn(f.ctx, f.p.writes, f.p.base, func(int) bool { return false }); err != nil {
+		f.t.Fatalf("churn: %v", err)
+	}
+	f.res.noAgents = since(b0, f.snap())
+	f.res.noAgentsWrites = len(f.w.all())
+	f.w.mu.Lock()
+	f.w.writes = nil
+	f.w.mu.Unlock()
+}
+
+// startAgents is the cold start: every agent at once, until each /readyz answers
+// 200; then the settle pause and the idle baseline (the agents without churn).
+func (f *fleetRun) startAgents() {
+	t := f.t
+	cold0 := f.snap()
+	for i, n := range f.nodes {
 		args := append([]string{
-			"--kubeconfig=" + agentKubeconfig[n.name],
+			"--kubeconfig=" + f.agentKubeconfig[n.name],
 			"--node-name=" + n.name,
 			"--node-ip=" + n.ip,
 			"--dataplane=memory",
-			"--state-file=" + filepath.Join(dir, n.name, "seen.state"),
+			"--state-file=" + filepath.Join(f.dir, n.name, "seen.state"),
 			"--metrics-addr=127.0.0.1:0",
 			"--health-addr=127.0.0.1:0",
 			"--log-format=json",
-			"--debug-socket=" + filepath.Join(sockets, strconv.Itoa(i)+".sock"),
-		}, extra...)
-		n.agent = startAgent(t, bin, env, args)
+			"--debug-socket=" + filepath.Join(f.sockets, strconv.Itoa(i)+".sock"),
+		}, f.extra...)
+		n.agent = startAgent(t, f.bin, f.env, args)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range nodes {
+			for _, n := range f.nodes {
 				t.Logf("agent %s (pid %d), last lines of its log:\n%s", n.name, n.agent.pid(), n.agent.logs())
 			}
 		}
 	})
-	for _, n := range nodes {
+	for _, n := range f.nodes {
 		n.agent.waitHTTP(t)
 	}
-	readyIn := waitAll(t, nodes, 10*time.Minute, "/readyz 200", func(n *node) bool { return n.agent.ready() })
-	cold := since(cold0, snap())
-	t.Logf("cold start: every agent ready %v after the start; apiserver %.1f CPU-s", readyIn.Round(time.Millisecond), cold.apiCPU)
-	time.Sleep(*flagSettle) // let the initial work settle
-	i0 := snap()
-	time.Sleep(*flagBase)
-	idle := since(i0, snap())
+	f.res.readyIn = waitAll(t, f.nodes, 10*time.Minute, "/readyz 200", func(n *node) bool { return n.agent.ready() })
+	f.res.cold = since(cold0, f.snap())
+	t.Logf("cold start: every agent ready %v after the start; apiserver %.1f CPU-s", f.res.readyIn.Round(time.Millisecond), f.res.cold.apiCPU)
+	time.Sleep(f.p.settle) // let the initial work settle
+	i0 := f.snap()
+	time.Sleep(f.p.base)
+	f.res.idle = since(i0, f.snap())
+}
 
-	// Steady churn.
-	s0 := snap()
-	if err := w.churn(ctx, *flagWrites, *flagWindow, func(int) bool { return false }); err != nil {
+// steadyChurn measures the steady churn, until every trigger of it is reported,
+// and returns its first and last snapshots.
+func (f *fleetRun) steadyChurn() (s0, s1 snapshot) {
+	t := f.t
+	s0 = f.snap()
+	if err := f.w.churn(f.ctx, f.p.writes, f.p.window, func(int) bool { return false }); err != nil {
 		t.Fatalf("churn: %v", err)
 	}
-	s1 := snap()
-	steady := since(s0, s1)
-	windowWrites := w.all()
-	rss := make([]float64, agents)
-	for i, n := range nodes {
+	s1 = f.snap()
+	f.res.steady = since(s0, s1)
+	windowWrites := f.w.all()
+	f.res.steadyWrites = len(windowWrites)
+	f.res.rss = make([]float64, len(f.nodes))
+	for i, n := range f.nodes {
 		r, _ := memStatus(n.agent.pid())
-		rss[i] = float64(r)
+		f.res.rss[i] = float64(r)
 	}
 	testenv.Eventually(t, 2*time.Minute, "every trigger of the steady churn reported", func() bool {
-		return allReported(sink.snapshot(), windowWrites)
+		return allReported(f.sink.snapshot(), windowWrites)
 	})
-	lat := latencies(sink.snapshot(), windowWrites)
-	t.Logf("steady: %d writes in %v, %d reports", len(windowWrites), steady.took.Round(time.Millisecond), len(lat))
+	f.res.lat = latencies(f.sink.snapshot(), windowWrites)
+	t.Logf("steady: %d writes in %v, %d reports", len(windowWrites), f.res.steady.took.Round(time.Millisecond), len(f.res.lat))
+	return s0, s1
+}
 
-	// The apiserver restart: from its stop until every agent has committed a probe
-	// written to one of its local objects once the apiserver is back.
+// restartAPIServer is the apiserver restart: from its stop until every agent has
+// committed a probe written to one of its local objects once the apiserver is back.
+func (f *fleetRun) restartAPIServer() {
+	t, ctx, nodes := f.t, f.ctx, f.nodes
 	relists := func() []float64 {
 		var r []float64
 		for _, n := range nodes {
@@ -250,7 +337,7 @@ func TestFleet(t *testing.T) {
 		return r
 	}
 	relists0 := relists()
-	peak := make([]float64, agents)
+	peak := make([]float64, len(nodes))
 	samplerDone := make(chan struct{})
 	var sampler sync.WaitGroup
 	sampler.Add(1)
@@ -270,18 +357,18 @@ func TestFleet(t *testing.T) {
 			}
 		}
 	}()
-	r0 := snap()
+	r0 := f.snap()
 	reaped0 := childrenCPU()
 	stopAt := time.Now()
-	cp.StopAPIServer(t)
+	f.cp.StopAPIServer(t)
 	oldAPICPU := childrenCPU() - reaped0 // the stopped apiserver, reaped by envtest
-	cp.StartAPIServer(t)
+	f.cp.StartAPIServer(t)
 	upAt := time.Now()
-	apiPID = childPID(t, "kube-apiserver")
-	bootCPU := cpuSeconds(apiPID) // the new apiserver's own start, before the storm
+	f.apiPID = childPID(t, "kube-apiserver")
+	bootCPU := cpuSeconds(f.apiPID) // the new apiserver's own start, before the storm
 	var probes []write
 	for i := range nodes {
-		wr, err := w.update(ctx, i) // object i is local to node i
+		wr, err := f.w.update(ctx, i) // object i is local to node i
 		if err != nil {
 			t.Fatalf("probe write: %v", err)
 		}
@@ -289,13 +376,13 @@ func TestFleet(t *testing.T) {
 	}
 	var syncedAt time.Time
 	testenv.Eventually(t, 10*time.Minute, "every agent to commit its probe write after the apiserver restart", func() bool {
-		if !allReported(sink.snapshot(), probes) {
+		if !allReported(f.sink.snapshot(), probes) {
 			return false
 		}
 		syncedAt = time.Now()
 		return true
 	})
-	r1 := snap()
+	r1 := f.snap()
 	close(samplerDone)
 	sampler.Wait()
 	restart := usage{
@@ -310,7 +397,7 @@ func TestFleet(t *testing.T) {
 		restart.agentCPU = append(restart.agentCPU, r1.agentCPU[i]-r0.agentCPU[i])
 	}
 	var committed time.Time // the last probe's commit, by the agent's own clock
-	for _, r := range sink.snapshot() {
+	for _, r := range f.sink.snapshot() {
 		for _, p := range probes {
 			if r.key() == p.key() && r.end.After(committed) {
 				committed = r.end
@@ -325,22 +412,29 @@ func TestFleet(t *testing.T) {
 	}
 	t.Logf("restart: apiserver down and up in %v; every agent committed its probe %v after the stop (%v after the apiserver was ready; seen by the test %v after the stop); %d of %d agents relisted",
 		upAt.Sub(stopAt).Round(time.Millisecond), committed.Sub(stopAt).Round(time.Millisecond), committed.Sub(upAt).Round(time.Millisecond),
-		syncedAt.Sub(stopAt).Round(time.Millisecond), relisted, agents)
+		syncedAt.Sub(stopAt).Round(time.Millisecond), relisted, len(nodes))
+	f.res.restart, f.res.downUp, f.res.synced, f.res.syncedAfterUp = restart, upAt.Sub(stopAt), committed.Sub(stopAt), committed.Sub(upAt)
+	f.res.afterUpCPU, f.res.peak, f.res.relisted = r1.apiCPU-bootCPU, peak, relisted
+}
 
-	// More churn after the restart, then exactly once over the whole run.
-	if err := w.churn(ctx, *flagWrites, *flagAfter, func(int) bool { return false }); err != nil {
+// finish runs more churn after the restart, then checks exactly once over the
+// whole run (t.Error for each fault) and that no agent exited, and counts and logs
+// the agents' ERROR lines by message (f.errorMsgs).
+func (f *fleetRun) finish() result {
+	t := f.t
+	if err := f.w.churn(f.ctx, f.p.writes, f.p.after, func(int) bool { return false }); err != nil {
 		t.Fatalf("churn after the restart: %v", err)
 	}
-	all := w.all()
-	testenv.Eventually(t, 2*time.Minute, "every trigger written reported", func() bool { return allReported(sink.snapshot(), all) })
+	all := f.w.all()
+	testenv.Eventually(t, 2*time.Minute, "every trigger written reported", func() bool { return allReported(f.sink.snapshot(), all) })
 	time.Sleep(2 * time.Second) // time for a second report of anything to arrive
-	reports := sink.snapshot()
+	reports := f.sink.snapshot()
 	dup, unexpected, missing, examples := exactlyOnce(reports, all)
 	for _, e := range examples {
 		t.Error(e)
 	}
 	errorLogs, errorMsgs := 0, map[string]int{}
-	for _, n := range nodes {
+	for _, n := range f.nodes {
 		select {
 		case <-n.agent.done:
 			t.Errorf("agent %s exited: %v", n.name, n.agent.exit)
@@ -352,25 +446,14 @@ func TestFleet(t *testing.T) {
 	for m, n := range errorMsgs {
 		t.Logf("agents logged %d× at ERROR: %s", n, m)
 	}
-
-	res := result{
-		variant: variant, agents: agents, objects: objects, pods: *flagPods, writes: *flagWrites,
-		readyIn: readyIn, noAgents: noAgents, noAgentsWrites: noAgentsWrites, idle: idle, cold: cold, steady: steady, steadyWrites: len(windowWrites), rss: rss, lat: lat,
-		restart: restart, downUp: upAt.Sub(stopAt), synced: committed.Sub(stopAt), syncedAfterUp: committed.Sub(upAt),
-		afterUpCPU: r1.apiCPU - bootCPU, peak: peak, relisted: relisted, relay: relayPID != 0,
-		reports: len(reports), written: len(all), dup: dup, unexpected: unexpected, missing: missing, errorLogs: errorLogs,
-	}
-	if relayPID != 0 {
-		r, _ := memStatus(relayPID)
+	f.errorMsgs = errorMsgs
+	res := f.res
+	res.reports, res.written, res.dup, res.unexpected, res.missing, res.errorLogs = len(reports), len(all), dup, unexpected, missing, errorLogs
+	if f.relayPID != 0 {
+		r, _ := memStatus(f.relayPID)
 		res.relayRSS = float64(r)
 	}
-	table := res.markdown()
-	fmt.Printf("\n%s\n", table)
-	if *flagTable != "" {
-		if err := os.WriteFile(*flagTable, []byte(table), 0o644); err != nil {
-			t.Error(err)
-		}
-	}
+	return res
 }
 
 // createObjects creates the fleet's objects: BenchPE k with its first pod moved to
@@ -413,8 +496,8 @@ func firstErr(a, b error) error {
 	return b
 }
 
-// startRelay runs the relay command and returns its pid.
-func startRelay(t *testing.T, command string, env []string) int {
+// startRelay runs the relay command and returns its process (killed at cleanup).
+func startRelay(t testing.TB, command string, env []string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", command)
 	cmd.Env = append(os.Environ(), env...)
@@ -427,7 +510,7 @@ func startRelay(t *testing.T, command string, env []string) int {
 		_ = cmd.Wait()
 	})
 	t.Logf("relay started (pid %d): %s", cmd.Process.Pid, command)
-	return cmd.Process.Pid
+	return cmd
 }
 
 // waitAll polls cond for every node until each has held once, and returns how long

@@ -83,10 +83,13 @@ func childPID(t testing.TB, name string) int {
 // apiserverBytes is what the apiserver says it sent for PolicyEndpoints since it
 // started: the sizes of the watch events it wrote to every watcher
 // (apiserver_watch_events_sizes, per watcher and event) plus those of its list
-// responses (apiserver_response_sizes, verb LIST), both before TLS and compression.
+// responses (apiserver_response_sizes, verb LIST), both before TLS and compression;
+// and, for TestRelayTier, who watches it.
 type apiserverBytes struct {
 	watch, list float64
 	lists       float64 // LIST requests served (apiserver_request_total)
+	events      float64 // watch events written, one per watcher and event (the sizes' count)
+	watches     float64 // watches open now (apiserver_longrunning_requests, verb WATCH)
 }
 
 func (b apiserverBytes) total() float64 { return b.watch + b.list }
@@ -99,9 +102,11 @@ func scrapeAPIServer(t testing.TB, cs kubernetes.Interface) apiserverBytes {
 	}
 	text := string(raw)
 	return apiserverBytes{
-		watch: testenv.SumSamples(text, "apiserver_watch_events_sizes_sum", `resource="policyendpoints"`),
-		list:  testenv.SumSamples(text, "apiserver_response_sizes_sum", `verb="LIST"`, `resource="policyendpoints"`),
-		lists: testenv.SumSamples(text, "apiserver_request_total", `verb="LIST"`, `resource="policyendpoints"`),
+		watch:   testenv.SumSamples(text, "apiserver_watch_events_sizes_sum", `resource="policyendpoints"`),
+		list:    testenv.SumSamples(text, "apiserver_response_sizes_sum", `verb="LIST"`, `resource="policyendpoints"`),
+		lists:   testenv.SumSamples(text, "apiserver_request_total", `verb="LIST"`, `resource="policyendpoints"`),
+		events:  testenv.SumSamples(text, "apiserver_watch_events_sizes_count", `resource="policyendpoints"`),
+		watches: testenv.SumSamples(text, "apiserver_longrunning_requests", `verb="WATCH"`, `resource="policyendpoints"`),
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -81,23 +82,40 @@ func agentKubeconfigs(t *testing.T, cs kubernetes.Interface, rc *rest.Config, di
 	return out
 }
 
-// startBuiltinRelay runs `npagent relay` (the binary built for the run) with a
-// self-signed serving certificate for 127.0.0.1 and the admin kubeconfig, waits
-// until it is ready, and returns its pid and the agents' relay arguments.
-func startBuiltinRelay(t *testing.T, bin, kubeconfig, dir string) (int, []string) {
+// builtinRelay is `npagent relay` (the binary built for the run) with a
+// self-signed serving certificate for 127.0.0.1 and the admin kubeconfig, on
+// addresses chosen once, so it can be killed and started again where the agents
+// look for it.
+type builtinRelay struct {
+	bin, kubeconfig           string
+	listen, health            string
+	certFile, keyFile, caFile string
+}
+
+func newBuiltinRelay(t testing.TB, bin, kubeconfig, dir string) *builtinRelay {
 	t.Helper()
 	certFile, keyFile, _ := testenv.SelfSignedLoopback(t, dir)
-	caFile := certFile // the certificate is its own CA
-	listen, health := testenv.FreeLoopbackAddr(t), testenv.FreeLoopbackAddr(t)
-	pid := startRelay(t, fmt.Sprintf("exec %s relay --kubeconfig=%s --listen=%s --health-addr=%s --tls-cert-file=%s --tls-key-file=%s",
-		bin, kubeconfig, listen, health, certFile, keyFile), nil)
+	return &builtinRelay{bin: bin, kubeconfig: kubeconfig, listen: testenv.FreeLoopbackAddr(t), health: testenv.FreeLoopbackAddr(t),
+		certFile: certFile, keyFile: keyFile, caFile: certFile} // the certificate is its own CA
+}
+
+// start runs the relay, waits until it is ready and returns its process.
+func (r *builtinRelay) start(t testing.TB) *exec.Cmd {
+	t.Helper()
+	cmd := startRelay(t, fmt.Sprintf("exec %s relay --kubeconfig=%s --listen=%s --health-addr=%s --tls-cert-file=%s --tls-key-file=%s",
+		r.bin, r.kubeconfig, r.listen, r.health, r.certFile, r.keyFile), nil)
 	testenv.Eventually(t, 2*time.Minute, "the relay ready", func() bool {
-		r, err := http.Get("http://" + health + "/readyz")
+		resp, err := http.Get("http://" + r.health + "/readyz")
 		if err != nil {
 			return false
 		}
-		r.Body.Close()
-		return r.StatusCode == http.StatusOK
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
 	})
-	return pid, []string{"--relay-url=https://" + listen, "--relay-ca=" + caFile}
+	return cmd
+}
+
+// agentArgs points an agent at the relay.
+func (r *builtinRelay) agentArgs() []string {
+	return []string{"--relay-url=https://" + r.listen, "--relay-ca=" + r.caFile}
 }
