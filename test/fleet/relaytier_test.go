@@ -16,9 +16,11 @@ import (
 const relayRetryAfter = 30 * time.Second
 
 // failOnAgentErrors makes TestRelayTier fail on any agent log line at ERROR. It is
-// off while client-go's reflector logs "Failed to watch" once per agent around the
-// apiserver restart through the relay (BENCHMARKS.md, "Fleet"); the lines are
-// logged by message either way. Set it to true to assert none.
+// off because some runs log client-go's reflector's "Failed to watch" once per
+// agent just after the apiserver restart: the agent's own Node watch (not the
+// relay's path) answered 403 by an apiserver whose RBAC authorizer had not loaded
+// its ClusterRoles yet ("clusterrole ... not found"); the reflector retries and it
+// passes (BENCHMARKS.md, "Fleet"). The lines are logged by message either way.
 const failOnAgentErrors = false
 
 // TestRelayTier runs the real binaries through the relay tier in make test: a
