@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/nodeaddrs"
 )
 
@@ -52,6 +53,9 @@ func watchNode(ctx context.Context, rc *rest.Config, name string, n *nodeaddrs.K
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
 	}))
 	inf := f.Core().V1().Nodes().Informer()
+	if err := inf.SetWatchErrorHandlerWithContext(kubewatch.NewErrorHandler(log, "nodes", nil).Handle); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
+	}
 	set := func(obj any) {
 		if node, ok := obj.(*corev1.Node); ok && node.Name == name {
 			n.SetStatus(nodeStatusAddrs(node), "")

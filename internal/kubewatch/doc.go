@@ -4,7 +4,11 @@
 // pass (NewWatcher), and a ListWatch for client-go's informers that
 // keeps delivering across apiserver restarts and 410 Gone (NewListWatch), recording
 // what it sees in a Health (arrivals, errors, relists by cause) judged by the stall
-// rule (Health.Snapshot).
+// rule (Health.Snapshot); and an error handler for every informer's reflector
+// (ErrorHandler) that logs a refused or failed list or watch at WARN, and at ERROR
+// only once the failures have lasted 30 s — client-go's default logs each at ERROR,
+// and a freshly restarted apiserver refuses for a moment while its RBAC authorizer
+// loads the roles.
 //
 // Why it exists. client-go's reflector (v0.37.2) waits before each retry with one
 // backoff per reflector — 0.8 s doubling to 30 s, jittered up to twice that,

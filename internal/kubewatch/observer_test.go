@@ -284,3 +284,47 @@ func TestListProgressEnd(t *testing.T) {
 		t.Errorf("WatchList stream: %q, want %q", got, "d end")
 	}
 }
+
+// TestErrorHandlerStreaks: a failed list or watch is a warning until its streak has
+// lasted 30 s, then an error, and persistent is called once per streak; a failure
+// after a quiet gap of over 2 minutes starts a new streak; expired resourceVersions
+// and ended streams are not failures (pure logic: the clock is a variable).
+func TestErrorHandlerStreaks(t *testing.T) {
+	var logs strings.Builder
+	var persisted []error
+	h := NewErrorHandler(slog.New(slog.NewTextHandler(&logs, nil)), "nodes", func(err error) { persisted = append(persisted, err) })
+	now := time.Unix(1000, 0)
+	h.now = func() time.Time { return now }
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", errors.New(`clusterrole "agent" not found`))
+	levels := func() string { // the level of each line logged since the last call
+		var out []string
+		for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			if _, rest, ok := strings.Cut(line, " level="); ok {
+				level, _, _ := strings.Cut(rest, " ")
+				out = append(out, level)
+			}
+		}
+		logs.Reset()
+		return strings.Join(out, " ")
+	}
+	h.Handle(context.Background(), nil, apierrors.NewResourceExpired("too old"))
+	h.Handle(context.Background(), nil, io.EOF)
+	if got := levels(); got != "" {
+		t.Errorf("expired and EOF logged %q, want nothing above debug", got)
+	}
+	for _, step := range []time.Duration{0, time.Second, 20 * time.Second, 15 * time.Second, 25 * time.Second} {
+		now = now.Add(step)
+		h.Handle(context.Background(), nil, forbidden)
+	}
+	if got := levels(); got != "WARN WARN WARN ERROR ERROR" {
+		t.Errorf("a streak of 0, 1, 21, 36, 61 s: levels %q, want WARN WARN WARN ERROR ERROR", got)
+	}
+	if len(persisted) != 1 || !apierrors.IsForbidden(persisted[0]) {
+		t.Errorf("persistent called with %v, want once with the 403", persisted)
+	}
+	now = now.Add(3 * time.Minute)
+	h.Handle(context.Background(), nil, forbidden)
+	if got := levels(); got != "WARN" {
+		t.Errorf("after a quiet 3 minutes: %q, want a new streak's WARN", got)
+	}
+}

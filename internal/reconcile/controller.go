@@ -268,6 +268,9 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 			opts.Indexers = cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
 		}
 		inf := cache.NewSharedIndexInformerWithOptions(lw, kinds[kind].example, opts)
+		if err := inf.SetWatchErrorHandlerWithContext(kubewatch.NewErrorHandler(c.log, kinds[kind].resource, nil).Handle); err != nil {
+			return nil, fmt.Errorf("reconcile: %s informer: %w", kind, err)
+		}
 		c.informers[kind] = inf
 		tf := transform
 		if kind == report.KindPolicyEndpoint {
@@ -286,7 +289,7 @@ func New(restConfig *rest.Config, cfg Config) (*Controller, error) {
 		if c.podStatus, err = c.newPodStatus(restConfig, cfg.Sink); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
-		if c.namespaces, err = newNamespaceWatch(restConfig, c.namespaceRelabeled); err != nil {
+		if c.namespaces, err = newNamespaceWatch(restConfig, c.namespaceRelabeled, c.log); err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 	}

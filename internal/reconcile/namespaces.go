@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/npagent/npagent/api/v1alpha1"
+	"github.com/npagent/npagent/internal/kubewatch"
 )
 
 // namespaceWatch is the informer of the cluster's namespaces, their names and
@@ -27,7 +29,7 @@ type namespaceWatch struct {
 
 // newNamespaceWatch builds the informer; relabeled is called with a namespace
 // whose labels changed. Nothing runs until Run.
-func newNamespaceWatch(restConfig *rest.Config, relabeled func(namespace string)) (*namespaceWatch, error) {
+func newNamespaceWatch(restConfig *rest.Config, relabeled func(namespace string), log *slog.Logger) (*namespaceWatch, error) {
 	cs, err := corev1client.NewForConfig(restConfig)
 	if err != nil {
 		return nil, fmt.Errorf("namespaces client: %w", err)
@@ -36,6 +38,9 @@ func newNamespaceWatch(restConfig *rest.Config, relabeled func(namespace string)
 		cache.NewListWatchFromClient(cs.RESTClient(), "namespaces", metav1.NamespaceAll, fields.Everything()), &corev1.Namespace{},
 		cache.SharedIndexInformerOptions{ResyncPeriod: 0, ObjectDescription: "namespaces"})}
 	if err := w.informer.SetTransform(stripNamespace); err != nil {
+		return nil, fmt.Errorf("namespace informer: %w", err)
+	}
+	if err := w.informer.SetWatchErrorHandlerWithContext(kubewatch.NewErrorHandler(log, "namespaces", nil).Handle); err != nil {
 		return nil, fmt.Errorf("namespace informer: %w", err)
 	}
 	w.reg, err = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

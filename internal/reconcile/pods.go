@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/translate"
 )
 
@@ -181,14 +182,20 @@ func newPodWatch(restConfig *rest.Config, cfg *Config, set *localPodSet, strict 
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	var forbiddenLogged atomic.Bool
-	if err := w.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+	sayForbidden := func(err error) {
 		if apierrors.IsForbidden(err) && !forbiddenLogged.Swap(true) {
 			// The usual misconfiguration, said once and plainly: the reflector's own
 			// message repeats at every retry.
 			cfg.Logger.Error("listing this node's pods is forbidden (strict mode or the pod condition needs them): grant get, list and watch on pods (the chart does); until then the agent is not ready and programs nothing: no policy change and no new pod is enforced on this node, and only the enforcement pinned before stays in force",
 				"node", cfg.NodeName, "err", err)
 		}
-		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}
+	errs := kubewatch.NewErrorHandler(cfg.Logger, "pods", sayForbidden)
+	if err := w.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if !w.informer.HasSynced() {
+			sayForbidden(err) // at start a 403 is the missing grant: said at once; later it may be a restarting apiserver's
+		}
+		errs.Handle(ctx, r, err)
 	}); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}

@@ -149,6 +149,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	fac := informers.NewSharedInformerFactory(r.nodeCS, 0)
 	inf := fac.Core().V1().Nodes().Informer()
+	if err := inf.SetWatchErrorHandlerWithContext(kubewatch.NewErrorHandler(r.log, "nodes", nil).Handle); err != nil {
+		return fmt.Errorf("relay: node informer: %w", err)
+	}
 	set := func(obj any) {
 		if n, ok := obj.(*corev1.Node); ok {
 			r.pe.mu.RLock()

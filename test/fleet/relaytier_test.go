@@ -15,12 +15,14 @@ import (
 // default, which the agent has no flag for.
 const relayRetryAfter = 30 * time.Second
 
-// failOnAgentErrors makes TestRelayTier fail on any agent log line at ERROR. It is
-// off because some runs log client-go's reflector's "Failed to watch" once per
-// agent just after the apiserver restart: the agent's own Node watch (not the
-// relay's path) answered 403 by an apiserver whose RBAC authorizer had not loaded
-// its ClusterRoles yet ("clusterrole ... not found"); the reflector retries and it
-// passes (BENCHMARKS.md, "Fleet"). The lines are logged by message either way.
+// failOnAgentErrors makes TestRelayTier fail on any agent log line at ERROR. Some
+// runs logged client-go's reflector's "Failed to watch" once per agent just after
+// the apiserver restart: the agent's own Node watch (not the relay's path) answered
+// 403 by an apiserver whose RBAC authorizer had not loaded its ClusterRoles yet
+// ("clusterrole ... not found"). The agent's informers now log such a refusal at
+// WARN unless it lasts (kubewatch.ErrorHandler, TestErrorHandlerTransientRefusal);
+// the switch stays off until runs in CI show no other ERROR line. The lines are
+// logged by message either way.
 const failOnAgentErrors = false
 
 // TestRelayTier runs the real binaries through the relay tier in make test: a
