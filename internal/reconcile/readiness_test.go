@@ -22,7 +22,10 @@ func TestLocalPendingUntilProgrammed(t *testing.T) {
 	dp := &failingDataplane{Dataplane: bpfmaps.NewMemory()}
 	dp.failures.Store(1 << 20)
 	a := startAgent(t, cp, agentOptions{nodeIP: node, dp: dp, resolver: newLookupTableResolver("10.1.13.1", 131)})
-	testenv.Eventually(t, 20*time.Second, "two failed commits of the local object", func() bool { return dp.calls.Load() >= 2 })
+	// The cold start may commit (and fail) before readiness tracking begins (-1).
+	testenv.Eventually(t, 20*time.Second, "two failed commits of the local object, readiness tracked", func() bool {
+		return dp.calls.Load() >= 2 && a.c.LocalPending() != -1
+	})
 	if n := a.c.LocalPending(); n != 1 {
 		t.Fatalf("LocalPending = %d while the local object's commits fail, want 1", n)
 	}
