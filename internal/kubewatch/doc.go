@@ -35,8 +35,9 @@
 // after a 410 (resilientWatch.relist) goes with them; the reflector's own relist
 // then caches new decodes, so versions kept without rules hold their old object
 // until the object's next write (memory, not correctness: translate/nodelocal.go),
-// and joins every page before its store sees any (a relist's peak grows by the whole
-// decoded list again, BENCHMARKS.md "Peak memory across an in-place relist").
+// and, where it lists instead of streaming (WatchList off), joins every page before
+// its store sees any (the whole decoded list at once: BENCHMARKS.md "Peak memory
+// across an in-place relist").
 // NewLister, NewWatcher and Health stay: the first two are plain functions
 // client-go's ListWatch accepts today; the third is observation.
 //
