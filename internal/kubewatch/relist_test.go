@@ -142,10 +142,10 @@ func (r *relistLog) add(entry string, event bool) {
 	}
 }
 
-// awaitReceived waits up to a second for n events to be received and returns how
-// many were.
+// awaitReceived waits up to 5 s (a loaded machine's scheduling, not the relist's
+// pace) for n events to be received and returns how many were.
 func (r *relistLog) awaitReceived(n int) int {
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		r.mu.Lock()
 		got := r.received
