@@ -24,9 +24,10 @@
 // rising to 500 ms), reopens ended watches from the last resourceVersion it
 // delivered, and after a 410 lists again in place — in pages, after a random wait
 // that grows with the objects it holds, so agents relisting at once spread —
-// delivering the difference as events (listWatch.diff: an unchanged object as the
-// object delivered before, so the informer's cache, and what internal/translate's
-// NodeLocal keeps, stay that object).
+// delivering the difference as events page by page (listWatch.diffPage: an
+// unchanged object as the object delivered before, so the informer's cache, and what
+// internal/translate's NodeLocal keeps, stay that object; one decoded page held at
+// a time, not the whole list).
 //
 // When it can be deleted. When client-go passes a reflector backoff through the
 // informer — a `Backoff *wait.Backoff` in cache.SharedIndexInformerOptions (and
@@ -35,9 +36,12 @@
 // use cache.NewListWatchFromClient with NewLister as its ListWithContextFunc and
 // NewWatcher as its WatchFuncWithContext: the
 // retry and reopen loops (listWatch.retry, resilientWatch) go. The in-place relist
-// after a 410 (listWatch.diff) goes with them; the reflector's own relist then
-// caches new decodes, so versions kept without rules hold their old object until
-// the object's next write (memory, not correctness: translate/nodelocal.go).
+// after a 410 (resilientWatch.relist) goes with them; the reflector's own relist
+// then caches new decodes, so versions kept without rules hold their old object
+// until the object's next write (memory, not correctness: translate/nodelocal.go),
+// and, where it lists instead of streaming (WatchList off), joins every page before
+// its store sees any (the whole decoded list at once: BENCHMARKS.md "Peak memory
+// across an in-place relist").
 // NewLister, NewWatcher and Health stay: the first two are plain functions
 // client-go's ListWatch accepts today; the third is observation.
 //

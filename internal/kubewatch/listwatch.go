@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/pager"
 
 	"github.com/npagent/npagent/internal/report"
 )
@@ -96,8 +95,8 @@ type ListObserver interface {
 }
 
 // ListProgress is an optional extension of ListObserver: Listed is called with each
-// object a list brings (a List's pages, a WatchList stream's initial events) in the
-// order the apiserver sent them, as each page or event arrives — before the reflector
+// object a list brings (a List's pages, a WatchList stream's initial events, the
+// pages of a relist after a 410) in the order the apiserver sent them, as each page or event arrives — before the reflector
 // has the whole list (it hands the informer nothing until then). obj belongs to the
 // reflector afterwards (its transform may change it): Listed keeps a copy of what it
 // needs, not obj. ListEnded follows the list's last object (its last page, or the
@@ -132,10 +131,10 @@ type ListProgress interface {
 //   - a watch whose resourceVersion is gone (410) or not there yet is followed
 //     here, after a random wait that grows with the objects delivered (relistJitter),
 //     by a fresh list in pages of 500,
-//     delivered as events against what this ListWatch delivered before (every
-//     listed object as added or modified, the missing ones as deleted: what the
-//     reflector's own relist delivers), then a bookmark at the list's
-//     resourceVersion, and a watch from there.
+//     delivered page by page as events against what this ListWatch delivered
+//     before (every listed object as added or modified, then the missing ones as
+//     deleted: what the reflector's own relist delivers), then a bookmark at the
+//     list's resourceVersion, and a watch from there.
 //
 // Errors the apiserver's readiness does not cure (403, 404, a bad request) go to the
 // reflector as before, with its backoff. Everything it sees is recorded in health.
@@ -186,6 +185,7 @@ type listWatch struct {
 	// initial events) brings; it replaces delivered when the list is complete, as the
 	// reflector replaces its store only then. nil when no list is in progress.
 	listing map[string]deliveredItem
+	passes  uint64 // passes over a relist's list so far (newPass)
 }
 
 // deliveredItem is an object as last delivered to the reflector.
@@ -193,6 +193,9 @@ type deliveredItem struct {
 	uid types.UID
 	rv  string
 	obj runtime.Object
+	// pass is the last pass over an in-place relist's list that listed it (newPass);
+	// 0 if none did.
+	pass uint64
 }
 
 // list is the reflector's List: retried until the apiserver answers it.
@@ -562,7 +565,18 @@ func (rw *resilientWatch) pump(w watch.Interface) (gone bool, events int, err er
 }
 
 // relist lists afresh and delivers the difference to what was delivered, as events,
-// then a bookmark at the list's resourceVersion. It returns false when stopped.
+// page by page: each page's objects as soon as the page arrives, before the next is
+// asked for, then, after the last page, every delivered object the list did not bring
+// as deleted, and a bookmark at the list's resourceVersion. It returns false when
+// stopped.
+//
+// Page by page, the agent holds one decoded page at a time beside what it delivered,
+// not the whole list: a page's events carry the objects delivered before (unchanged)
+// or copies (changed), which the informer's transform turns into what it keeps (stubs
+// for objects with no work here) as the reflector receives them, so the page is
+// garbage once its events are sent. Each page's events are true states of their
+// objects (a list's pages are one snapshot), so they are delivered even if the list
+// cannot be completed; only the deletions need the whole list.
 func (rw *resilientWatch) relist() bool {
 	l := rw.l
 	l.health.relists[report.RelistExpired].Add(1)
@@ -575,57 +589,102 @@ func (rw *resilientWatch) relist() bool {
 		return false
 	}
 	// A consistent list (resourceVersion ""), in pages: the apiserver serves it from its
-	// watch cache (consistent reads from cache, GA in 1.34) a page at a time, instead of
-	// one response of every object; an expired continue token falls back to a whole
-	// list (the pager's FullListIfExpired).
-	p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return l.base.ListWithContextFunc(ctx, opts)
-	})
-	p.PageSize = relistPageSize
-	delay := retryInitial
-	var obj runtime.Object
+	// watch cache (consistent reads from cache, GA in 1.34) a page at a time, every page
+	// from the first page's snapshot, at its resourceVersion.
+	opts := metav1.ListOptions{ResourceVersion: "", Limit: relistPageSize}
+	first := l.newPass() // this relist's first pass over the list
+	pass, begun, listed := first, false, 0
 	for {
-		var err error
-		obj, _, err = p.List(rw.ctx, metav1.ListOptions{ResourceVersion: ""})
-		if err == nil {
-			break
+		obj, err := rw.listPage(opts)
+		if err != nil && opts.Continue != "" && apierrors.IsResourceExpired(err) {
+			// The continue token expired (the snapshot was compacted, or the apiserver
+			// restarted) before the last page: list everything again at once, as the
+			// pager's FullListIfExpired does, and diff it as a pass of its own. What
+			// the earlier pages delivered stays delivered (it was true); the deletions
+			// come from this pass alone.
+			l.log.Info("relist's continue token expired: listing everything at once", "err", err)
+			opts = metav1.ListOptions{ResourceVersion: ""}
+			pass, listed = l.newPass(), 0
+			continue
 		}
-		l.health.listErrors.Add(1)
-		if !l.retry(rw.ctx, "list", err, &delay) {
+		if err != nil {
 			if rw.ctx.Err() == nil {
 				rw.send(watch.Event{Type: watch.Error, Object: errStatusObject(err)})
 			}
 			return false
 		}
+		listMeta, err := meta.ListAccessor(obj)
+		if err != nil {
+			return false
+		}
+		items, err := meta.ExtractList(obj)
+		if err != nil {
+			return false
+		}
+		if !begun {
+			l.observer.BeginList()
+			begun = true
+		}
+		if opts.Continue == "" {
+			rw.rv = listMeta.GetResourceVersion() // the snapshot's: every page is of it
+		}
+		events, unchanged := l.diffPage(items, first, pass)
+		for _, obj := range unchanged {
+			l.observer.Unchanged(obj)
+		}
+		if p, ok := l.observer.(ListProgress); ok {
+			for _, obj := range items {
+				p.Listed(obj)
+			}
+		}
+		listed += len(items)
+		for _, ev := range events {
+			if !rw.send(ev) {
+				return false
+			}
+		}
+		if opts.Continue = listMeta.GetContinue(); opts.Continue == "" {
+			break
+		}
 	}
-	l.recovered("list", delay)
-	l.health.event(time.Now())
-	l.health.answered()
-	listMeta, err := meta.ListAccessor(obj)
-	if err != nil {
-		return false
+	if p, ok := l.observer.(ListProgress); ok {
+		p.ListEnded()
 	}
-	items, err := meta.ExtractList(obj)
-	if err != nil {
-		return false
-	}
-	l.observer.BeginList()
-	events, unchanged := l.diff(items)
-	for _, obj := range unchanged {
-		l.observer.Unchanged(obj)
-	}
-	for _, ev := range events {
+	for _, ev := range l.deleteUnlisted(pass) {
 		if !rw.send(ev) {
 			return false
 		}
 	}
-	rw.rv = listMeta.GetResourceVersion()
-	l.log.Info("listed again after 410", "objects", len(items), "resourceVersion", rw.rv)
+	l.log.Info("listed again after 410", "objects", listed, "resourceVersion", rw.rv)
 	bookmark := l.newObject()
 	if m, err := meta.Accessor(bookmark); err == nil {
 		m.SetResourceVersion(rw.rv)
 	}
 	return rw.send(watch.Event{Type: watch.Bookmark, Object: bookmark})
+}
+
+// listPage asks for one page of a relist, retried while the apiserver is not back
+// (see retry). An expired continue token is returned at once: the cure is a list
+// from the start, not the same request again.
+func (rw *resilientWatch) listPage(opts metav1.ListOptions) (runtime.Object, error) {
+	l := rw.l
+	delay := retryInitial
+	for {
+		obj, err := l.base.ListWithContextFunc(rw.ctx, opts)
+		if err == nil {
+			l.recovered("list", delay)
+			l.health.event(time.Now())
+			l.health.answered()
+			return obj, nil
+		}
+		if opts.Continue != "" && apierrors.IsResourceExpired(err) {
+			return nil, err
+		}
+		l.health.listErrors.Add(1)
+		if !l.retry(rw.ctx, "list", err, &delay) {
+			return nil, err
+		}
+	}
 }
 
 // relistPageSize is the page size of a relist: client-go's pager's and the
@@ -652,16 +711,28 @@ func relistJitter(objects int) time.Duration {
 	return rand.N(bound)
 }
 
-// diff returns the events that turn what was delivered into items, and records
-// items as delivered: each item added, or modified (unchanged ones too, as the
-// reflector's relist re-delivers them, as the object delivered before; a new uid
-// under the same name is a delete and an add), and every delivered object missing
-// from items deleted. It also returns the unchanged objects, for the observer.
-func (l *listWatch) diff(items []runtime.Object) (events []watch.Event, unchanged []runtime.Object) {
+// newPass numbers a pass over a relist's list: its pages, or the whole list again
+// after its continue token expired.
+func (l *listWatch) newPass() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	old := l.delivered
-	l.delivered = make(map[string]deliveredItem, len(items))
+	l.passes++
+	return l.passes
+}
+
+// diffPage returns the events that bring one page of a relist's list to the
+// reflector, and records its items as delivered and listed in pass: each item added,
+// or modified (unchanged ones too, as the reflector's relist re-delivers them, as the
+// object delivered before; a new uid under the same name is a delete and an add). An
+// item at the version this relist delivered already in an earlier pass (one from
+// first on) is not delivered again. It also returns the unchanged objects, for the
+// observer.
+func (l *listWatch) diffPage(items []runtime.Object, first, pass uint64) (events []watch.Event, unchanged []runtime.Object) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.delivered == nil {
+		l.delivered = map[string]deliveredItem{}
+	}
 	events = make([]watch.Event, 0, len(items))
 	for _, obj := range items {
 		m, err := meta.Accessor(obj)
@@ -669,19 +740,23 @@ func (l *listWatch) diff(items []runtime.Object) (events []watch.Event, unchange
 			continue
 		}
 		key := m.GetNamespace() + "/" + m.GetName()
-		prev, ok := old[key]
-		delete(old, key)
+		prev, ok := l.delivered[key]
 		if ok && prev.uid == m.GetUID() && prev.rv == m.GetResourceVersion() {
+			again := prev.pass >= first
+			prev.pass = pass
+			l.delivered[key] = prev
+			if again {
+				continue // delivered by this relist already, before its continue token expired
+			}
 			// Unchanged: re-deliver the object the reflector holds, not the new
 			// decode. The informer's cache then keeps its object (node-local
 			// versions in the pod table refer to it, see translate.Options.NodeLocal), and the new
-			// list, which every listed item points into, is not kept alive by it.
+			// page, which every listed item points into, is not kept alive by it.
 			events = append(events, watch.Event{Type: watch.Modified, Object: prev.obj})
 			unchanged = append(unchanged, prev.obj)
-			l.delivered[key] = prev
 			continue
 		}
-		// New or changed: a copy of its own, so the new list is not kept.
+		// New or changed: a copy of its own, so the new page is not kept.
 		obj = obj.DeepCopyObject()
 		switch {
 		case !ok:
@@ -691,12 +766,23 @@ func (l *listWatch) diff(items []runtime.Object) (events []watch.Event, unchange
 		default:
 			events = append(events, watch.Event{Type: watch.Modified, Object: obj})
 		}
-		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj}
-	}
-	for _, prev := range old {
-		events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj})
+		l.delivered[key] = deliveredItem{uid: m.GetUID(), rv: m.GetResourceVersion(), obj: obj, pass: pass}
 	}
 	return events, unchanged
+}
+
+// deleteUnlisted ends a relist whose complete pass over the list was pass: every
+// delivered object that pass did not list is forgotten, and returned as deleted.
+func (l *listWatch) deleteUnlisted(pass uint64) (events []watch.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, prev := range l.delivered {
+		if prev.pass != pass {
+			events = append(events, watch.Event{Type: watch.Deleted, Object: prev.obj})
+			delete(l.delivered, key)
+		}
+	}
+	return events
 }
 
 // send forwards ev to the reflector; false when stopped.

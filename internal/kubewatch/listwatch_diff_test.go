@@ -48,3 +48,11 @@ func TestListWatchDiffKeepsDeliveredObject(t *testing.T) {
 		}
 	}
 }
+
+// diff is an in-place relist whose list is one page, items: the events that turn
+// what was delivered into items, and the unchanged objects, for the observer.
+func (l *listWatch) diff(items []runtime.Object) (events []watch.Event, unchanged []runtime.Object) {
+	pass := l.newPass()
+	events, unchanged = l.diffPage(items, pass, pass)
+	return append(events, l.deleteUnlisted(pass)...), unchanged
+}
