@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
@@ -245,25 +244,11 @@ func BenchmarkRelist10k(b *testing.B) {
 		resolver.set(fmt.Sprintf("10.60.%d.%d", i/250, i%250+1), 1000+i)
 	}
 	created := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < objects; i += 8 {
-				pe := benchPE(i, 100)
-				pe.UID, pe.ResourceVersion = "", ""
-				if err := cp.Client.Create(context.Background(), pe); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+	testenv.CreateEach(b, cp.Client, objects, func(i int) client.Object {
+		pe := benchPE(i, 100)
+		pe.UID, pe.ResourceVersion = "", ""
+		return pe
+	})
 	b.Logf("created %d PolicyEndpoints in %v", objects, time.Since(created).Round(time.Millisecond))
 
 	mem := bpfmaps.NewMemory()

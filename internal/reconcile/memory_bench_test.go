@@ -13,7 +13,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
@@ -323,32 +323,18 @@ func createMemPEsIn(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces
 		createNamespace(b, cp, nsOf(i))
 	}
 	resolver := newLookupTableResolver()
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < n; i += 8 {
-				pe := memPE(i, i%every == 0)
-				if ns := nsOf(i); ns != pe.Namespace {
-					pe.Namespace, pe.Spec.PolicyRef.Namespace = ns, ns
-					for j := range pe.Spec.PodSelectorEndpoints {
-						pe.Spec.PodSelectorEndpoints[j].Namespace = ns
-					}
-				}
-				if i%every == 0 {
-					resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
-				}
-				if err := cp.Client.Create(context.Background(), pe); err != nil {
-					errs <- err
-					return
-				}
+	testenv.CreateEach(b, cp.Client, n, func(i int) client.Object {
+		pe := memPE(i, i%every == 0)
+		if ns := nsOf(i); ns != pe.Namespace {
+			pe.Namespace, pe.Spec.PolicyRef.Namespace = ns, ns
+			for j := range pe.Spec.PodSelectorEndpoints {
+				pe.Spec.PodSelectorEndpoints[j].Namespace = ns
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+		}
+		if i%every == 0 {
+			resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
+		}
+		return pe
+	})
 	return resolver
 }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/npagent/npagent/api/v1alpha1"
 	"github.com/npagent/npagent/internal/bpfmaps"
@@ -124,36 +125,22 @@ func createSpread(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces i
 	}
 	pods := resolver{}
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < n; i += 8 {
-				pe := fixture.BenchPE(i, n/every)
-				pe.ResourceVersion, pe.UID = "", ""
-				pe.Namespace, pe.Spec.PolicyRef.Namespace = nsOf(i), nsOf(i)
-				for j := range pe.Spec.PodSelectorEndpoints {
-					pe.Spec.PodSelectorEndpoints[j].Namespace = nsOf(i)
-				}
-				if i%every == 0 {
-					pe.Spec.PodSelectorEndpoints[0].PodIP = v1alpha1.NetworkAddress(fmt.Sprintf("10.60.%d.%d", (i/every)/250, (i/every)%250+1))
-					mu.Lock()
-					pods[netip.MustParseAddr(string(pe.Spec.PodSelectorEndpoints[0].PodIP))] = 1000 + i/every
-					mu.Unlock()
-				} else {
-					pe.Spec.PodSelectorEndpoints[0].HostIP = "192.0.2.99"
-				}
-				if err := cp.Client.Create(context.Background(), pe); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+	testenv.CreateEach(b, cp.Client, n, func(i int) client.Object {
+		pe := fixture.BenchPE(i, n/every)
+		pe.ResourceVersion, pe.UID = "", ""
+		pe.Namespace, pe.Spec.PolicyRef.Namespace = nsOf(i), nsOf(i)
+		for j := range pe.Spec.PodSelectorEndpoints {
+			pe.Spec.PodSelectorEndpoints[j].Namespace = nsOf(i)
+		}
+		if i%every == 0 {
+			pe.Spec.PodSelectorEndpoints[0].PodIP = v1alpha1.NetworkAddress(fmt.Sprintf("10.60.%d.%d", (i/every)/250, (i/every)%250+1))
+			mu.Lock()
+			pods[netip.MustParseAddr(string(pe.Spec.PodSelectorEndpoints[0].PodIP))] = 1000 + i/every
+			mu.Unlock()
+		} else {
+			pe.Spec.PodSelectorEndpoints[0].HostIP = "192.0.2.99"
+		}
+		return pe
+	})
 	return pods
 }
