@@ -17,9 +17,8 @@ import (
 // reflector retries with a backoff of 0.8 s doubling to 30 s, so a persistent
 // failure is seen again within a minute of its start.
 const (
-	failureStreakGap   = 2 * time.Minute
-	failurePersistent  = 30 * time.Second
-	failureStreakFirst = "apiserver refused or failed a list or watch: client-go retries it"
+	failureStreakGap  = 2 * time.Minute
+	failurePersistent = 30 * time.Second
 )
 
 // ErrorHandler is a reflector error handler (SharedIndexInformer's
@@ -68,7 +67,7 @@ func (h *ErrorHandler) Handle(_ context.Context, _ *cache.Reflector, err error) 
 	}
 	h.mu.Unlock()
 	if lasted < failurePersistent {
-		h.log.Warn(failureStreakFirst, "resource", h.resource, "err", err)
+		h.log.Warn("apiserver refused or failed a list or watch: client-go retries it", "resource", h.resource, "err", err)
 		return
 	}
 	h.log.Error("apiserver keeps refusing or failing a list or watch: client-go retries it", "resource", h.resource,

@@ -160,6 +160,28 @@ func TestListObserverPagedRelist(t *testing.T) {
 	}
 }
 
+// watchList opens l's watch in WatchList mode (sendInitialEvents) over a FakeWatcher,
+// stopped when the test ends, and returns both.
+func watchList(t *testing.T, l *listWatch) (*watch.FakeWatcher, watch.Interface) {
+	t.Helper()
+	fake := watch.NewFake()
+	l.base.WatchFuncWithContext = func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil }
+	send := true
+	w, err := l.watch(context.Background(), metav1.ListOptions{SendInitialEvents: &send, AllowWatchBookmarks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return fake, w
+}
+
+// initialEventsEnd is the bookmark that ends a WatchList stream's initial events.
+func initialEventsEnd(rv string) *v1alpha1.PolicyEndpoint {
+	end := peV("", "", rv)
+	end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+	return end
+}
+
 // TestListObserverWatchList: a relist streamed as a watch's initial events (client-go's
 // WatchList mode) tells the observer of each unchanged object once, before the
 // reflector gets it; events after the initial-events bookmark are writes, not a
@@ -171,20 +193,11 @@ func TestListObserverWatchList(t *testing.T) {
 	if err := listAll(l); err != nil {
 		t.Fatal(err)
 	}
-	fake := watch.NewFake()
-	l.base.WatchFuncWithContext = func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil }
-	send := true
-	w, err := l.watch(context.Background(), metav1.ListOptions{SendInitialEvents: &send, AllowWatchBookmarks: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	fake, w := watchList(t, l)
 	go func() {
 		fake.Add(peV("a", "ua", "1"))
 		fake.Add(peV("b", "ub", "5"))
-		end := peV("", "", "6")
-		end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
-		fake.Action(watch.Bookmark, end)
+		fake.Action(watch.Bookmark, initialEventsEnd("6"))
 		fake.Modify(peV("a", "ua", "1")) // after the initial state: not a relist's
 	}()
 	for range 4 {
@@ -262,19 +275,10 @@ func TestListProgressEnd(t *testing.T) {
 	}
 
 	obs.seq = nil
-	fake := watch.NewFake()
-	l.base.WatchFuncWithContext = func(context.Context, metav1.ListOptions) (watch.Interface, error) { return fake, nil }
-	send := true
-	w, err := l.watch(context.Background(), metav1.ListOptions{SendInitialEvents: &send, AllowWatchBookmarks: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	fake, w := watchList(t, l)
 	go func() {
 		fake.Add(peV("d", "ud", "4"))
-		end := peV("", "", "5")
-		end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
-		fake.Action(watch.Bookmark, end)
+		fake.Action(watch.Bookmark, initialEventsEnd("5"))
 		fake.Add(peV("e", "ue", "6")) // a write after the initial state
 	}()
 	for range 3 {
