@@ -220,7 +220,13 @@ func (a *agentProcess) ready() bool {
 // metric sums the samples of name whose labels hold every one of labels, from the
 // agent's /metrics; -1 when it cannot be read.
 func (a *agentProcess) metric(name string, labels ...string) float64 {
-	resp, err := httpClient.Get(a.metrics + "/metrics")
+	return scrapeSum(a.metrics+"/metrics", name, labels...)
+}
+
+// scrapeSum sums the samples of name whose labels hold every one of labels, from the
+// Prometheus text at url; -1 when it cannot be read.
+func scrapeSum(url, name string, labels ...string) float64 {
+	resp, err := httpClient.Get(url)
 	if err != nil {
 		return -1
 	}

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"fmt"
-	"io"
 	"syscall"
 	"testing"
 	"time"
@@ -149,14 +148,5 @@ func (f *fleetRun) relayOutage() {
 // metric sums the samples of name from the relay's /metrics; -1 when it cannot be
 // read.
 func (r *builtinRelay) metric(name string) float64 {
-	resp, err := httpClient.Get("http://" + r.health + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return -1
-	}
-	return testenv.SumSamples(string(body), name)
+	return scrapeSum("http://"+r.health+"/metrics", name)
 }
