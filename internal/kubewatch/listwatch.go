@@ -593,17 +593,31 @@ func (rw *resilientWatch) relist() bool {
 	// from the first page's snapshot, at its resourceVersion.
 	opts := metav1.ListOptions{ResourceVersion: "", Limit: relistPageSize}
 	first := l.newPass() // this relist's first pass over the list
-	pass, begun, listed := first, false, 0
+	pass, begun, listed, expired := first, false, 0, 0
 	for {
 		obj, err := rw.listPage(opts)
 		if err != nil && opts.Continue != "" && apierrors.IsResourceExpired(err) {
-			// The continue token expired (the snapshot was compacted, or the apiserver
-			// restarted) before the last page: list everything again at once, as the
-			// pager's FullListIfExpired does, and diff it as a pass of its own. What
-			// the earlier pages delivered stays delivered (it was true); the deletions
-			// come from this pass alone.
-			l.log.Info("relist's continue token expired: listing everything at once", "err", err)
-			opts = metav1.ListOptions{ResourceVersion: ""}
+			// The continue token expired before the last page: the apiserver restarted
+			// (its watch cache no longer holds the snapshot), the snapshot was
+			// compacted, or, through the relay, anything in the cluster changed. List
+			// again from the first page, as a pass of its own, after another jittered
+			// wait (a restart during a relist storm ends every agent's walk at once):
+			// everything at once would decode the whole list beside the cache, the peak
+			// paging avoids. After relistPagedRetries such passes expired too, list
+			// everything at once, as client-go's pager does (FullListIfExpired): a
+			// list that keeps changing faster than its pages are walked still ends.
+			// What the earlier pages delivered stays delivered (it was true); the
+			// deletions come from the last pass alone.
+			expired++
+			opts = metav1.ListOptions{ResourceVersion: "", Limit: relistPageSize}
+			if expired > relistPagedRetries {
+				opts.Limit = 0
+			}
+			jitter := relistJitter(objects)
+			l.log.Info("relist's continue token expired: listing again", "err", err, "pageSize", opts.Limit, "after", jitter)
+			if !sleepCtx(rw.ctx, jitter) {
+				return false
+			}
 			pass, listed = l.newPass(), 0
 			continue
 		}
@@ -690,6 +704,10 @@ func (rw *resilientWatch) listPage(opts metav1.ListOptions) (runtime.Object, err
 // relistPageSize is the page size of a relist: client-go's pager's and the
 // reflector's default.
 const relistPageSize = 500
+
+// relistPagedRetries is how many times a relist whose continue token expired lists
+// again page by page before it lists everything at once.
+const relistPagedRetries = 2
 
 // A relist after a 410 waits first for a random delay, up to relistJitterPerObject
 // per object delivered and at most relistJitterMax: an apiserver restart (or a CRD

@@ -248,11 +248,12 @@ func TestRelistPageByPage(t *testing.T) {
 }
 
 // TestRelistContinueExpired: when the continue token of a relist expires before its
-// last page, the relist lists everything at once (as client-go's pager does) and
-// delivers from that list only what its earlier pages did not deliver already; the
-// deletions are what that complete list lacks, including an object an earlier page
-// brought and that is gone since; the observer hears of each unchanged object once
-// (pure logic).
+// last page, the relist lists again from the first page, still page by page (not
+// everything at once, as client-go's pager does: that would hold the whole list
+// decoded), and delivers from that pass only what its earlier pages did not deliver
+// already; the deletions are what that complete pass lacks, including an object an
+// earlier page brought and that is gone since; the observer hears of each unchanged
+// object once (pure logic).
 func TestRelistContinueExpired(t *testing.T) {
 	obs := &recordingObserver{}
 	l := testListWatch(obs)
@@ -261,6 +262,7 @@ func TestRelistContinueExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &relistLog{}
+	requests := 0 // so far, the continued ones included
 	l.base.ListWithContextFunc = func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 		if opts.Continue != "" {
 			rec.awaitReceived(3) // the first page's events, logged first
@@ -268,13 +270,18 @@ func TestRelistContinueExpired(t *testing.T) {
 		rec.add(fmt.Sprintf("list %d/%s", opts.Limit, opts.Continue), false)
 		var items []runtime.Object
 		list := &v1alpha1.PolicyEndpointList{}
+		requests++
 		switch {
+		case opts.Limit != relistPageSize:
+			return nil, fmt.Errorf("a list of %d objects a page, want %d", opts.Limit, relistPageSize)
 		case opts.Continue == "1":
 			return nil, apierrors.NewResourceExpired("the provided continue parameter is too old")
-		case opts.Limit > 0: // the first page: a unchanged, b changed, h new
+		case opts.Continue == "" && requests == 1: // the first page: a unchanged, b changed, h new
 			items, list.ResourceVersion, list.Continue = []runtime.Object{peV("a", "ua", "1"), peV("b", "ub", "7"), peV("h", "uh", "8")}, "100", "1"
-		default: // everything, later: h deleted since, c unchanged, g new; d and f gone
-			items, list.ResourceVersion = []runtime.Object{peV("a", "ua", "1"), peV("b", "ub", "7"), peV("c", "uc", "3"), peV("g", "ug", "9")}, "200"
+		case opts.Continue == "": // the first page again, later: h deleted since
+			items, list.ResourceVersion, list.Continue = []runtime.Object{peV("a", "ua", "1"), peV("b", "ub", "7")}, "200", "2"
+		default: // its second page: c unchanged, g new; d and f gone
+			items, list.ResourceVersion = []runtime.Object{peV("c", "uc", "3"), peV("g", "ug", "9")}, "200"
 		}
 		for _, obj := range items {
 			list.Items = append(list.Items, *obj.(*v1alpha1.PolicyEndpoint))
@@ -284,12 +291,12 @@ func TestRelistContinueExpired(t *testing.T) {
 	runRelist(t, l, rec)
 	want := []string{
 		"list 500/", "MODIFIED a@1", "MODIFIED b@7", "ADDED h@8",
-		"list 500/1", "list 0/", "MODIFIED c@3", "ADDED g@9",
+		"list 500/1", "list 500/", "list 500/2", "MODIFIED c@3", "ADDED g@9",
 		"DELETED d@4", "DELETED f@5", "DELETED h@8", "BOOKMARK @200",
 	}
 	got := rec.entries
 	if len(got) == len(want) {
-		slices.Sort(got[8:11]) // deletions in no particular order
+		slices.Sort(got[9:12]) // deletions in no particular order
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("relist:\n got %q\nwant %q", got, want)
@@ -298,6 +305,48 @@ func TestRelistContinueExpired(t *testing.T) {
 		t.Errorf("observer: %d lists begun, unchanged %v; want 2 and [a@1 c@3] once each", obs.lists, got)
 	}
 	if got, want := deliveredNames(l), []string{"shop/a@1", "shop/b@7", "shop/c@3", "shop/g@9"}; !slices.Equal(got, want) {
+		t.Errorf("delivered after the relist %v, want %v", got, want)
+	}
+}
+
+// TestRelistContinueKeepsExpiring: a list whose continue token expires on every walk
+// (through the relay, any write in the cluster expires it) is walked from the first
+// page relistPagedRetries more times, then listed everything at once, so the relist
+// ends; what the first pages brought is delivered once (pure logic).
+func TestRelistContinueKeepsExpiring(t *testing.T) {
+	obs := &recordingObserver{}
+	l := testListWatch(obs)
+	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}}, nil)
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	rec := &relistLog{}
+	l.base.ListWithContextFunc = func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		if opts.Continue != "" {
+			rec.awaitReceived(2) // the first page's events, logged first
+		}
+		rec.add(fmt.Sprintf("list %d/%s", opts.Limit, opts.Continue), false)
+		list := &v1alpha1.PolicyEndpointList{}
+		switch {
+		case opts.Continue != "":
+			return nil, apierrors.NewResourceExpired("the provided continue parameter is too old")
+		case opts.Limit > 0: // the first page: a unchanged, b changed
+			list.Items, list.ResourceVersion, list.Continue = []v1alpha1.PolicyEndpoint{*peV("a", "ua", "1"), *peV("b", "ub", "7")}, "100", "1"
+		default: // everything: b deleted since, c new
+			list.Items, list.ResourceVersion = []v1alpha1.PolicyEndpoint{*peV("a", "ua", "1"), *peV("c", "uc", "9")}, "200"
+		}
+		return list, nil
+	}
+	runRelist(t, l, rec)
+	want := []string{"list 500/", "MODIFIED a@1", "MODIFIED b@7", "list 500/1"}
+	for range relistPagedRetries {
+		want = append(want, "list 500/", "list 500/1")
+	}
+	want = append(want, "list 0/", "ADDED c@9", "DELETED b@7", "BOOKMARK @200")
+	if !slices.Equal(rec.entries, want) {
+		t.Errorf("relist:\n got %q\nwant %q", rec.entries, want)
+	}
+	if got, want := deliveredNames(l), []string{"shop/a@1", "shop/c@9"}; !slices.Equal(got, want) {
 		t.Errorf("delivered after the relist %v, want %v", got, want)
 	}
 }
