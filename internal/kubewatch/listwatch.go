@@ -80,8 +80,10 @@ func NewLister(rc rest.Interface, scheme *runtime.Scheme, resource string, newOb
 }
 
 // ListObserver is told how the lists a ListWatch makes relate to what it delivered
-// before. Both calls run on the reflector's goroutine, before the reflector (and so the
-// informer's transform and handlers) gets what the list brought.
+// before. Its calls come one at a time, before the reflector (and so the informer's
+// transform and handlers) gets what the list brought: from the reflector's goroutine
+// for its lists, and from the goroutine that feeds the reflector's watch for a relist
+// after a 410 (the reflector waits on that watch meanwhile).
 type ListObserver interface {
 	// BeginList is called before every request that (re)lists: a List (its first
 	// page), a watch that streams the initial state (sendInitialEvents, client-go's WatchList mode), and
