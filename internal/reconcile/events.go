@@ -176,8 +176,9 @@ func transform(obj any) (any, error) {
 }
 
 // relistObserver is kind's kubewatch.ListObserver: it numbers the lists and observes a
-// relist's re-deliveries (see the comment at the top), once per relist each. It runs
-// on the reflector's goroutine, before the informer's transform and handlers.
+// relist's re-deliveries (see the comment at the top), once per relist each. It is
+// called one call at a time, before the informer's transform and handlers (see
+// kubewatch.ListObserver for the goroutines).
 type relistObserver struct {
 	c    *Controller
 	kind report.Kind
