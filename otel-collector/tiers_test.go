@@ -9,10 +9,12 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,13 +78,15 @@ func TestCollectorTiers(t *testing.T) {
 	waitHTTP(t, "Prometheus", prom+"/-/ready")
 
 	var gwAddrs []string
+	var gwOutputs []*testenv.LogBuffer
 	for i := range gateways {
 		addr := freeAddr(t)
 		gwAddrs = append(gwAddrs, addr)
-		start(t, fmt.Sprintf("gateway-%d", i), gw, []string{"--config", filepath.Join(testenv.RepoRoot(), "otel-collector", "gateway", "gateway.yaml")},
+		out := start(t, fmt.Sprintf("gateway-%d", i), gw, []string{"--config", filepath.Join(testenv.RepoRoot(), "otel-collector", "gateway", "gateway.yaml")},
 			"OTLP_GRPC_ENDPOINT="+addr, "PROMETHEUS_HOST="+promAddr, "JAEGER_OTLP_GRPC_ENDPOINT="+jaegerOTLP,
 			"TAIL_SLOW_THRESHOLD_MS="+strconv.Itoa(slowThresholdMS), "TAIL_SAMPLE_PERCENT="+strconv.Itoa(samplePercent),
 			"TAIL_DECISION_WAIT="+decisionWait.String(), fmt.Sprintf("POD_NAME=gateway-%d", i))
+		gwOutputs = append(gwOutputs, out)
 		waitTCP(t, "gateway", addr)
 	}
 	nodeAddr := freeAddr(t)
@@ -115,11 +119,19 @@ func TestCollectorTiers(t *testing.T) {
 		}
 		tel.Report(record(base.Add(time.Duration(i)*time.Second), fmt.Sprintf("pe-%03d", i), lat))
 	}
+	// Flow events (log records) through both tiers too: the gateways print them.
+	const nFlows = 25
+	for i := range nFlows {
+		tel.Flow(&report.FlowEvent{Time: time.Now(), Node: "node-tiers", Kind: "deny", Verdict: "deny", Direction: "ingress",
+			Reason: "default_deny", Namespace: "shop", Pod: "web-1", PodIP: netip.MustParseAddr("10.0.1.2"),
+			Src: netip.MustParseAddr("10.0.9.9"), Dst: netip.MustParseAddr("10.0.1.2"), SrcPort: uint16(40000 + i), DstPort: 8080, Protocol: 6})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := tel.ForceFlush(ctx); err != nil {
 		t.Fatalf("telemetry ForceFlush: %v", err)
 	}
+	checkFlowsPrinted(t, gwOutputs, nFlows)
 	if spans, exports := tel.Dropped(); spans != 0 || exports != 0 {
 		t.Fatalf("telemetry dropped %d spans, %d metric exports", spans, exports)
 	}
@@ -288,6 +300,30 @@ func TestCollectorTiers(t *testing.T) {
 	t.Logf("%d exemplars in Prometheus, each naming a trace Jaeger holds whole", len(exemplars))
 }
 
+// logRecordsPrinted matches the debug exporter's line per batch of log records.
+var logRecordsPrinted = regexp.MustCompile(`"otelcol.component.id": "debug/logs".*"log records": (\d+)`)
+
+// checkFlowsPrinted waits until the gateways' debug/logs exporters have printed want
+// log records between them, and fails if they print more or fewer.
+func checkFlowsPrinted(t *testing.T, outputs []*testenv.LogBuffer, want int) {
+	t.Helper()
+	count := func() (n int) {
+		for _, out := range outputs {
+			for _, m := range logRecordsPrinted.FindAllStringSubmatch(out.String(), -1) {
+				c, _ := strconv.Atoi(m[1])
+				n += c
+			}
+		}
+		return n
+	}
+	// The node's batch (1 s), the gateway's (1 s), with room for a loaded machine.
+	testenv.Eventually(t, 30*time.Second, "the gateways printed every flow event", func() bool { return count() >= want })
+	time.Sleep(2 * time.Second) // any more would follow within the batch timeouts
+	if got := count(); got != want {
+		t.Errorf("the gateways printed %d flow log records, want %d", got, want)
+	}
+}
+
 // TestTierConfigsValidate checks node.yaml and gateway.yaml exactly as shipped,
 // including the parts TestCollectorTiers replaces (node.yaml's dns resolver), with
 // the collector's own validate command: every component known to the build, every
@@ -380,8 +416,8 @@ func nodeConfig(t *testing.T, gateways []string) string {
 		lb["resolver"] = map[string]any{"static": map[string]any{"hostnames": gateways}}
 		swapped++
 	}
-	if swapped != 2 {
-		t.Fatalf("node.yaml: %d loadbalancing exporters, want 2 (traces, metrics)", swapped)
+	if swapped != 3 {
+		t.Fatalf("node.yaml: %d loadbalancing exporters, want 3 (traces, metrics, logs)", swapped)
 	}
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -393,7 +429,9 @@ func nodeConfig(t *testing.T, gateways []string) string {
 }
 
 // start runs a tool until the test ends, its output kept for the failure message.
-func start(t *testing.T, name, bin string, args []string, env ...string) {
+// start runs bin until the test ends; its output is returned, and logged if the
+// test failed.
+func start(t *testing.T, name, bin string, args []string, env ...string) *testenv.LogBuffer {
 	t.Helper()
 	logs := &testenv.LogBuffer{}
 	cmd := exec.Command(bin, args...)
@@ -409,6 +447,7 @@ func start(t *testing.T, name, bin string, args []string, env ...string) {
 			t.Logf("%s output:\n%s", name, tail(logs.String(), 4000))
 		}
 	})
+	return logs
 }
 
 func tail(s string, n int) string {
