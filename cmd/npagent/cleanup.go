@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/npagent/npagent/internal/bpfmaps"
+	"github.com/npagent/npagent/internal/telemetry"
 )
 
 // runCleanup is `npagent cleanup`: end npagent's enforcement on this node and remove
@@ -32,15 +33,16 @@ func runCleanup(ctx context.Context, args []string, getenv func(string) string, 
 	pinPath := flags.String("bpffs-path", envOr("bpffs-path", bpfmaps.DefaultPinPath), "the agent's bpffs directory [$"+flagEnv["bpffs-path"]+"]")
 	stateFile := flags.String("state-file", envOr("state-file", defaultStateFile), "the agent's state file; its last-valid/ directory beside it goes too [$"+flagEnv["state-file"]+"]")
 	socket := flags.String("debug-socket", debugSocketDefault(getenv), "the agent's debug socket [$"+flagEnv["debug-socket"]+"]")
+	flowLog := flags.String("flow-log-file", envOr("flow-log-file", ""), "the agent's flow log file; its rotated copies beside it go too. Empty: none [$"+flagEnv["flow-log-file"]+"]")
 	wait := flags.Bool("wait", false, "after cleaning, block until SIGTERM (for a cleanup DaemonSet)")
 	flags.Usage = func() {
-		fmt.Fprint(stderr, `Usage: npagent cleanup [--bpffs-path DIR] [--state-file FILE] [--debug-socket PATH] [--wait]
+		fmt.Fprint(stderr, `Usage: npagent cleanup [--bpffs-path DIR] [--state-file FILE] [--debug-socket PATH] [--flow-log-file FILE] [--wait]
 
 Ends npagent's enforcement on this node: detaches every program it attached to
-pods' interfaces and removes its pins, its state file and last-valid versions, and
-its debug socket. Every pod of the node is then unpoliced. Refused while an agent
-runs on the node. Run it after stopping the agent (the chart's cleanup value runs
-it on every node: docs in the chart's README).
+pods' interfaces and removes its pins, its state file and last-valid versions, its
+debug socket, and its flow log files when named. Every pod of the node is then
+unpoliced. Refused while an agent runs on the node. Run it after stopping the agent
+(the chart's cleanup value runs it on every node: docs in the chart's README).
 
 Exit: 0 cleaned (or nothing to clean), 1 refused or failed, 2 usage.
 
@@ -89,14 +91,21 @@ Flags:
 		removed = append(removed, path)
 		return nil
 	}
-	for _, step := range []struct {
+	type step struct {
 		path string
 		all  bool
-	}{
-		{*stateFile, false},
-		{lastValidDir(*stateFile), true},
-		{*socket, false},
-	} {
+	}
+	steps := []step{{*stateFile, false}, {lastValidDir(*stateFile), true}, {*socket, false}}
+	if *flowLog != "" {
+		flowFiles, err := telemetry.FlowFileNames(*flowLog)
+		if err != nil {
+			return exitError{1, fmt.Errorf("cleanup: %w", err)}
+		}
+		for _, f := range flowFiles {
+			steps = append(steps, step{f, false})
+		}
+	}
+	for _, step := range steps {
 		if err := remove(step.path, step.all); err != nil {
 			return exitError{1, fmt.Errorf("cleanup: %w", err)}
 		}
@@ -104,7 +113,7 @@ Flags:
 	if len(removed) > 0 {
 		fmt.Fprintf(stdout, "removed %s\n", strings.Join(removed, ", "))
 	} else {
-		fmt.Fprintln(stdout, "no state file, last-valid versions or debug socket to remove")
+		fmt.Fprintln(stdout, "no state file, last-valid versions, debug socket or flow log to remove")
 	}
 	if *wait {
 		fmt.Fprintln(stdout, "cleaned; waiting for SIGTERM")

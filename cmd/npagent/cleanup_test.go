@@ -27,7 +27,9 @@ func TestCleanupCommand(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "seen.state")
 	socket := filepath.Join(dir, "debug.sock")
-	for _, f := range []string{state, socket, filepath.Join(dir, "last-valid", "pe-ns-name")} {
+	// The flow log, one rotated copy (lumberjack's name), and a file not npagent's.
+	flowLog, flowRotated, notOurs := filepath.Join(dir, "log", "flows.log"), filepath.Join(dir, "log", "flows-2026-12-06T01-02-03.000.log.gz"), filepath.Join(dir, "log", "notes.log")
+	for _, f := range []string{state, socket, filepath.Join(dir, "last-valid", "pe-ns-name"), flowLog, flowRotated, notOurs} {
 		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -36,7 +38,7 @@ func TestCleanupCommand(t *testing.T) {
 		}
 	}
 	cleanup := func() (string, error) {
-		cmd := exec.Command(bin, "cleanup", "--bpffs-path", pin, "--state-file", state, "--debug-socket", socket)
+		cmd := exec.Command(bin, "cleanup", "--bpffs-path", pin, "--state-file", state, "--debug-socket", socket, "--flow-log-file", flowLog)
 		cmd.Env = []string{} // no NPAGENT_* from the test's environment
 		out, err := cmd.CombinedOutput()
 		return string(out), err
@@ -83,10 +85,13 @@ func TestCleanupCommand(t *testing.T) {
 	if n := attached(); n != 0 {
 		t.Errorf("%d programs attached after cleanup", n)
 	}
-	for _, p := range []string{pin, state, filepath.Join(dir, "last-valid"), socket} {
+	for _, p := range []string{pin, state, filepath.Join(dir, "last-valid"), socket, flowLog, flowRotated} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s after cleanup: %v, want it gone", p, err)
 		}
+	}
+	if _, err := os.Stat(notOurs); err != nil {
+		t.Errorf("cleanup removed a file beside the flow log that is not npagent's: %v", err)
 	}
 	if out, err := cleanup(); err != nil || !strings.Contains(out, "nothing pinned under") || strings.Contains(out, "removed /") {
 		t.Errorf("second cleanup: %v\n%s\nwant nothing to do", err, out)

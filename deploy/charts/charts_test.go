@@ -471,8 +471,9 @@ func checkCA(t *testing.T, pod corev1.PodSpec, ctr corev1.Container, key string,
 }
 
 // TestCleanupValue: with cleanup set, every node's pod runs `npagent cleanup --wait`
-// on the agent's own paths, with the agent's privileges and mounts and no probes of
-// the agent's listeners (no agent runs); without it, the agent.
+// on the agent's own paths (its flow log file's too when on), with the agent's
+// privileges and mounts and no probes of the agent's listeners (no agent runs);
+// without it, the agent.
 func TestCleanupValue(t *testing.T) {
 	agent := typed[appsv1.DaemonSet](t, objects(t, render(t, cases[0])), "DaemonSet").Spec.Template.Spec.Containers[0]
 	ds := typed[appsv1.DaemonSet](t, objects(t, render(t, testCase{"cleanup", Release{"npagent", "npagent"}, map[string]any{"cleanup": true}})), "DaemonSet")
@@ -494,6 +495,19 @@ func TestCleanupValue(t *testing.T) {
 	}
 	if agent.LivenessProbe == nil || len(agent.Args) == 0 || agent.Args[0] == "cleanup" {
 		t.Errorf("default values: not the agent (args %q)", agent.Args)
+	}
+
+	// With the flow log file on, cleanup removes it too, through the same mount.
+	flowFile := map[string]any{"flowEvents": map[string]any{"file": map[string]any{"enabled": true}}}
+	agent = typed[appsv1.DaemonSet](t, objects(t, render(t, testCase{"flow-file", Release{"npagent", "npagent"}, flowFile})), "DaemonSet").Spec.Template.Spec.Containers[0]
+	flowFile["cleanup"] = true
+	ctr = typed[appsv1.DaemonSet](t, objects(t, render(t, testCase{"cleanup-flow-file", Release{"npagent", "npagent"}, flowFile})), "DaemonSet").Spec.Template.Spec.Containers[0]
+	flowArg := "--flow-log-file=/var/log/npagent/flows.log"
+	if !slices.Contains(agent.Args, flowArg) || !slices.Contains(ctr.Args, flowArg) {
+		t.Errorf("flow log file on: the agent's args %q, cleanup's %q; want %s in both", agent.Args, ctr.Args, flowArg)
+	}
+	if !equalJSON(ctr.VolumeMounts, agent.VolumeMounts) {
+		t.Errorf("flow log file on: cleanup pod's mounts differ from the agent's")
 	}
 }
 

@@ -2,8 +2,12 @@ package telemetry
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,4 +109,42 @@ func appendJSON(b []byte, v any) []byte {
 		return append(b, "null"...)
 	}
 	return append(b, j...)
+}
+
+// flowFileBackupTime is the time in a rotated flow log file's name: lumberjack's
+// (v2) backup name is the file's name with "-" and this before its extension, and
+// ".gz" after it when compressed.
+const flowFileBackupTime = "2006-01-02T15-04-05.000"
+
+// FlowFileNames returns the flow log file at path and its rotated copies beside it
+// (NewFlowFile's), those that exist: what to remove to leave no flow log behind.
+// Other files in the directory are not named.
+func FlowFileNames(path string) ([]string, error) {
+	dir, base := filepath.Split(path)
+	ext := filepath.Ext(base)
+	prefix := strings.TrimSuffix(base, ext) + "-"
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("flow log files of %s: %w", path, err)
+	}
+	var names []string
+	for _, e := range entries {
+		name := e.Name()
+		if name == base {
+			names = append(names, path)
+			continue
+		}
+		stamp, prefixed := strings.CutPrefix(strings.TrimSuffix(name, ".gz"), prefix)
+		stamp, suffixed := strings.CutSuffix(stamp, ext)
+		if !prefixed || !suffixed || e.IsDir() {
+			continue
+		}
+		if _, err := time.Parse(flowFileBackupTime, stamp); err == nil {
+			names = append(names, filepath.Join(dir, name))
+		}
+	}
+	return names, nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,8 +140,8 @@ func TestFlowCountersExported(t *testing.T) {
 	}
 }
 
-// The flow log file rotates by size, keeps the number of files asked, and every
-// line is one JSON object with the documented names.
+// The flow log file rotates by size, keeps the number of files asked, every line is
+// one JSON object with the documented names, and FlowFileNames finds those files.
 func TestFlowFileRotates(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "flows.log")
@@ -201,6 +202,26 @@ func TestFlowFileRotates(t *testing.T) {
 	}
 	if _, err := NewFlowFile(FlowFileOptions{Path: "relative.log"}); err == nil {
 		t.Error("a relative path was accepted")
+	}
+	// FlowFileNames names the file and its rotated copies, what lumberjack wrote,
+	// and no other file beside them.
+	var want []string
+	for _, e := range files {
+		want = append(want, filepath.Join(dir, e.Name()))
+	}
+	for _, other := range []string{"flows-notes.log", "other.log", "flows.log.1", "flows-2026-12-06T01-02-03.000.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, other), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "flows-2026-12-06T01-02-03.000.log"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := FlowFileNames(path); err != nil || !slices.Equal(got, want) {
+		t.Errorf("FlowFileNames = %v, %v; want %v", got, err, want)
+	}
+	if got, err := FlowFileNames(filepath.Join(dir, "gone", "flows.log")); err != nil || len(got) != 0 {
+		t.Errorf("FlowFileNames in a missing directory = %v, %v; want none", got, err)
 	}
 }
 
