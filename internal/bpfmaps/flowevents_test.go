@@ -365,15 +365,23 @@ func floodFromCPUs(t *testing.T, prog *ebpf.Program, cpus []int, ifindex int, pk
 		done.Add(1)
 		go func() {
 			defer done.Done()
+			// The thread goes back to the runtime only with its own CPUs again; one
+			// left pinned would run later goroutines on one CPU. Still locked at
+			// exit, it ends with the goroutine.
 			runtime.LockOSThread()
-			defer runtime.UnlockOSThread() // the thread is pinned: the runtime drops it
-			var set unix.CPUSet
+			var own, set unix.CPUSet
 			set.Set(c)
-			errs[i] = unix.SchedSetaffinity(0, &set)
+			if errs[i] = unix.SchedGetaffinity(0, &own); errs[i] == nil {
+				errs[i] = unix.SchedSetaffinity(0, &set)
+			}
 			ready.Done()
 			<-start
-			if errs[i] == nil {
-				_, errs[i] = prog.Run(&ebpf.RunOptions{Data: pkt, Context: skbContext{Ifindex: uint32(ifindex)}, Repeat: repeat})
+			if errs[i] != nil {
+				return
+			}
+			_, errs[i] = prog.Run(&ebpf.RunOptions{Data: pkt, Context: skbContext{Ifindex: uint32(ifindex)}, Repeat: repeat})
+			if unix.SchedSetaffinity(0, &own) == nil {
+				runtime.UnlockOSThread()
 			}
 		}()
 	}
