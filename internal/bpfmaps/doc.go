@@ -143,8 +143,9 @@
 //     matrix checks it against what the programs did with every probe.
 //   - Flow events (flowevents.go): one raw event per denied packet (and, in
 //     FlowEventsAll, per connection entry an allowed packet makes) through a BPF ring
-//     buffer, after a per-pod token bucket in the program; what the bucket or a full
-//     buffer refuses is counted per CPU (FlowEventsSuppressed), never waited for.
+//     buffer, after a per-pod token bucket in the program, taken under a spin lock so
+//     the pod's limit holds across every CPU its packets reach; what the bucket or a
+//     full buffer refuses is counted per CPU (FlowEventsSuppressed), never waited for.
 //     OpenFlowEvents sets the mode and rate and reads them; AttributeFlow credits an
 //     event as the counters are credited.
 //

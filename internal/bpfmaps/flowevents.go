@@ -306,7 +306,8 @@ func (e *EBPF) AttributeFlow(ev *FlowEvent) FlowAttribution {
 }
 
 // flowEventMapSizes sizes the event maps: the buckets by pods, the ring buffer as
-// asked (a power of two, at least a page).
+// asked (a power of two, at least a page). Only the programs touch a bucket (under
+// its spin lock); one written from here would need ebpf.UpdateLock.
 func flowEventMapSizes(spec *ebpf.CollectionSpec, pods, buffer int) error {
 	if buffer <= 0 {
 		buffer = DefaultFlowEventBuffer

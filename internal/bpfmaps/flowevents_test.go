@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npagent/npagent/internal/testenv/netlab"
+	"github.com/npagent/npagent/internal/testenv/skip"
 )
 
 // flowEvents reads a dataplane's flow events in the background until the test ends.
@@ -258,6 +261,141 @@ func TestFlowEventRateLimitPerPod(t *testing.T) {
 	if s.RateLimited != flood-burst || s.BufferFull != 0 {
 		t.Errorf("suppressed %+v, want %d rate limited and none for a full buffer", s, flood-burst)
 	}
+}
+
+// TestFlowEventRateLimitAcrossCPUs floods one pod with denied packets from several
+// CPUs at once (one BPF_PROG_TEST_RUN per CPU, each on a thread pinned to its CPU),
+// at a high rate so that the CPUs contend for the pod's bucket for the whole run.
+// A bucket updated without a lock loses updates under such a race, and each CPU then
+// admits at up to the full rate. Two bounds, each round:
+//   - over the wall-clock window around the runs: at most the burst plus one event
+//     per interval (coarse: time in which the machine's other load kept the CPUs
+//     from running together races less and hides the excess);
+//   - over every span between two admitted events, by the program's own clock (each
+//     event's ktime is the now it was judged with): at most the burst plus one event
+//     per interval of the span. Exact for the bucket whatever order the CPUs take its
+//     lock in, and sensitive: a span in which the CPUs did run together shows what
+//     lost updates let through.
+func TestFlowEventRateLimitAcrossCPUs(t *testing.T) {
+	// Every admitted event of a round fits: no buffer-full, every one read back.
+	e := openTestEBPF(t, EBPFOptions{FlowEventBuffer: 16 << 20})
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for c := 0; c < 1024 && len(cpus) < 4; c++ {
+		if allowed.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if runtime.NumCPU() < 2 || len(cpus) < 2 {
+		skip.Unmet(t, "needs 2 CPUs to race on one pod's bucket: %d usable", len(cpus))
+	}
+	ifindex := dummyInterface(t)
+	if _, err := e.Commit(ifindex, widePolicy(10, 80)); err != nil {
+		t.Fatal(err)
+	}
+	// 1 µs between events, a burst of 5: the bucket refuses most packets (a run takes
+	// a few hundred ns) and admits one every microsecond, so the CPUs race at each
+	// admission.
+	const rate, burst, repeat, rounds = 1_000_000, 5, 100_000, 3
+	interval := time.Second / rate
+	r, err := e.OpenFlowEvents(FlowEventConfig{Mode: FlowEventsDeny, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	denied := packetBytes(netip.MustParseAddr("11.0.0.1"), podAddrIngress4, ProtocolTCP, 40000, 80)
+	var before FlowSuppressed
+	for round := range rounds {
+		window := floodFromCPUs(t, e.objs.ToPod, cpus, ifindex, denied, repeat)
+		s, err := e.FlowEventsSuppressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := uint64(repeat * len(cpus))
+		admitted := runs - (s.RateLimited - before.RateLimited)
+		if full := s.BufferFull - before.BufferFull; full != 0 {
+			t.Fatalf("round %d: %d events found the ring buffer full: size it for the round", round, full)
+		}
+		before = s
+		times := make([]time.Time, 0, admitted)
+		r.rd.SetDeadline(time.Now().Add(10 * time.Second))
+		for range admitted {
+			var ev FlowEvent
+			if err := r.Read(&ev); err != nil {
+				t.Fatalf("round %d: read %d of %d admitted events: %v", round, len(times), admitted, err)
+			}
+			times = append(times, ev.Time)
+		}
+		slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+		// The tightest span: (j-i)*interval - (t_j-t_i) at its largest over i <= j,
+		// which the bucket keeps within (burst-1)*interval.
+		var excess, lowest time.Duration
+		for k, tk := range times {
+			x := time.Duration(k)*interval - tk.Sub(times[0])
+			lowest = min(lowest, x)
+			excess = max(excess, x-lowest)
+		}
+		bound := burst + uint64(window/interval)
+		bound += bound / 100 // the clock reads around the runs
+		t.Logf("round %d: %d CPUs %v, %d runs in %v: %d admitted, bound %d (%.2f of it); tightest span holds %.1f bursts' worth (limit %d)",
+			round, len(cpus), cpus, runs, window, admitted, bound, float64(admitted)/float64(bound), 1+float64(excess)/float64(interval), burst)
+		if admitted > bound {
+			t.Errorf("round %d: %d events admitted from one pod in %v across %d CPUs, want at most %d (burst %d + one per %v)",
+				round, admitted, window, len(cpus), bound, burst, interval)
+		}
+		if excess > (burst-1)*interval {
+			t.Errorf("round %d: a span of the program's clock held %.1f events beyond one per %v, want at most the burst, %d",
+				round, 1+float64(excess)/float64(interval), interval, burst)
+		}
+	}
+}
+
+// floodFromCPUs runs prog repeat times on pkt from each of cpus at once, each run
+// on a thread pinned to its CPU, and returns the wall-clock time they took together.
+func floodFromCPUs(t *testing.T, prog *ebpf.Program, cpus []int, ifindex int, pkt []byte, repeat uint32) time.Duration {
+	t.Helper()
+	var ready, done sync.WaitGroup
+	errs := make([]error, len(cpus))
+	start := make(chan struct{})
+	for i, c := range cpus {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			// The thread goes back to the runtime only with its own CPUs again; one
+			// left pinned would run later goroutines on one CPU. Still locked at
+			// exit, it ends with the goroutine.
+			runtime.LockOSThread()
+			var own, set unix.CPUSet
+			set.Set(c)
+			if errs[i] = unix.SchedGetaffinity(0, &own); errs[i] == nil {
+				errs[i] = unix.SchedSetaffinity(0, &set)
+			}
+			ready.Done()
+			<-start
+			if errs[i] != nil {
+				return
+			}
+			_, errs[i] = prog.Run(&ebpf.RunOptions{Data: pkt, Context: skbContext{Ifindex: uint32(ifindex)}, Repeat: repeat})
+			if unix.SchedSetaffinity(0, &own) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+	}
+	ready.Wait()
+	begin := time.Now()
+	close(start)
+	done.Wait()
+	window := time.Since(begin)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("CPU %d: %v", cpus[i], err)
+		}
+	}
+	return window
 }
 
 // TestFlowEventBufferFull: without a rate limit, a flood that outruns the reader

@@ -559,10 +559,13 @@ struct {
 	__uint(max_entries, 1);
 } npa_event_config SEC(".maps");
 
-// A pod's rate-limit state, by its slot (npa_pod_slot). Not atomic: CPUs racing on
-// one pod may each admit an event the limit would have refused, a few at most.
-// A slot a removed pod held starts its next pod at most burst_ns behind.
+// A pod's rate-limit state, by its slot (npa_pod_slot). Read, checked and moved
+// under its spin lock, so the limit holds for the pod across every CPU its packets
+// reach: without it, CPUs racing on one pod lose each other's updates and each
+// admits at up to the full rate. A slot a removed pod held starts its next pod at
+// most burst_ns behind. User space never reads nor writes it.
 struct event_bucket {
+	struct bpf_spin_lock lock;
 	__u64 tat; // theoretical arrival time of the next event
 };
 
@@ -619,17 +622,26 @@ __attribute__((noinline)) int emit_event(__u64 pod, __u64 genlen, __u32 what, co
 	struct event_bucket *b = bpf_map_lookup_elem(&npa_event_buckets, &slot);
 	if (!b)
 		return 0;
+	// Read before the lock (no helper call while it is held): a CPU that waited for
+	// the lock judges as of its read, moments earlier, which moves the limit by that
+	// wait at most. The event carries the same time.
 	__u64 now = bpf_ktime_get_ns();
 	__u64 interval = c->interval_ns;
 	if (interval) {
+		__u64 burst = c->burst_ns;
+		int admit;
+		bpf_spin_lock(&b->lock);
 		__u64 tat = b->tat;
 		if ((__s64)(tat - now) < 0)
 			tat = now;
-		if (tat - now > c->burst_ns) {
+		admit = tat - now <= burst;
+		if (admit)
+			b->tat = tat + interval;
+		bpf_spin_unlock(&b->lock);
+		if (!admit) {
 			suppressed(SUPPRESSED_RATE);
 			return 0;
 		}
-		b->tat = tat + interval;
 	}
 	struct flow_event *e = bpf_ringbuf_reserve(&npa_events, sizeof(*e), 0);
 	if (!e) {

@@ -54,7 +54,12 @@ type policyCtValue struct {
 }
 
 type policyEventBucket struct {
-	_   structs.HostLayout
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	_   [4]byte
 	Tat uint64
 }
 
