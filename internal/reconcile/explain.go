@@ -84,9 +84,10 @@ func (c *Controller) ExplainObject(kind report.Kind, namespace, name string) exp
 	}
 	out.State = c.pods.stateOf(key, cur.uid, cur.rv, netip.Addr{})
 	out.State, out.Detail = c.explain.Refine(string(cur.uid), cur.rv, out.State)
-	// The history after the state: a worker records a sync's outcome just after its
-	// commit, so a snapshot taken first could lack the outcome the state was refined
-	// from (waiting, say, beside a version with none).
+	// The table, then the history: a worker records a sync's outcome in the history
+	// before it releases the table (commitVersion's settled), so both reads see at
+	// least that sync; a snapshot taken first could lack the outcome the state was
+	// refined from (waiting, say, beside a version with none).
 	out.Versions, out.Reports = c.explain.Snapshot(string(cur.uid))
 	out.Programmed = out.State == explain.StateProgrammed || out.State == explain.StateNoLocalWork
 	if e, ok := c.cfg.Seen.Inspect(string(cur.uid)); ok {

@@ -247,7 +247,7 @@ func TestPodFactsChunkNotSynced(t *testing.T) {
 	keyB := translate.Key{Kind: report.KindPolicyEndpoint, Namespace: "ns", Name: "chunky-b"}
 	policy := translate.PolicyOf(report.KindPolicyEndpoint, "ns", "chunky")
 	a := &translate.Compiled{Key: keyA, UID: "a", ResourceVersion: "1", Pods: []netip.Addr{podIP}, Policy: policy, Isolated: [2]bool{true, false}}
-	if res := tbl.commitVersion(keyA, "a", a, nil); res.err != nil || len(res.notDone) > 0 {
+	if res := tbl.commitVersion(keyA, "a", a, nil, nil); res.err != nil || len(res.notDone) > 0 {
 		t.Fatalf("commit chunk a: %+v", res)
 	}
 	tbl.noteSynced(keyA, "a", "1")
@@ -266,7 +266,7 @@ func TestPodFactsChunkNotSynced(t *testing.T) {
 		t.Fatalf("condition with chunk b not synced = %+v, want Pending naming ns/chunky-b", got)
 	}
 	b := &translate.Compiled{Key: keyB, UID: "b", ResourceVersion: "7", Policy: policy}
-	tbl.commitVersion(keyB, "b", b, nil)
+	tbl.commitVersion(keyB, "b", b, nil, nil)
 	tbl.noteSynced(keyB, "b", "7")
 	if got := podcond.Compute(tbl.facts([]netip.Addr{podIP}, cands, false, cached)); got.Status != podcond.True {
 		t.Fatalf("condition with every chunk synced = %+v, want True", got)

@@ -177,9 +177,17 @@ func (t *podTable) lock() commitResult {
 //
 // A PolicyEndpoint version that would take its namespace over its share of a trie
 // (see share.go) is rejected before any commit, as a merge the dataplane refuses is.
-func (t *podTable) commitVersion(key translate.Key, uid types.UID, compiled *translate.Compiled, rej *translate.Rejected) commitResult {
+//
+// settled, if not nil, is given the result before the table's lock is released: what
+// the worker records of the sync (the explain history) is then there for any reader
+// that saw the table after this commit (ExplainObject reads the table, then the
+// history).
+func (t *podTable) commitVersion(key translate.Key, uid types.UID, compiled *translate.Compiled, rej *translate.Rejected, settled func(*commitResult)) commitResult {
 	res := t.lock()
 	defer t.mu.Unlock()
+	if settled != nil {
+		defer func() { settled(&res) }() // before the unlock: deferred calls run last first
+	}
 	st := t.objects[key]
 	if st == nil || st.uid != uid {
 		next := &objectState{uid: uid}

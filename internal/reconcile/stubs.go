@@ -324,12 +324,12 @@ func (c *Controller) syncStub(key translate.Key, pe *v1alpha1.PolicyEndpoint, wo
 	if c.pods.holds(key) {
 		empty := &translate.Compiled{Key: key, UID: v.uid, ResourceVersion: v.resourceVersion,
 			Policy: translate.PolicyOf(key.Kind, key.Namespace, pe.Spec.PolicyRef.Name)}
-		res = c.pods.commitVersion(key, v.uid, empty, nil)
+		res = c.pods.commitVersion(key, v.uid, empty, nil, func(res *commitResult) { c.synced(v, res, nil) })
 		defer func() { c.statusSynced(key, v.uid, v.resourceVersion, res.affected) }()
 	} else {
 		res.noLocalWork = true
+		c.synced(v, &res, nil)
 	}
-	c.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	if res.rejected != nil {
 		return c.rejected(key, v, res.rejected, &res, log)

@@ -98,9 +98,8 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 		// cannot heal bad input; the next write of the object brings a new sync. Pods
 		// a recreated object's predecessor left are still re-committed without it.
 		rej := translate.ReadRejected(obj, c.cfg.NodeIP)
-		res := c.pods.commitVersion(key, v.uid, nil, &rej)
+		res := c.pods.commitVersion(key, v.uid, nil, &rej, func(res *commitResult) { c.synced(v, res, err) })
 		touched = union(res.affected, rej.Named)
-		c.synced(v, &res, err)
 		c.forgetDeleted(key, res.replaced)
 		return c.rejected(key, v, err, &res, log)
 	}
@@ -109,10 +108,9 @@ func (c *Controller) sync(key translate.Key, workerStart time.Time) outcome {
 	if compiled.DomainRulesDropped > 0 {
 		log.Info("domainName rules left out (--drop-fqdn-allow-rules): traffic to those names is not allowed by them", "rules", compiled.DomainRulesDropped)
 	}
-	res := c.pods.commitVersion(key, v.uid, compiled, nil)
+	res := c.pods.commitVersion(key, v.uid, compiled, nil, func(res *commitResult) { c.synced(v, res, nil) })
 	touched = union(res.affected, compiled.Pods)
 	compiled.Settle()
-	c.synced(v, &res, nil)
 	c.forgetDeleted(key, res.replaced)
 	if res.rejected != nil {
 		return c.rejected(key, v, res.rejected, &res, log)
