@@ -388,3 +388,15 @@ var testNode = netip.MustParseAddr("192.0.2.10")
 func pod(hostIP, podIP string) v1alpha1.PodEndpoint {
 	return v1alpha1.PodEndpoint{HostIP: v1alpha1.NetworkAddress(hostIP), PodIP: v1alpha1.NetworkAddress(podIP), Name: "p-" + podIP, Namespace: "shop"}
 }
+
+// waitInitialSync waits until the agent synced every object of its initial list once
+// and has nothing queued.
+func waitInitialSync(t testing.TB, a *agent) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, "the agent's initial sync done, nothing queued", func() bool {
+		a.c.initial.mu.Lock()
+		done := a.c.initial.begun && a.c.initial.pending == nil
+		a.c.initial.mu.Unlock()
+		return done && a.c.queue.Len() == 0
+	})
+}

@@ -355,6 +355,9 @@ func testResync(t *testing.T, cp *testenv.ControlPlane) {
 	pe := ingressPE("resync", "web", []v1alpha1.PodEndpoint{pod(node, "10.1.8.1")}, "10.2.0.0/16", 80)
 	create(t, cp, pe)
 	testenv.Eventually(t, 20*time.Second, "record for the create", func() bool { return len(a.sink.recordsFor(string(pe.UID))) == 1 })
+	// The earlier subtests' objects are synced once at the start too, and the create's
+	// record may come before they are: the counts start once that work is done.
+	waitInitialSync(t, a)
 	records, before := a.sink.recordCount(), a.c.Stats()
 	time.Sleep(3500 * time.Millisecond)
 	s := a.c.Stats()
