@@ -303,8 +303,9 @@ func TestCollectorTiers(t *testing.T) {
 // logRecordsPrinted matches the debug exporter's line per batch of log records.
 var logRecordsPrinted = regexp.MustCompile(`"otelcol.component.id": "debug/logs".*"log records": (\d+)`)
 
-// checkFlowsPrinted waits until the gateways' debug/logs exporters have printed want
-// log records between them, and fails if they print more or fewer.
+// checkFlowsPrinted waits until the gateways' debug/logs exporters have printed at
+// least want log records between them. More is no failure: an export the node
+// collector retried after a timeout is printed twice (OTLP is at least once).
 func checkFlowsPrinted(t *testing.T, outputs []*testenv.LogBuffer, want int) {
 	t.Helper()
 	count := func() (n int) {
@@ -318,10 +319,7 @@ func checkFlowsPrinted(t *testing.T, outputs []*testenv.LogBuffer, want int) {
 	}
 	// The node's batch (1 s), the gateway's (1 s), with room for a loaded machine.
 	testenv.Eventually(t, 30*time.Second, "the gateways printed every flow event", func() bool { return count() >= want })
-	time.Sleep(2 * time.Second) // any more would follow within the batch timeouts
-	if got := count(); got != want {
-		t.Errorf("the gateways printed %d flow log records, want %d", got, want)
-	}
+	t.Logf("the gateways printed %d flow log records (%d sent)", count(), want)
 }
 
 // TestTierConfigsValidate checks node.yaml and gateway.yaml exactly as shipped,

@@ -57,6 +57,9 @@ Flags:
 	if err == nil && len(pos) > 0 {
 		err = fmt.Errorf("cleanup: unexpected argument %q", pos[0])
 	}
+	if err == nil && *flowLog != "" && !filepath.IsAbs(*flowLog) {
+		err = fmt.Errorf("cleanup: --flow-log-file %q: want an absolute path, as the agent's", *flowLog)
+	}
 	if err != nil {
 		return exitError{exitUsage, err}
 	}

@@ -97,3 +97,18 @@ func TestCleanupCommand(t *testing.T) {
 		t.Errorf("second cleanup: %v\n%s\nwant nothing to do", err, out)
 	}
 }
+
+// TestCleanupFlowLogRelative: a relative --flow-log-file is a usage error, said before
+// anything is cleaned (the agent refuses one too); pure logic, no bpffs touched.
+func TestCleanupFlowLogRelative(t *testing.T) {
+	var stdout, stderr strings.Builder
+	pins := filepath.Join(t.TempDir(), "pins") // never created: nothing is cleaned
+	err := runCleanup(t.Context(), []string{"--bpffs-path", pins, "--flow-log-file", "flows.log"}, func(string) string { return "" }, &stdout, &stderr)
+	var exit exitError
+	if !errors.As(err, &exit) || exit.code != exitUsage || !strings.Contains(err.Error(), `--flow-log-file "flows.log": want an absolute path`) {
+		t.Errorf("cleanup --flow-log-file flows.log: %v, want a usage error naming the flag", err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("cleanup printed %q before refusing its arguments", stdout.String())
+	}
+}

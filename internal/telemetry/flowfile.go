@@ -137,14 +137,20 @@ func FlowFileNames(path string) ([]string, error) {
 			names = append(names, path)
 			continue
 		}
-		stamp, prefixed := strings.CutPrefix(strings.TrimSuffix(name, ".gz"), prefix)
-		stamp, suffixed := strings.CutSuffix(stamp, ext)
-		if !prefixed || !suffixed || e.IsDir() {
-			continue
-		}
-		if _, err := time.Parse(flowFileBackupTime, stamp); err == nil {
+		if !e.IsDir() && (isBackup(name, prefix, ext) || isBackup(name, prefix, ext+".gz")) {
 			names = append(names, filepath.Join(dir, name))
 		}
 	}
 	return names, nil
+}
+
+// isBackup reports whether name is prefix, a rotation time and ext.
+func isBackup(name, prefix, ext string) bool {
+	stamp, prefixed := strings.CutPrefix(name, prefix)
+	stamp, suffixed := strings.CutSuffix(stamp, ext)
+	if !prefixed || !suffixed {
+		return false
+	}
+	_, err := time.Parse(flowFileBackupTime, stamp)
+	return err == nil
 }

@@ -257,3 +257,20 @@ type nopLogExporter struct{}
 func (nopLogExporter) Export(context.Context, []sdklog.Record) error { return nil }
 func (nopLogExporter) Shutdown(context.Context) error                { return nil }
 func (nopLogExporter) ForceFlush(context.Context) error              { return nil }
+
+// FlowFileNames with a file whose own extension is .gz: its rotated copies, plain and
+// compressed, are found as lumberjack names them (pure logic).
+func TestFlowFileNamesGzExtension(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "flows.gz")
+	names := []string{"flows-2026-12-06T01-02-03.000.gz", "flows-2026-12-06T01-02-04.000.gz.gz", "flows.gz", "flows-x.gz"}
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{filepath.Join(dir, names[0]), filepath.Join(dir, names[1]), path}
+	if got, err := FlowFileNames(path); err != nil || !slices.Equal(got, want) {
+		t.Errorf("FlowFileNames = %v, %v; want %v", got, err, want)
+	}
+}
