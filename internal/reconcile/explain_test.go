@@ -69,9 +69,11 @@ func TestExplain(t *testing.T) {
 	// 2. The interface appears; the first commit fails, the retry succeeds.
 	dp.failures.Store(1)
 	resolver.set("10.1.40.1", 41)
-	testenv.Eventually(t, 20*time.Second, "web programmed", func() bool {
+	// Programmed (the table) comes before the report (the seen-set, then the Sink),
+	// which the worker makes after it releases the table.
+	testenv.Eventually(t, 20*time.Second, "web programmed and reported", func() bool {
 		ex = a.c.ExplainObject(report.KindPolicyEndpoint, "explain", "web")
-		return ex.Programmed
+		return ex.Programmed && len(ex.Reports) > 0
 	})
 	if ex.State != explain.StateProgrammed || len(ex.Pending) != 0 || len(ex.FailedAttempts) != 0 || !ex.Consumed.Equal(trigger) {
 		t.Errorf("explain = %+v: want programmed, nothing pending, the trigger consumed", ex)

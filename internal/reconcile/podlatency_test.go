@@ -15,6 +15,7 @@ import (
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/seen"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/translate"
 )
 
 func (s *recordingSink) PodProgrammed(r *report.PodRecord) {
@@ -122,6 +123,12 @@ func TestPodEnforcementWindow(t *testing.T) {
 	readyPod(t, cp, "pw-open", "open", mine, "10.54.0.2", time.Now(), nil)
 	waitCondition(t, cp, "pw-open", "open", podcond.True, podcond.ReasonNoPolicy)
 	create(t, cp, ingressPE(ns, "old", []v1alpha1.PodEndpoint{pod(node, "10.54.0.3")}, "10.99.0.3/32", 80))
+	// The object before the pod: both come over watches of their own, and a pod seen
+	// first would be counted unselected.
+	testenv.Eventually(t, 10*time.Second, "the agent holds old", func() bool {
+		_, ok := a.c.current(translate.Key{Kind: report.KindPolicyEndpoint, Namespace: ns, Name: "old"})
+		return ok
+	})
 	seenAt := time.Now()
 	readyPod(t, cp, ns, "old-kubelet", mine, "10.54.0.3", time.Time{}, nil)
 	waitCondition(t, cp, ns, "old-kubelet", podcond.True, podcond.ReasonProgrammed)
