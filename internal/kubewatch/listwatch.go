@@ -601,7 +601,7 @@ func (rw *resilientWatch) relist() bool {
 		if err != nil && opts.Continue != "" && apierrors.IsResourceExpired(err) {
 			// The continue token expired before the last page: the apiserver restarted
 			// (its watch cache no longer holds the snapshot), the snapshot was
-			// compacted, or, through the relay, anything in the cluster changed. List
+			// compacted, or, through the relay, the node's view changed. List
 			// again from the first page, as a pass of its own, after another jittered
 			// wait (a restart during a relist storm ends every agent's walk at once):
 			// everything at once would decode the whole list beside the cache, the peak

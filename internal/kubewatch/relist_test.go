@@ -310,7 +310,7 @@ func TestRelistContinueExpired(t *testing.T) {
 }
 
 // TestRelistContinueKeepsExpiring: a list whose continue token expires on every walk
-// (through the relay, any write in the cluster expires it) is walked from the first
+// (through the relay, any write to the node's view expires it) is walked from the first
 // page relistPagedRetries more times, then listed everything at once, so the relist
 // ends; what the first pages brought is delivered once (pure logic).
 func TestRelistContinueKeepsExpiring(t *testing.T) {

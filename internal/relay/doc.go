@@ -25,7 +25,8 @@
 // a watcher that falls behind, or a change of the node's addresses is 410 Gone / an
 // ERROR event with reason Expired, and the client lists again. Bookmarks are sent
 // to watches that ask. Lists page with limit and continue; a continue token expires
-// when the view changes (the client's pager then lists whole).
+// when the node's view changes (a change to another node's objects leaves it good),
+// and the client lists again.
 //
 // Who may read. A request carries a service-account bearer token; the relay reviews
 // it (TokenReview) and serves the node the token is bound to (the user extra

@@ -387,6 +387,23 @@ func groupHasAny(g *group, addrs []netip.Addr) bool {
 	return false
 }
 
+// viewChangedLocked reports whether a change after rv touched the view of a node with
+// addrs (rendered an event for it), or cannot be told (rv older than the window);
+// f.mu held for reading.
+func (f *feed) viewChangedLocked(rv uint64, addrs []netip.Addr) bool {
+	entries, ok := f.sinceLocked(rv)
+	if !ok {
+		return true
+	}
+	var out []outEvent
+	for i := range entries {
+		if out = f.render(out[:0], &entries[i], addrs); len(out) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // sinceLocked returns the window's entries after rv. ok is false when rv is older than the
 // window (410 Gone).
 func (f *feed) sinceLocked(rv uint64) (entries []entry, ok bool) {

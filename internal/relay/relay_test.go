@@ -244,6 +244,42 @@ func TestNodeView(t *testing.T) {
 	if !slices.Equal(whole, paged) || pages != (len(whole)+1)/2 {
 		t.Errorf("in %d pages of 2: %v, in one list: %v", pages, paged, whole)
 	}
+
+	// A continue token outlives a write outside the node's view (c1: its pod is on
+	// no node here), not one inside it (a2): a view of several pages stays listable
+	// while the rest of the cluster is written to.
+	firstPage := func() string {
+		obj, err := r2.list(ctx, metav1.ListOptions{Limit: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lm, _ := meta.ListAccessor(obj)
+		if lm.GetContinue() == "" {
+			t.Fatalf("node 2's view fits one page of 2: nothing to continue")
+		}
+		return lm.GetContinue()
+	}
+	relayHas := func(obj client.Object) {
+		t.Helper()
+		testenv.Eventually(t, 10*time.Second, "the relay received the write", func() bool {
+			f := tr.relay.feeds[v1alpha1.ResourcePolicyEndpoints]
+			f.mu.RLock()
+			defer f.mu.RUnlock()
+			return f.changed >= uint64(atoi(obj.GetResourceVersion()))
+		})
+	}
+	cont := firstPage()
+	write(t, cp, other, func(o *v1alpha1.PolicyEndpoint) { o.Spec.Ingress[0].Ports[0].Port = ptr(int32(82)) })
+	relayHas(other)
+	if _, err := r2.list(ctx, metav1.ListOptions{Limit: 2, Continue: cont}); err != nil {
+		t.Errorf("continue after a write outside node 2's view: %v, want the next page", err)
+	}
+	cont = firstPage()
+	write(t, cp, a2, func(o *v1alpha1.PolicyEndpoint) { o.Spec.Ingress[0].Ports[0].Port = ptr(int32(445)) })
+	relayHas(a2)
+	if _, err := r2.list(ctx, metav1.ListOptions{Limit: 2, Continue: cont}); !apierrors.IsResourceExpired(err) {
+		t.Errorf("continue after a write inside node 2's view: %v, want 410 Expired", err)
+	}
 }
 
 func atoi(s string) int {

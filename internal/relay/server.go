@@ -106,27 +106,27 @@ func (r *Relay) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		r.serveWatch(w, req, f, node, addrs, changed)
 		return
 	}
-	r.serveList(w, q.Get("limit"), q.Get("continue"), f, addrs)
+	r.serveList(w, q.Get("limit"), q.Get("continue"), f, addrs, changed)
 }
 
-// continueToken is a list page's continuation: good while the feed's generation and
-// last change stand (the view is then the same); otherwise 410, and the client
-// lists whole (client-go's pager does).
+// continueToken is a list page's continuation: good while the node's view is the
+// same as at the first page — the feed's generation and the node's addresses stand,
+// and no change since the feed's last change then touched the view (an entry that
+// renders no event for the node, another node's object, leaves it as it was);
+// otherwise 410, and the client lists again. Expiring on any change would make a
+// view of several pages unlistable while the cluster is being written to.
 type continueToken struct {
 	Gen     uint64 `json:"g"`
 	Changed uint64 `json:"c"`
+	Addrs   uint64 `json:"a"` // the node's addresses' last change (nodes.get)
 	RV      uint64 `json:"r"`
 	Key     string `json:"k"`
 }
 
-func (r *Relay) serveList(w http.ResponseWriter, limitParam, cont string, f *feed, addrs []netip.Addr) {
+func (r *Relay) serveList(w http.ResponseWriter, limitParam, cont string, f *feed, addrs []netip.Addr, addrsChanged uint64) {
 	r.stats.lists.Add(1)
-	f.mu.RLock()
-	view := f.viewLocked(addrs)
-	tok := continueToken{Gen: f.gen, Changed: f.changed, RV: f.rv}
-	f.mu.RUnlock()
+	var prev continueToken
 	if cont != "" {
-		var prev continueToken
 		raw, err := base64.RawURLEncoding.DecodeString(cont)
 		if err == nil {
 			err = json.Unmarshal(raw, &prev)
@@ -135,12 +135,20 @@ func (r *Relay) serveList(w http.ResponseWriter, limitParam, cont string, f *fee
 			writeStatus(w, apierrors.NewBadRequest("relay: continue token: "+err.Error()))
 			return
 		}
-		if prev.Gen != tok.Gen || prev.Changed != tok.Changed {
+	}
+	f.mu.RLock()
+	view := f.viewLocked(addrs)
+	tok := continueToken{Gen: f.gen, Changed: f.changed, Addrs: addrsChanged, RV: f.rv}
+	expired := cont != "" && (prev.Gen != tok.Gen || prev.Addrs != tok.Addrs ||
+		prev.Changed != tok.Changed && f.viewChangedLocked(prev.Changed, addrs))
+	f.mu.RUnlock()
+	if cont != "" {
+		if expired {
 			r.stats.expired.Add(1)
 			writeStatus(w, apierrors.NewResourceExpired("relay: the continue token is expired: list again without it"))
 			return
 		}
-		tok.RV = prev.RV
+		tok.Changed, tok.RV = prev.Changed, prev.RV // the view as of the first page, which it still is
 		i, _ := slices.BinarySearchFunc(view, prev.Key, func(o *object, k string) int { return strings.Compare(o.key, k) })
 		for i < len(view) && view[i].key <= prev.Key {
 			i++
