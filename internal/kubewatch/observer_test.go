@@ -78,6 +78,19 @@ func testListWatch(obs ListObserver) *listWatch {
 	}
 }
 
+// listedWatch is a ListWatch with a recordingObserver that has listed pages once, as
+// the reflector's first list does: what a relist is then diffed against.
+func listedWatch(t *testing.T, pages [][]runtime.Object) (*recordingObserver, *listWatch) {
+	t.Helper()
+	obs := &recordingObserver{}
+	l := testListWatch(obs)
+	l.base.ListWithContextFunc = pagedList(pages, nil)
+	if err := listAll(l); err != nil {
+		t.Fatal(err)
+	}
+	return obs, l
+}
+
 // listAll lists every page as the reflector's pager does; it returns the error of
 // the first page that failed.
 func listAll(l *listWatch) error {
@@ -102,13 +115,8 @@ func listAll(l *listWatch) error {
 // what was delivered as it was, so the next relist still knows its objects (pure
 // logic: the list requests are answered by a function).
 func TestListObserverPagedRelist(t *testing.T) {
-	obs := &recordingObserver{}
-	l := testListWatch(obs)
 	first := [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}, {peV("c", "uc", "3"), peV("d", "ud", "4")}}
-	l.base.ListWithContextFunc = pagedList(first, nil)
-	if err := listAll(l); err != nil {
-		t.Fatal(err)
-	}
+	obs, l := listedWatch(t, first)
 	if obs.lists != 1 || len(obs.unchanged) != 0 {
 		t.Fatalf("initial list in two pages: %d lists begun, unchanged %v; want 1 and none", obs.lists, obs.unchanged)
 	}
@@ -187,12 +195,7 @@ func initialEventsEnd(rv string) *v1alpha1.PolicyEndpoint {
 // reflector gets it; events after the initial-events bookmark are writes, not a
 // relist (pure logic: the watch is client-go's FakeWatcher).
 func TestListObserverWatchList(t *testing.T) {
-	obs := &recordingObserver{}
-	l := testListWatch(obs)
-	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}}, nil)
-	if err := listAll(l); err != nil {
-		t.Fatal(err)
-	}
+	obs, l := listedWatch(t, [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}})
 	fake, w := watchList(t, l)
 	go func() {
 		fake.Add(peV("a", "ua", "1"))

@@ -203,12 +203,7 @@ func deliveredNames(l *listWatch) []string {
 // (pure logic: the list requests are answered by a function). Before, the relist
 // asked for every page first.
 func TestRelistPageByPage(t *testing.T) {
-	obs := &recordingObserver{}
-	l := testListWatch(obs)
-	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}, {peV("c", "uc", "3"), peV("d", "ud", "4")}}, nil)
-	if err := listAll(l); err != nil {
-		t.Fatal(err)
-	}
+	obs, l := listedWatch(t, [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}, {peV("c", "uc", "3"), peV("d", "ud", "4")}})
 	// a unchanged, b changed, c unchanged, d gone, e and f new.
 	pages := [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "7")}, {peV("c", "uc", "3"), peV("e", "ue", "9")}, {peV("f", "uf", "10")}}
 	rec := &relistLog{}
@@ -255,12 +250,7 @@ func TestRelistPageByPage(t *testing.T) {
 // earlier page brought and that is gone since; the observer hears of each unchanged
 // object once (pure logic).
 func TestRelistContinueExpired(t *testing.T) {
-	obs := &recordingObserver{}
-	l := testListWatch(obs)
-	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2"), peV("c", "uc", "3"), peV("d", "ud", "4"), peV("f", "uf", "5")}}, nil)
-	if err := listAll(l); err != nil {
-		t.Fatal(err)
-	}
+	obs, l := listedWatch(t, [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2"), peV("c", "uc", "3"), peV("d", "ud", "4"), peV("f", "uf", "5")}})
 	rec := &relistLog{}
 	requests := 0 // so far, the continued ones included
 	l.base.ListWithContextFunc = func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -314,12 +304,7 @@ func TestRelistContinueExpired(t *testing.T) {
 // page relistPagedRetries more times, then listed everything at once, so the relist
 // ends; what the first pages brought is delivered once (pure logic).
 func TestRelistContinueKeepsExpiring(t *testing.T) {
-	obs := &recordingObserver{}
-	l := testListWatch(obs)
-	l.base.ListWithContextFunc = pagedList([][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}}, nil)
-	if err := listAll(l); err != nil {
-		t.Fatal(err)
-	}
+	_, l := listedWatch(t, [][]runtime.Object{{peV("a", "ua", "1"), peV("b", "ub", "2")}})
 	rec := &relistLog{}
 	l.base.ListWithContextFunc = func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 		if opts.Continue != "" {
