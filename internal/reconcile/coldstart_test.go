@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
@@ -68,28 +67,16 @@ func TestColdStartBeforeSync(t *testing.T) {
 		},
 	}
 	create(t, cp, deny)
-	var wg sync.WaitGroup
-	errs := make(chan error, namespaces)
+	nsOf := func(n int) string { return fmt.Sprintf("cold-z%02d", n) }
 	for n := range namespaces {
-		ns := fmt.Sprintf("cold-z%02d", n)
+		ns := nsOf(n)
 		createNamespace(t, cp, ns)
 		// One request per namespace: the next test's sharedCP deletes one by one.
 		t.Cleanup(func() { _ = cp.Client.DeleteAllOf(ctx, &v1alpha1.PolicyEndpoint{}, client.InNamespace(ns)) })
-		wg.Go(func() {
-			for i := range perNamespace {
-				pe := ingressPE(ns, fmt.Sprintf("np-%03d", i), remote, "10.70.0.0/16", 80)
-				if err := cp.Client.Create(ctx, pe); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
 	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		t.Fatal(err)
-	}
+	testenv.CreateEach(t, cp.Client, namespaces*perNamespace, func(i int) client.Object {
+		return ingressPE(nsOf(i/perNamespace), fmt.Sprintf("np-%03d", i%perNamespace), remote, "10.70.0.0/16", 80)
+	})
 	dp := &firstCommit{wholeChunks: wholeChunks{Memory: bpfmaps.NewMemory(), ifindex: 61,
 		peers: []netip.AddrPort{netip.MustParseAddrPort("10.80.0.9:9000"), netip.MustParseAddrPort("10.90.0.9:9100")}},
 		denied: netip.MustParseAddrPort("10.90.9.9:9100")}
