@@ -30,6 +30,7 @@ import (
 	"github.com/npagent/npagent/internal/kubewatch"
 	"github.com/npagent/npagent/internal/report"
 	"github.com/npagent/npagent/internal/testenv"
+	"github.com/npagent/npagent/internal/testenv/fixture"
 )
 
 // memPE is a PolicyEndpoint shaped like the AWS controller's for a mid-size policy,
@@ -324,13 +325,7 @@ func createMemPEsIn(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces
 	}
 	resolver := newLookupTableResolver()
 	testenv.CreateEach(b, cp.Client, n, func(i int) client.Object {
-		pe := memPE(i, i%every == 0)
-		if ns := nsOf(i); ns != pe.Namespace {
-			pe.Namespace, pe.Spec.PolicyRef.Namespace = ns, ns
-			for j := range pe.Spec.PodSelectorEndpoints {
-				pe.Spec.PodSelectorEndpoints[j].Namespace = ns
-			}
-		}
+		pe := fixture.InNamespace(memPE(i, i%every == 0), nsOf(i))
 		if i%every == 0 {
 			resolver.set(string(pe.Spec.PodSelectorEndpoints[0].PodIP), 1000+i)
 		}

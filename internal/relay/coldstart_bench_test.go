@@ -126,12 +126,8 @@ func createSpread(b *testing.B, cp *testenv.ControlPlane, n, every, namespaces i
 	pods := resolver{}
 	var mu sync.Mutex
 	testenv.CreateEach(b, cp.Client, n, func(i int) client.Object {
-		pe := fixture.BenchPE(i, n/every)
+		pe := fixture.InNamespace(fixture.BenchPE(i, n/every), nsOf(i))
 		pe.ResourceVersion, pe.UID = "", ""
-		pe.Namespace, pe.Spec.PolicyRef.Namespace = nsOf(i), nsOf(i)
-		for j := range pe.Spec.PodSelectorEndpoints {
-			pe.Spec.PodSelectorEndpoints[j].Namespace = nsOf(i)
-		}
 		if i%every == 0 {
 			pe.Spec.PodSelectorEndpoints[0].PodIP = v1alpha1.NetworkAddress(fmt.Sprintf("10.60.%d.%d", (i/every)/250, (i/every)%250+1))
 			mu.Lock()
