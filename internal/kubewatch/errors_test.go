@@ -103,10 +103,13 @@ func TestErrorHandlerTransientRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp.RestartAPIServer(t) // both watches end; their next requests are refused
-	testenv.Eventually(t, 30*time.Second, "the default handler got the refusal", func() bool {
+	// Both informers refused before the binding is back: each reflector retries on
+	// a backoff of its own, so one may not have asked yet when the other was refused.
+	testenv.Eventually(t, 30*time.Second, "both informers refused", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return slices.ContainsFunc(handed, apierrors.IsForbidden)
+		out := logs.String()
+		return slices.ContainsFunc(handed, apierrors.IsForbidden) && strings.Contains(out, "level=WARN") && strings.Contains(out, "forbidden")
 	})
 	bind()
 	n, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
